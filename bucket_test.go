@@ -1,0 +1,349 @@
+package leakybucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// step is one call of a step table: wait, then AllowN (or PeekN) and check.
+type step struct {
+	wait   time.Duration
+	client string
+	n      int
+	peek   bool
+	want   want
+}
+
+type want struct {
+	allowed    bool
+	remaining  int
+	retryAfter time.Duration
+	resetAfter time.Duration
+	deniedBy   []Rule
+}
+
+func (e *env) run(t *testing.T, b *Bucket, resource string, steps []step) {
+	t.Helper()
+	ctx := context.Background()
+	for i, s := range steps {
+		time.Sleep(s.wait)
+		call, name := b.AllowN, "AllowN"
+		if s.peek {
+			call, name = b.PeekN, "PeekN"
+		}
+		got, err := call(ctx, resource, s.client, s.n)
+		if err != nil {
+			t.Fatalf("step %d: %s(%q, n=%d): %v", i, name, s.client, s.n, err)
+		}
+		e.check(t, fmt.Sprintf("step %d: %s(%q, n=%d)", i, name, s.client, s.n), got, s.want)
+	}
+}
+
+// check compares a Result with the model. Durations are exact on fake time;
+// on a real clock they may be up to e.slack shorter, as real time runs ahead
+// of the sleeps.
+func (e *env) check(t *testing.T, call string, got Result, w want) {
+	t.Helper()
+	near := func(got, want time.Duration) bool { return got <= want && got >= want-e.slack }
+	if got.Allowed != w.allowed || got.Remaining != w.remaining ||
+		!near(got.RetryAfter, w.retryAfter) || !near(got.ResetAfter, w.resetAfter) ||
+		!slices.Equal(got.DeniedBy, w.deniedBy) {
+		t.Errorf("%s = {Allowed:%v Remaining:%d RetryAfter:%v ResetAfter:%v DeniedBy:%v}, want {%v %d %v %v %v}",
+			call, got.Allowed, got.Remaining, got.RetryAfter, got.ResetAfter, got.DeniedBy,
+			w.allowed, w.remaining, w.retryAfter, w.resetAfter, w.deniedBy)
+	}
+	if w.allowed && got.RetryAfter != 0 {
+		t.Errorf("%s: RetryAfter = %v, want 0 when allowed", call, got.RetryAfter)
+	}
+}
+
+const ms = time.Millisecond
+
+func TestAllowOneRule(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerClient(Per(3, time.Second)))
+		deny := []Rule{{ScopeClient, Per(3, time.Second)}}
+		e.run(t, b, "r", []step{
+			{0, "a", 1, false, want{true, 2, 0, time.Second, nil}},
+			{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
+			{300 * ms, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			// t=500: the logs of t=0 leave at 1000, the last at 1300.
+			{200 * ms, "a", 1, false, want{false, 0, 500 * ms, 800 * ms, deny}},
+			// t=1000: both logs of t=0 are gone.
+			{500 * ms, "a", 1, false, want{true, 1, 0, time.Second, nil}},
+			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			{0, "a", 1, false, want{false, 0, 300 * ms, time.Second, deny}},
+			{300 * ms, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+		})
+	})
+}
+
+func TestAllowNWeights(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerClient(Per(5, time.Second)))
+		deny := []Rule{{ScopeClient, Per(5, time.Second)}}
+		e.run(t, b, "r", []step{
+			{0, "a", 3, false, want{true, 2, 0, time.Second, nil}},
+			// Weight 3 does not fit in 2: denied, and nothing recorded.
+			{400 * ms, "a", 3, false, want{false, 2, 600 * ms, 600 * ms, deny}},
+			{0, "a", 2, false, want{true, 0, 0, time.Second, nil}},
+			// t=1000: 2 left from t=400; 5 fits once they leave at 1400.
+			{600 * ms, "a", 5, false, want{false, 3, 400 * ms, 400 * ms, deny}},
+			{0, "a", 3, false, want{true, 0, 0, time.Second, nil}},
+			{400 * ms, "a", 5, true, want{false, 2, 600 * ms, 600 * ms, deny}},
+			{0, "a", 2, true, want{true, 0, 0, time.Second, nil}},
+		})
+	})
+}
+
+// The notification sender: all clients together at most 5, each at most 2.
+// A request denied at one level is recorded at none.
+func TestHierarchy(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		total, each := Per(5, time.Second), Per(2, time.Second)
+		b := e.bucket(t, PerResource(total), PerClient(each))
+		byClient := []Rule{{ScopeClient, each}}
+		byTotal := []Rule{{ScopeResource, total}}
+		e.run(t, b, "notify", []step{
+			{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
+			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			{0, "a", 1, false, want{false, 0, time.Second, time.Second, byClient}},
+			{0, "b", 1, false, want{true, 1, 0, time.Second, nil}},
+			{0, "b", 1, false, want{true, 0, 0, time.Second, nil}},
+			// The denied third call of a was not counted in the total.
+			{0, "c", 1, false, want{true, 0, 0, time.Second, nil}},
+			{0, "c", 1, false, want{false, 0, time.Second, time.Second, byTotal}},
+			{0, "d", 1, true, want{false, 0, time.Second, time.Second, byTotal}},
+			{0, "d", 2, true, want{false, 0, time.Second, time.Second, byTotal}},
+		})
+	})
+}
+
+// Several windows on one client: 2 per 200ms and 3 per second.
+func TestSeveralWindows(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		short, long := Per(2, 200*ms), Per(3, time.Second)
+		b := e.bucket(t, PerClient(short), PerClient(long))
+		e.run(t, b, "api", []step{
+			{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
+			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			{0, "a", 1, false, want{false, 0, 200 * ms, time.Second, []Rule{{ScopeClient, short}}}},
+			{200 * ms, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			// t=400: the short window is empty, the long one full until 1000.
+			{200 * ms, "a", 1, false, want{false, 0, 600 * ms, 800 * ms, []Rule{{ScopeClient, long}}}},
+			{600 * ms, "a", 1, false, want{true, 1, 0, time.Second, nil}},
+		})
+	})
+}
+
+// Every (resource, client) pair has a count of its own, whatever characters
+// the strings hold: glob metacharacters, separators, braces.
+func TestNamesNeverShareACount(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		resources := []string{"r", "*", "r*", "{r}", "r}", "{", ":", `\*`, "lock", "r:log:a"}
+		clients := []string{"a", "*", "a*", "{a}", ":", "a:b", `\`, "?", "[a]", "é\x00"}
+		b := e.bucket(t, PerClient(Per(1, time.Minute)))
+		for call := 1; call <= 2; call++ {
+			for _, r := range resources {
+				for _, c := range clients {
+					res, err := b.Allow(ctx, r, c)
+					if err != nil {
+						t.Fatalf("Allow(%q, %q): %v", r, c, err)
+					}
+					if res.Allowed != (call == 1) {
+						t.Errorf("call %d of Allow(%q, %q): Allowed = %v", call, r, c, res.Allowed)
+					}
+				}
+			}
+		}
+		shared := e.bucket(t, WithPrefix(e.prefix+"-shared"), PerResource(Per(1, time.Minute)))
+		for _, r := range resources {
+			if res, err := shared.Allow(ctx, r, ""); err != nil || !res.Allowed {
+				t.Errorf("per-resource Allow(%q) = %v, %v; want allowed", r, res.Allowed, err)
+			}
+		}
+		if err := shared.FlushAll(ctx, resources[0]); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resources {
+			res, err := shared.Peek(ctx, r, "")
+			if err != nil || res.Allowed != (r == resources[0]) {
+				t.Errorf("after FlushAll(%q): Peek(%q).Allowed = %v, %v", resources[0], r, res.Allowed, err)
+			}
+		}
+	})
+}
+
+func TestPeekRecordsNothing(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerClient(Per(2, time.Second)))
+		deny := []Rule{{ScopeClient, Per(2, time.Second)}}
+		steps := []step{}
+		for range 5 {
+			steps = append(steps, step{0, "a", 1, true, want{true, 1, 0, time.Second, nil}})
+		}
+		steps = append(steps,
+			step{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
+			step{0, "a", 2, true, want{false, 1, time.Second, time.Second, deny}},
+			step{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			step{0, "a", 1, true, want{false, 0, time.Second, time.Second, deny}},
+		)
+		e.run(t, b, "r", steps)
+		if logs := e.keys(t); len(logs) != 2 {
+			t.Errorf("keys after 2 admitted calls and 7 peeks: %q, want 2 logs", logs)
+		}
+	})
+}
+
+func TestFlush(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		total, each := Per(3, time.Minute), Per(2, time.Minute)
+		b := e.bucket(t, PerResource(total), PerClient(each))
+		for _, c := range []string{"a", "a", "b"} {
+			if res, err := b.Allow(ctx, "r", c); err != nil || !res.Allowed {
+				t.Fatalf("Allow(%q) = %+v, %v", c, res, err)
+			}
+		}
+		if res, _ := b.Peek(ctx, "r", "c"); res.Allowed {
+			t.Fatalf("Peek(c) allowed with the total full")
+		}
+		// Flush forgets a's own count and its share of the total.
+		if err := b.Flush(ctx, "r", "a"); err != nil {
+			t.Fatal(err)
+		}
+		e.run(t, b, "r", []step{
+			{0, "c", 1, false, want{true, 1, 0, time.Minute, nil}},
+			{0, "a", 1, false, want{true, 0, 0, time.Minute, nil}},
+			{0, "b", 1, true, want{false, 0, time.Minute, time.Minute, []Rule{{ScopeResource, total}}}},
+		})
+		if got := len(e.keys(t)); got != 3 {
+			t.Errorf("%d keys after Flush and two calls, want 3 logs", got)
+		}
+		if err := b.FlushAll(ctx, "r"); err != nil {
+			t.Fatal(err)
+		}
+		if keys := e.keys(t); len(keys) != 0 {
+			t.Errorf("keys after FlushAll: %q", keys)
+		}
+		e.run(t, b, "r", []step{{0, "b", 2, false, want{true, 0, 0, time.Minute, nil}}})
+	})
+}
+
+// Bad input gets a clear error and sends nothing, so writes nothing.
+func TestBadInput(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		for _, tc := range []struct {
+			opts []Option
+			want error
+		}{
+			{nil, ErrNoRule},
+			{[]Option{nil}, ErrNoRule},
+			{[]Option{PerClient(Per(0, time.Second))}, ErrInvalidLimit},
+			{[]Option{PerClient(Per(-1, time.Second))}, ErrInvalidLimit},
+			{[]Option{PerResource(Per(1, 999*time.Microsecond))}, ErrInvalidLimit},
+			{[]Option{PerResource(Per(1, -time.Second))}, ErrInvalidLimit},
+			{[]Option{PerClient(PerSecond(1)), PerResource(Limit{})}, ErrInvalidLimit},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("")}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("a{b")}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("}")}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithLockTTL(0)}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithLockRetry(nil)}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithScanCount(0)}, ErrInvalidOption},
+		} {
+			if _, err := New(e.rdb, tc.opts...); !errors.Is(err, tc.want) {
+				t.Errorf("New(%d options) error = %v, want %v", len(tc.opts), err, tc.want)
+			}
+		}
+		if _, err := New(nil, PerClient(PerSecond(1))); !errors.Is(err, ErrUnsupportedClient) {
+			t.Errorf("New(nil) error = %v, want ErrUnsupportedClient", err)
+		}
+
+		both := e.bucket(t, PerResource(Per(10, time.Minute)), PerClient(Per(3, time.Minute)))
+		resourceOnly := e.bucket(t, PerResource(Per(10, time.Minute)))
+		calls := []struct {
+			name string
+			call func() error
+			want error
+		}{
+			{"AllowN empty resource", func() error { _, err := both.AllowN(ctx, "", "a", 1); return err }, ErrEmptyResource},
+			{"AllowN empty client", func() error { _, err := both.AllowN(ctx, "r", "", 1); return err }, ErrEmptyClient},
+			{"AllowN n=0", func() error { _, err := both.AllowN(ctx, "r", "a", 0); return err }, ErrInvalidWeight},
+			{"AllowN n<0", func() error { _, err := both.AllowN(ctx, "r", "a", -2); return err }, ErrInvalidWeight},
+			{"AllowN n above a rule", func() error { _, err := both.AllowN(ctx, "r", "a", 4); return err }, ErrInvalidWeight},
+			{"PeekN n above a rule", func() error { _, err := resourceOnly.PeekN(ctx, "r", "", 11); return err }, ErrInvalidWeight},
+			{"Peek empty client", func() error { _, err := both.Peek(ctx, "r", ""); return err }, ErrEmptyClient},
+			{"Flush empty resource", func() error { return both.Flush(ctx, "", "a") }, ErrEmptyResource},
+			{"Flush empty client", func() error { return both.Flush(ctx, "r", "") }, ErrEmptyClient},
+			{"FlushAll empty resource", func() error { return both.FlushAll(ctx, "") }, ErrEmptyResource},
+		}
+		for _, c := range calls {
+			var err error
+			if trips := e.trips.count(func() { err = c.call() }); trips != 0 {
+				t.Errorf("%s: %d round trips, want none", c.name, trips)
+			}
+			if !errors.Is(err, c.want) || !strings.HasPrefix(err.Error(), "leakybucket: ") {
+				t.Errorf("%s: error %v, want %v", c.name, err, c.want)
+			}
+		}
+		if keys := e.keys(t); len(keys) != 0 {
+			t.Errorf("bad input wrote %q", keys)
+		}
+		// Per-resource rules alone take an empty client.
+		if res, err := resourceOnly.AllowN(ctx, "r", "", 10); err != nil || !res.Allowed {
+			t.Errorf("AllowN(r, \"\", 10) on per-resource rules = %+v, %v", res, err)
+		}
+	})
+}
+
+// An uncontended decision costs 2 round trips when the SCAN fits in a page;
+// Peek costs one.
+func TestRoundTrips(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		b := e.bucket(t, PerResource(Per(2, time.Minute)), PerClient(Per(1, time.Minute)))
+		for _, c := range []struct {
+			name string
+			call func() (Result, error)
+			want int64
+		}{
+			{"Allow, admitted", func() (Result, error) { return b.Allow(ctx, "r", "a") }, 2},
+			{"Allow, denied", func() (Result, error) { return b.Allow(ctx, "r", "a") }, 2},
+			{"Peek", func() (Result, error) { return b.Peek(ctx, "r", "b") }, 1},
+		} {
+			var err error
+			if got := e.trips.count(func() { _, err = c.call() }); got != c.want || err != nil {
+				t.Errorf("%s: %d round trips (error %v), want %d", c.name, got, err, c.want)
+			}
+		}
+		var err error
+		if got := e.trips.count(func() { err = b.Flush(ctx, "r", "a") }); got != 2 || err != nil {
+			t.Errorf("Flush: %d round trips (error %v), want 2: SCAN, then DEL", got, err)
+		}
+	})
+}
+
+// A cancelled context is an error, and records nothing.
+func TestCancelledContext(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		b := e.bucket(t, PerClient(Per(1, time.Minute)))
+		if _, err := b.Allow(ctx, "r", "a"); !errors.Is(err, context.Canceled) {
+			t.Errorf("Allow with a cancelled context: error %v, want context.Canceled", err)
+		}
+		if _, err := b.Peek(ctx, "r", "a"); !errors.Is(err, context.Canceled) {
+			t.Errorf("Peek with a cancelled context: error %v, want context.Canceled", err)
+		}
+		if keys := e.keys(t); len(keys) != 0 {
+			t.Errorf("a cancelled call wrote %q", keys)
+		}
+	})
+}

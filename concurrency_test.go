@@ -1,0 +1,221 @@
+package leakybucket
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// The concurrency tests admit exactly the limit with 64 goroutines in this
+// process and 32 in each of two child processes (this test binary again,
+// dispatched by TestMain), all calling at once on one Redis.
+
+const (
+	helperVar       = "LEAKYBUCKET_TEST_HELPER" // a JSON helperJob: run as a child process
+	childProcesses  = 2
+	childGoroutines = 32
+	goroutines      = 64
+	callsEach       = 4
+)
+
+type helperJob struct {
+	Addr, Prefix, Scenario string
+}
+
+// scenarios name the rules and clients of each concurrency test.
+var scenarios = map[string]struct {
+	rules   []Option
+	clients []string
+}{
+	// One hot (resource, client).
+	"hot": {[]Option{PerClient(Per(50, time.Minute))}, []string{"a"}},
+	// The notification sender: 30 in all, 8 per client, 6 clients.
+	"hierarchy": {
+		[]Option{PerResource(Per(30, time.Minute)), PerClient(Per(8, time.Minute))},
+		[]string{"c0", "c1", "c2", "c3", "c4", "c5"},
+	},
+}
+
+func TestConcurrentProcessesMiniredis(t *testing.T) {
+	t.Parallel()
+	m := miniredis.RunT(t) // a TCP server, so that child processes reach it
+	testConcurrency(t, m.Addr(), "t")
+}
+
+func TestConcurrentProcessesRedis(t *testing.T) {
+	t.Parallel()
+	rdb := realClient(t)
+	rdb.Close()
+	testConcurrency(t, rdb.Options().Addr, uniquePrefix(t))
+}
+
+func testConcurrency(t *testing.T, addr, prefix string) {
+	for _, name := range []string{"hot", "hierarchy"} {
+		t.Run(name, func(t *testing.T) {
+			job := helperJob{Addr: addr, Prefix: prefix + ":" + name, Scenario: name}
+			rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: goroutines})
+			defer rdb.Close()
+			ctx := context.Background()
+			defer cleanPrefix(rdb, job.Prefix)
+
+			spec, _ := json.Marshal(job)
+			children := make([]*exec.Cmd, childProcesses)
+			outputs := make([][]byte, childProcesses)
+			var wg sync.WaitGroup
+			for i := range children {
+				children[i] = exec.Command(os.Args[0], "-test.run=^$")
+				children[i].Env = append(os.Environ(), helperVar+"="+string(spec))
+				wg.Go(func() {
+					var err error
+					outputs[i], err = children[i].Output()
+					if err != nil {
+						t.Errorf("child %d: %v\n%s", i, err, outputs[i])
+					}
+				})
+			}
+			// Start everyone at once: children report ready, then all go.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				if n, _ := rdb.Get(ctx, job.Prefix+":ready").Int(); n == childProcesses {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("child processes did not start")
+				}
+			}
+			rdb.Set(ctx, job.Prefix+":go", 1, time.Minute)
+			admitted := runJob(t, job, goroutines)
+			wg.Wait()
+			for i, out := range outputs {
+				var theirs map[string]int
+				if err := json.Unmarshal(out, &theirs); err != nil {
+					t.Fatalf("child %d printed %q: %v", i, out, err)
+				}
+				for c, n := range theirs {
+					admitted[c] += n
+				}
+			}
+			checkAdmitted(t, name, admitted)
+		})
+	}
+}
+
+// checkAdmitted compares the admitted counts with the scenario's limits.
+func checkAdmitted(t *testing.T, name string, admitted map[string]int) {
+	t.Helper()
+	total := 0
+	for _, n := range admitted {
+		total += n
+	}
+	switch name {
+	case "hot":
+		if total != 50 {
+			t.Errorf("admitted %d, want exactly 50", total)
+		}
+	case "hierarchy":
+		if total != 30 {
+			t.Errorf("admitted %d in all, want exactly 30", total)
+		}
+		for c, n := range admitted {
+			if n > 8 {
+				t.Errorf("client %s admitted %d, want at most 8", c, n)
+			}
+		}
+	}
+}
+
+// runJob runs the scenario's calls from n goroutines once the go key is set
+// and returns how many each client had admitted.
+func runJob(t testing.TB, job helperJob, n int) map[string]int {
+	spec := scenarios[job.Scenario]
+	rdb := redis.NewClient(&redis.Options{Addr: job.Addr, PoolSize: n})
+	defer rdb.Close()
+	b, err := New(rdb, append([]Option{WithPrefix(job.Prefix)}, spec.rules...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for rdb.Exists(ctx, job.Prefix+":go").Val() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	var mu sync.Mutex
+	admitted := map[string]int{}
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for i := range callsEach {
+				client := spec.clients[(g+i)%len(spec.clients)]
+				ctx, cancel := context.WithTimeout(ctx, time.Minute)
+				res, err := b.Allow(ctx, "resource", client)
+				cancel()
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				if res.Allowed {
+					mu.Lock()
+					admitted[client]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return admitted
+}
+
+// helperMain is the body of a child process: it prints its admitted counts
+// as JSON and returns the exit code.
+func helperMain(spec string) int {
+	var job helperJob
+	if err := json.Unmarshal([]byte(spec), &job); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: job.Addr})
+	rdb.Incr(context.Background(), job.Prefix+":ready")
+	rdb.Close()
+	t := &helperT{}
+	admitted := runJob(t, job, childGoroutines)
+	if t.failed {
+		return 1
+	}
+	out, _ := json.Marshal(admitted)
+	fmt.Println(string(out))
+	return 0
+}
+
+// helperT is the testing.TB of a child process: it reports to stderr.
+type helperT struct {
+	testing.TB
+	mu     sync.Mutex
+	failed bool
+}
+
+func (h *helperT) Errorf(format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failed = true
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
+}
+
+func (h *helperT) Fatal(args ...any) {
+	fmt.Fprintln(os.Stderr, args...)
+	os.Exit(1)
+}
+
+// cleanPrefix deletes every key that starts with prefix.
+func cleanPrefix(rdb *redis.Client, prefix string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, matchPrefix(prefix), 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
+	}
+}

@@ -1,0 +1,255 @@
+package leakybucket
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/alicebob/miniredis/v2/server"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// The behaviour suite runs every test against two servers:
+//
+//   - miniredis inside a testing/synctest bubble: time is fake, time.Sleep
+//     returns at once, and every duration is exact to the millisecond;
+//   - a real Redis whose user is denied scripting, at $LEAKYBUCKET_REDIS_ADDR
+//     (`make test` starts one). There time is real, so durations are checked
+//     within env.slack.
+//
+// Without the address the real half is skipped, except under CI, where it
+// fails: CI must never pass on miniredis alone.
+
+const redisAddrVar = "LEAKYBUCKET_REDIS_ADDR"
+
+// scriptCommands are the commands the library must never send.
+var scriptCommands = []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro", "script", "function"}
+
+type env struct {
+	rdb    *redis.Client
+	prefix string        // unique to the test; every key it writes starts with it
+	real   bool          // a real Redis, on the real clock
+	slack  time.Duration // how much later than the test's model the real clock may be
+	trips  *roundTrips
+	mini   *miniredis.Miniredis // nil on a real Redis
+}
+
+// bucket returns a Bucket on the test's prefix.
+func (e *env) bucket(t *testing.T, opts ...Option) *Bucket {
+	t.Helper()
+	b, err := New(e.rdb, append([]Option{WithPrefix(e.prefix)}, opts...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return b
+}
+
+// keys returns every key that starts with the test's prefix.
+func (e *env) keys(t *testing.T) []string {
+	t.Helper()
+	var all []string
+	iter := e.rdb.Scan(context.Background(), 0, matchPrefix(e.prefix), 1000).Iterator()
+	for iter.Next(context.Background()) {
+		all = append(all, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatalf("scan: %v", err)
+	}
+	return all
+}
+
+// each runs test against miniredis on fake time and against the real Redis.
+func each(t *testing.T, test func(t *testing.T, e *env)) {
+	t.Helper()
+	t.Parallel()
+	t.Run("miniredis", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e := newMiniEnv(t)
+			test(t, e)
+		})
+	})
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		test(t, newRealEnv(t))
+	})
+}
+
+// newMiniEnv returns an env on a miniredis in the current synctest bubble.
+// The server refuses script commands and the test fails if any is sent.
+func newMiniEnv(t *testing.T) *env {
+	t.Helper()
+	m := miniredis.NewMiniRedis()
+	m.ClockTTL(true)
+	// The server exists from the first Dial on.
+	if c, err := m.Dial(); err != nil {
+		t.Fatal(err)
+	} else {
+		c.Close()
+	}
+	var scripts atomic.Int64
+	m.Server().SetPreHook(func(c *server.Peer, cmd string, _ ...string) bool {
+		for _, s := range scriptCommands {
+			if strings.EqualFold(cmd, s) {
+				scripts.Add(1)
+				c.WriteError("NOPERM this user has no permissions to run the '" + strings.ToLower(cmd) + "' command")
+				return true
+			}
+		}
+		return false
+	})
+	trips := &roundTrips{}
+	rdb := redis.NewClient(&redis.Options{
+		Addr:   "miniredis",
+		Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		// Its endpoint detection would resolve the address with DNS,
+		// which cannot run inside a synctest bubble.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	rdb.AddHook(trips)
+	t.Cleanup(func() {
+		rdb.Close()
+		m.Close()
+		if n := scripts.Load(); n > 0 {
+			t.Errorf("%d script commands were sent", n)
+		}
+	})
+	return &env{rdb: rdb, prefix: "t", trips: trips, mini: m}
+}
+
+// newRealEnv returns an env on the real Redis, with a prefix of its own
+// whose keys are deleted afterwards.
+func newRealEnv(t *testing.T) *env {
+	t.Helper()
+	rdb := realClient(t)
+	trips := &roundTrips{}
+	rdb.AddHook(trips)
+	e := &env{rdb: rdb, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: trips}
+	t.Cleanup(func() {
+		cleanPrefix(rdb, e.prefix)
+		rdb.Close()
+	})
+	return e
+}
+
+// realClient connects to the real Redis, or skips (fails under CI).
+func realClient(t *testing.T) *redis.Client {
+	t.Helper()
+	addr := os.Getenv(redisAddrVar)
+	if addr == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is not set: CI must run the real-Redis suite (use make test)", redisAddrVar)
+		}
+		t.Skipf("%s is not set; `make test` starts a scripting-denied Redis", redisAddrVar)
+	}
+	return redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+}
+
+func uniquePrefix(t *testing.T) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := strings.NewReplacer("/", ".", "{", "(", "}", ")").Replace(t.Name())
+	return "lbtest:" + name + ":" + hex.EncodeToString(b[:])
+}
+
+// roundTrips counts what the client sends in one write: a command or a
+// pipeline (a MULTI/EXEC included). The handshake of a new pooled connection
+// (HELLO, CLIENT SETINFO) is not a decision's cost and is not counted.
+type roundTrips struct{ n atomic.Int64 }
+
+func handshake(cmd redis.Cmder) bool { return cmd.Name() == "hello" || cmd.Name() == "client" }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !handshake(cmd) {
+			r.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && !handshake(cmds[0]) {
+			r.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// count returns the round trips made by f.
+func (r *roundTrips) count(f func()) int64 {
+	before := r.n.Load()
+	f()
+	return r.n.Load() - before
+}
+
+// TestMain proves, on the real Redis, that its user cannot run scripts
+// before the tests and that no script command reached it after them.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(helperVar); spec != "" {
+		os.Exit(helperMain(spec))
+	}
+	addr := os.Getenv(redisAddrVar)
+	if addr == "" {
+		os.Exit(m.Run())
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	if err := scriptingDenied(rdb); err != nil {
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := noScriptCalls(rdb); err != nil {
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+		code = 1
+	}
+	rdb.Close()
+	os.Exit(code)
+}
+
+// scriptingDenied asks the server, without running anything, whether the
+// current user may EVAL.
+func scriptingDenied(rdb *redis.Client) error {
+	ctx := context.Background()
+	user, err := rdb.Do(ctx, "acl", "whoami").Text()
+	if err != nil {
+		return fmt.Errorf("ACL WHOAMI: %w", err)
+	}
+	verdict, err := rdb.Do(ctx, "acl", "dryrun", user, "eval", "return 1", "0").Text()
+	if err != nil {
+		return fmt.Errorf("ACL DRYRUN: %w", err)
+	}
+	if verdict == "OK" {
+		return fmt.Errorf("the Redis at %s lets user %q run scripts: start it with -@scripting", rdb.Options().Addr, user)
+	}
+	return nil
+}
+
+// noScriptCalls fails if INFO commandstats shows any script command,
+// called or refused.
+func noScriptCalls(rdb *redis.Client) error {
+	stats, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return fmt.Errorf("INFO commandstats: %w", err)
+	}
+	for line := range strings.SplitSeq(stats, "\n") {
+		for _, s := range scriptCommands {
+			if strings.HasPrefix(line, "cmdstat_"+s+":") || strings.HasPrefix(line, "cmdstat_"+s+"|") {
+				return fmt.Errorf("a script command reached Redis: %s", strings.TrimSpace(line))
+			}
+		}
+	}
+	return nil
+}

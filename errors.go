@@ -1,0 +1,50 @@
+package leakybucket
+
+import "errors"
+
+// Errors returned by New and by the Bucket's methods. Match them with
+// errors.Is: most are wrapped with detail, and ErrLockNotObtained is joined
+// with the cause (such as context.DeadlineExceeded).
+//
+// A request the rules deny is not an error: it is a Result with Allowed false.
+var (
+	// ErrNoRule: New was given neither a PerResource nor a PerClient rule.
+	ErrNoRule = errors.New("leakybucket: no rule: pass PerResource or PerClient to New")
+
+	// ErrInvalidLimit: a rule's Limit has Requests <= 0 or a Window shorter
+	// than one millisecond.
+	ErrInvalidLimit = errors.New("leakybucket: invalid limit")
+
+	// ErrInvalidOption: an option other than a rule is out of range (an empty
+	// prefix or one with a brace, a lock TTL under a millisecond, a SCAN COUNT
+	// below 1, a nil retry factory).
+	ErrInvalidOption = errors.New("leakybucket: invalid option")
+
+	// ErrUnsupportedClient: New was given a nil client, or a
+	// redis.UniversalClient that is not a *redis.Client, *redis.ClusterClient
+	// or *redis.Ring (the Bucket must pin one connection to the node that
+	// owns a resource's keys).
+	ErrUnsupportedClient = errors.New("leakybucket: unsupported redis client: want *redis.Client, *redis.ClusterClient or *redis.Ring")
+
+	// ErrInvalidWeight: n is not positive, or larger than the Requests of a
+	// rule, so that the call could never be admitted.
+	ErrInvalidWeight = errors.New("leakybucket: invalid weight")
+
+	// ErrEmptyResource: the resource is the empty string.
+	ErrEmptyResource = errors.New("leakybucket: empty resource")
+
+	// ErrEmptyClient: the client is the empty string and the Bucket has a
+	// per-client rule.
+	ErrEmptyClient = errors.New("leakybucket: empty client with a per-client rule")
+
+	// ErrLockNotObtained: the lock guarding the decision was held by others
+	// until the context ended or the retry strategy gave up. Nothing was
+	// recorded.
+	ErrLockNotObtained = errors.New("leakybucket: lock not obtained")
+
+	// ErrLockExpired: the lock expired (or changed hands) before the decision
+	// was written, so the write was refused and nothing was recorded. It
+	// means the lock TTL is shorter than a decision takes (a slow SCAN of a
+	// large database, a long pause of the process): raise WithLockTTL.
+	ErrLockExpired = errors.New("leakybucket: lock expired before the decision was written")
+)

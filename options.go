@@ -1,0 +1,121 @@
+package leakybucket
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/bsm/redislock"
+)
+
+// Defaults of the options below.
+const (
+	// DefaultPrefix starts every key the Bucket writes.
+	DefaultPrefix = "leakybucket"
+
+	// DefaultLockTTL bounds how long a decision may hold its lock. It must
+	// exceed the longest decision (a SCAN of the whole database included),
+	// and it is how long a resource stays blocked if a process dies while
+	// holding the lock.
+	DefaultLockTTL = 2 * time.Second
+
+	// DefaultScanCount is the COUNT hint of each SCAN call: how many keys of
+	// the database, matching or not, Redis walks per round trip.
+	DefaultScanCount = 1000
+)
+
+// DefaultLockRetry is the retry strategy used while the lock is held by
+// another decision: waits of 4, 8, 16 and then 20 ms between attempts, until
+// the context ends.
+func DefaultLockRetry() redislock.RetryStrategy {
+	return redislock.ExponentialBackoff(0, 20*time.Millisecond)
+}
+
+// An Option configures a Bucket. Rules are options too: PerResource and
+// PerClient.
+type Option func(*config)
+
+type config struct {
+	rules     []Rule
+	prefix    string
+	lockTTL   time.Duration
+	lockRetry func() redislock.RetryStrategy
+	scanCount int
+}
+
+func defaultConfig() config {
+	return config{
+		prefix:    DefaultPrefix,
+		lockTTL:   DefaultLockTTL,
+		lockRetry: DefaultLockRetry,
+		scanCount: DefaultScanCount,
+	}
+}
+
+// PerResource adds a rule with one count for the whole resource, shared by
+// all its clients.
+func PerResource(l Limit) Option {
+	return func(c *config) { c.rules = append(c.rules, Rule{Scope: ScopeResource, Limit: l}) }
+}
+
+// PerClient adds a rule with a count of its own for each client of a
+// resource.
+func PerClient(l Limit) Option {
+	return func(c *config) { c.rules = append(c.rules, Rule{Scope: ScopeClient, Limit: l}) }
+}
+
+// WithPrefix sets the text that starts every key of the Bucket (default
+// DefaultPrefix). Buckets with different rules must not share a prefix: they
+// would count each other's requests under different locks. The prefix must
+// not be empty nor contain '{' or '}', which would move the hash tag that
+// keeps a resource's keys in one cluster slot.
+func WithPrefix(prefix string) Option {
+	return func(c *config) { c.prefix = prefix }
+}
+
+// WithLockTTL sets how long a decision may hold its lock (default
+// DefaultLockTTL). A decision that outlives it writes nothing and returns
+// ErrLockExpired.
+func WithLockTTL(ttl time.Duration) Option {
+	return func(c *config) { c.lockTTL = ttl }
+}
+
+// WithLockRetry sets how to wait for a lock held by another decision. The
+// factory is called once per decision, because redislock's strategies keep
+// state. Waiting always stops when the context ends; return
+// redislock.NoRetry() to give up at once, or wrap a strategy in
+// redislock.LimitRetry to bound the attempts. Default: DefaultLockRetry.
+func WithLockRetry(newStrategy func() redislock.RetryStrategy) Option {
+	return func(c *config) { c.lockRetry = newStrategy }
+}
+
+// WithScanCount sets the COUNT hint of each SCAN call (default
+// DefaultScanCount). A larger count means fewer round trips per decision
+// but longer blocking calls on a large database.
+func WithScanCount(n int) Option {
+	return func(c *config) { c.scanCount = n }
+}
+
+func (c *config) validate() error {
+	if len(c.rules) == 0 {
+		return ErrNoRule
+	}
+	for _, r := range c.rules {
+		if err := r.Limit.validate(); err != nil {
+			return err
+		}
+	}
+	switch {
+	case c.prefix == "":
+		return fmt.Errorf("%w: empty prefix", ErrInvalidOption)
+	case strings.ContainsAny(c.prefix, "{}"):
+		return fmt.Errorf("%w: prefix %q contains a brace", ErrInvalidOption, c.prefix)
+	case c.lockTTL < time.Millisecond:
+		return fmt.Errorf("%w: lock TTL %v is under 1ms", ErrInvalidOption, c.lockTTL)
+	case c.lockRetry == nil:
+		return fmt.Errorf("%w: nil lock retry factory", ErrInvalidOption)
+	case c.scanCount < 1:
+		return fmt.Errorf("%w: SCAN COUNT %d is below 1", ErrInvalidOption, c.scanCount)
+	}
+	return nil
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs every test of the module: go vet, then the whole suite under -race
+# against miniredis and against a real Redis whose default user is denied
+# scripting (-@scripting), which this script installs if missing, starts on
+# a free loopback port, and stops on exit, also when tests fail.
+#
+# Usage: scripts/test.sh [extra go test flags]   (make test runs it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+install_redis() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return
+  echo "test.sh: installing redis-server (Debian package)" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# start_redis DIR: a throwaway server on a free port, no persistence, the
+# default user denied every script command. Prints the port.
+start_redis() {
+  local dir=$1 port
+  for port in $(seq 16379 16479); do
+    port_free "$port" || continue
+    if redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+      --daemonize yes --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
+      --user default on nopass '~*' '&*' '+@all' '-@scripting' >/dev/null 2>&1; then
+      for _ in $(seq 100); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && { echo "$port"; return; }
+        sleep 0.05
+      done
+    fi
+  done
+  echo "test.sh: could not start redis-server; log:" >&2
+  cat "$dir/redis.log" >&2 || true
+  return 1
+}
+
+install_redis
+work=$(mktemp -d)
+cleanup() {
+  [ -f "$work/redis.pid" ] && kill "$(cat "$work/redis.pid")" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+port=$(start_redis "$work")
+echo "test.sh: $(redis-server --version | cut -d' ' -f1-3) on 127.0.0.1:$port, scripting denied" >&2
+
+export LEAKYBUCKET_REDIS_ADDR="127.0.0.1:$port"
+go vet ./...
+go test -race -shuffle=on -count=1 "$@" ./...
