@@ -1,0 +1,161 @@
+package leakybucket
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// pauseBeforeExec stalls the MULTI/EXEC of a decision, like a GC pause or a
+// slow network would.
+type pauseBeforeExec struct{ pause time.Duration }
+
+func (p pauseBeforeExec) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (p pauseBeforeExec) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (p pauseBeforeExec) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "multi" {
+			time.Sleep(p.pause)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A holder whose lock expired before its EXEC writes nothing: the WATCH on
+// the lock aborts the transaction.
+func TestLockExpiredWritesNothing(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerClient(Per(5, time.Minute)), WithLockTTL(50*time.Millisecond))
+		e.rdb.AddHook(pauseBeforeExec{100 * time.Millisecond})
+		_, err := b.Allow(context.Background(), "r", "a")
+		if !errors.Is(err, ErrLockExpired) {
+			t.Fatalf("Allow with the lock expired before EXEC: error %v, want ErrLockExpired", err)
+		}
+		if keys := e.keys(t); len(keys) != 0 {
+			t.Errorf("a decision whose lock expired wrote %q", keys)
+		}
+	})
+}
+
+// While another holder keeps the lock, a decision waits until its context
+// ends, or gives up at once with NoRetry, and writes nothing.
+func TestLockBusy(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		lockKey := resourceKeys(e.prefix, "r").clientLock("a")
+		e.rdb.Set(context.Background(), lockKey, "someone else", time.Minute)
+
+		b := e.bucket(t, PerClient(Per(5, time.Minute)))
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, err := b.Allow(ctx, "r", "a")
+		if !errors.Is(err, ErrLockNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Allow on a held lock until the deadline: error %v, want ErrLockNotObtained and DeadlineExceeded", err)
+		}
+
+		once := e.bucket(t, PerClient(Per(5, time.Minute)), WithLockRetry(redislock.NoRetry))
+		var trips int64
+		trips = e.trips.count(func() { _, err = once.Allow(context.Background(), "r", "a") })
+		if !errors.Is(err, ErrLockNotObtained) {
+			t.Errorf("Allow on a held lock with NoRetry: error %v, want ErrLockNotObtained", err)
+		}
+		if trips != 2 { // the attempt, then UNWATCH of the attempt's WATCH
+			t.Errorf("Allow on a held lock with NoRetry: %d round trips, want 2", trips)
+		}
+		if got := e.rdb.Get(context.Background(), lockKey).Val(); got != "someone else" {
+			t.Errorf("the other holder's lock is now %q", got)
+		}
+		if keys := e.keys(t); len(keys) != 1 {
+			t.Errorf("keys %q, want only the other holder's lock", keys)
+		}
+		// Other clients have locks of their own, as every rule is per-client.
+		if res, err := b.Allow(context.Background(), "r", "b"); err != nil || !res.Allowed {
+			t.Errorf("Allow(r, b) while a's lock is held = %+v, %v", res, err)
+		}
+	})
+}
+
+// A decision that found the lock busy takes it once it is released, and its
+// write is not aborted by the release it watched while waiting.
+func TestLockReleasedWhileWaiting(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		b := e.bucket(t, PerResource(Per(5, time.Minute)))
+		lockKey := resourceKeys(e.prefix, "r").resourceLock()
+		e.rdb.Set(ctx, lockKey, "someone else", time.Minute)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			time.Sleep(30 * time.Millisecond)
+			e.rdb.Del(ctx, lockKey)
+		}()
+		res, err := b.Allow(ctx, "r", "a")
+		<-done
+		if err != nil || !res.Allowed || res.Remaining != 4 {
+			t.Fatalf("Allow after the lock was released = %+v, %v; want admitted with 4 left", res, err)
+		}
+		// The connection went back to the pool clean: no WATCH left armed.
+		for range 3 {
+			if _, err := b.Allow(ctx, "r", "a"); err != nil {
+				t.Fatalf("Allow on reused connections: %v", err)
+			}
+		}
+		if res, _ := b.Peek(ctx, "r", "a"); res.Remaining != 0 || !res.Allowed {
+			t.Errorf("Peek after 4 admitted of 5 = %+v, want 1 left (Remaining 0 after it)", res)
+		}
+	})
+}
+
+// A Redis error is returned wrapped, with the package prefix, and the
+// decision records nothing.
+func TestRedisErrorIsWrapped(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	b, err := New(rdb, PerClient(Per(1, time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetError("LOADING Redis is loading the dataset in memory")
+	for name, call := range map[string]func() error{
+		"Allow":    func() error { _, err := b.Allow(context.Background(), "r", "a"); return err },
+		"Peek":     func() error { _, err := b.Peek(context.Background(), "r", "a"); return err },
+		"Flush":    func() error { return b.Flush(context.Background(), "r", "a") },
+		"FlushAll": func() error { return b.FlushAll(context.Background(), "r") },
+	} {
+		err := call()
+		var rerr redis.Error
+		if !errors.As(err, &rerr) || !strings.HasPrefix(err.Error(), "leakybucket: LOADING") {
+			t.Errorf("%s on a failing server: error %v, want a wrapped redis.Error", name, err)
+		}
+	}
+	m.SetError("")
+	if keys := m.Keys(); len(keys) != 0 {
+		t.Errorf("failed calls wrote %q", keys)
+	}
+}
+
+// A server that cannot be reached is an error bounded by the context.
+func TestUnreachableServer(t *testing.T) {
+	m := miniredis.RunT(t)
+	addr := m.Addr()
+	m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rdb.Close()
+	b, err := New(rdb, PerResource(Per(1, time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := b.Allow(ctx, "r", ""); err == nil || !strings.HasPrefix(err.Error(), "leakybucket: ") {
+		t.Errorf("Allow on a closed server: error %v, want a wrapped dial error", err)
+	}
+}
