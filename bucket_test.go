@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bsm/redislock"
 )
 
 // step is one call of a step table: wait, then AllowN (or PeekN) and check.
@@ -344,6 +347,32 @@ func TestCancelledContext(t *testing.T) {
 		}
 		if keys := e.keys(t); len(keys) != 0 {
 			t.Errorf("a cancelled call wrote %q", keys)
+		}
+	})
+}
+
+// Huge limits and weights never wrap around into admitting.
+func TestHugeWeightsDoNotOverflow(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		huge := Per(math.MaxInt, time.Minute)
+		b := e.bucket(t, PerClient(huge))
+		half := math.MaxInt/2 + 1
+		e.run(t, b, "r", []step{
+			{0, "a", half, false, want{true, math.MaxInt - half, 0, time.Minute, nil}},
+			{0, "a", half, false, want{false, math.MaxInt - half, time.Minute, time.Minute, []Rule{{ScopeClient, huge}}}},
+			{0, "a", math.MaxInt - half, false, want{true, 0, 0, time.Minute, nil}},
+			{0, "a", 1, false, want{false, 0, time.Minute, time.Minute, []Rule{{ScopeClient, huge}}}},
+		})
+	})
+}
+
+// A retry factory that returns nil means: do not retry.
+func TestNilRetryStrategy(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		e.rdb.Set(context.Background(), resourceKeys(e.prefix, "r").clientLock("a"), "x", time.Minute)
+		b := e.bucket(t, PerClient(PerMinute(1)), WithLockRetry(func() redislock.RetryStrategy { return nil }))
+		if _, err := b.Allow(context.Background(), "r", "a"); !errors.Is(err, ErrLockNotObtained) {
+			t.Errorf("Allow on a held lock with a nil strategy: error %v, want ErrLockNotObtained", err)
 		}
 	})
 }

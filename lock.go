@@ -39,13 +39,21 @@ type lock struct {
 	ttl   time.Duration
 	retry redislock.RetryStrategy
 
-	watching bool // a WATCH may be active on the connection
-	held     bool // obtained and not yet released
+	watching bool // a WATCH of ours is active on the connection
+	held     bool // taken by us and not yet released
 }
 
+// newLock returns a lock on key; a nil retry strategy means NoRetry.
 func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy) *lock {
+	if retry == nil {
+		retry = redislock.NoRetry()
+	}
 	return &lock{key: key, token: uuid.NewString(), ttl: ttl, retry: retry}
 }
+
+// cleanupTimeout bounds the cleanup after an error, which runs even when
+// the caller's context has ended: a lock left behind expires on its own.
+const cleanupTimeout = 100 * time.Millisecond
 
 // obtain takes the lock on tx's connection and runs the commands queued by
 // read after it is taken and watched, in the same round trip when the lock is
@@ -55,12 +63,8 @@ func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipelin
 	var wait *time.Timer
 	for first := true; ; first = false {
 		ok, err := l.try(ctx, tx, first, read)
-		if err != nil {
+		if err != nil || ok {
 			return err
-		}
-		if ok {
-			l.held = true
-			return nil
 		}
 		backoff := l.retry.NextBackoff()
 		if backoff <= 0 {
@@ -82,50 +86,56 @@ func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipelin
 
 // try makes one attempt. The first sends SET NX with WATCH, GET and the reads
 // in one round trip. Later ones send SET NX alone, so that polling a busy
-// lock costs the server one command, and watch and read only once it is
-// taken.
+// lock costs the server little, and watch and read only once it is taken.
+// Every attempt starts with UNWATCH: a failed attempt's WATCH would see the
+// holder's release and abort our EXEC.
 func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redis.Pipeliner)) (bool, error) {
 	var set *redis.BoolCmd
+	var watch *redis.Cmd
 	var get *redis.StringCmd
 	_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		if l.watching {
-			// The WATCH of a failed first attempt: the holder's release
-			// would abort our EXEC.
-			pipe.Do(ctx, "unwatch")
-		}
+		pipe.Do(ctx, "unwatch")
 		set = pipe.SetNX(ctx, l.key, l.token, l.ttl)
 		if first {
-			get = l.watch(ctx, pipe, read)
+			watch, get = l.watch(ctx, pipe, read)
 		}
 		return nil
 	})
-	l.watching = first
+	l.watching = watch != nil && watch.Err() == nil
 	if err := set.Err(); err != nil {
 		return false, err
 	}
 	if !set.Val() {
 		return false, nil
 	}
-	if get == nil {
+	l.held = true // from here on, cleanup frees the lock on any error
+	if watch == nil {
 		_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			get = l.watch(ctx, pipe, read)
+			watch, get = l.watch(ctx, pipe, read)
 			return nil
 		})
-		l.watching = true
+		l.watching = watch.Err() == nil
+	}
+	if err := watch.Err(); err != nil {
+		return false, err
 	}
 	token, err := get.Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return false, err
 	}
-	// Another token, or none: our lock expired between SET and WATCH.
-	return token == l.token, nil
+	if token != l.token {
+		// Our lock expired between SET and WATCH: not ours any more.
+		l.held = false
+		return false, nil
+	}
+	return true, nil
 }
 
-func (l *lock) watch(ctx context.Context, pipe redis.Pipeliner, read func(redis.Pipeliner)) *redis.StringCmd {
-	pipe.Do(ctx, "watch", l.key)
+func (l *lock) watch(ctx context.Context, pipe redis.Pipeliner, read func(redis.Pipeliner)) (*redis.Cmd, *redis.StringCmd) {
+	watch := pipe.Do(ctx, "watch", l.key)
 	get := pipe.Get(ctx, l.key)
 	read(pipe)
-	return get
+	return watch, get
 }
 
 // release applies the writes queued by write and frees the lock in one
@@ -139,28 +149,45 @@ func (l *lock) release(ctx context.Context, tx *redis.Tx, write func(redis.Pipel
 	})
 	switch {
 	case err == nil:
+		l.held, l.watching = false, false
 	case errors.Is(err, redis.TxFailedErr):
+		l.held, l.watching = false, false
 		err = ErrLockExpired
-	default:
-		return err // EXEC may not have run: cleanup frees what is left
+	case redis.IsExecAbortError(err):
+		// EXEC ran and dropped the WATCH, but applied nothing: the lock may
+		// still be ours, and cleanup must check before deleting it.
+		l.watching = false
 	}
-	l.held, l.watching = false, false
 	return err
 }
 
-// cleanup returns the connection as it found it after an error: it frees the
-// lock if still held (a compare-and-delete, thanks to the WATCH) and clears
-// any WATCH. It runs even when ctx is cancelled; if Redis cannot be reached,
-// the lock expires on its own.
+// cleanup runs after every decision. On success it has nothing to do. After
+// an error it frees the lock if it is still ours, by compare-and-delete
+// (WATCH, GET, MULTI DEL EXEC), and clears any WATCH, so that the connection
+// goes back to the pool clean. It runs even when ctx has ended, for at most
+// cleanupTimeout; if Redis cannot be reached, the lock expires on its own.
 func (l *lock) cleanup(ctx context.Context, tx *redis.Tx) {
 	if !l.held && !l.watching {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.ttl)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.ttl, cleanupTimeout))
 	defer cancel()
 	if l.held {
-		_ = l.release(ctx, tx, func(redis.Pipeliner) {})
-	} else {
-		_ = tx.Unwatch(ctx).Err()
+		l.held = false
+		var get *redis.StringCmd
+		_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			pipe.Do(ctx, "watch", l.key)
+			get = pipe.Get(ctx, l.key)
+			return nil
+		})
+		if get.Val() == l.token {
+			// EXEC also drops the WATCH.
+			_, _ = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+				pipe.Del(ctx, l.key)
+				return nil
+			})
+			return
+		}
 	}
+	_ = tx.Unwatch(ctx).Err()
 }

@@ -159,3 +159,49 @@ func TestUnreachableServer(t *testing.T) {
 		t.Errorf("Allow on a closed server: error %v, want a wrapped dial error", err)
 	}
 }
+
+// takeOverAndAbort plays a decision whose lock passed to another holder
+// before its EXEC, and whose transaction Redis then discards (EXECABORT, as
+// when a queued write is refused for memory or by ACL).
+type takeOverAndAbort struct {
+	rdb     *redis.Client
+	lockKey string
+}
+
+func (h takeOverAndAbort) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h takeOverAndAbort) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h takeOverAndAbort) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 2 && cmds[0].Name() == "multi" && cmds[1].Name() == "set" {
+			h.rdb.Set(ctx, h.lockKey, "the next holder", time.Minute)
+			cmds[1].Args()[0] = "no-such-command"
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// After an aborted EXEC, the cleanup frees the lock only if it is still
+// ours: it must not delete the next holder's lock, nor leave a WATCH on the
+// connection.
+func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		lockKey := resourceKeys(e.prefix, "r").resourceLock()
+		b := e.bucket(t, PerResource(PerMinute(5)))
+		e.rdb.AddHook(takeOverAndAbort{e.rdb, lockKey})
+		// Redis reports EXECABORT; miniredis checks the WATCH first.
+		if _, err := b.Allow(ctx, "r", "a"); !redis.IsExecAbortError(errors.Unwrap(err)) && !errors.Is(err, ErrLockExpired) {
+			t.Fatalf("Allow with a discarded EXEC: error %v, want a wrapped EXECABORT or ErrLockExpired", err)
+		}
+		if got := e.rdb.Get(ctx, lockKey).Val(); got != "the next holder" {
+			t.Fatalf("the next holder's lock is now %q", got)
+		}
+		e.rdb.Del(ctx, lockKey)
+		res, err := b.Peek(ctx, "r", "a")
+		if err != nil || res.Remaining != 4 {
+			t.Errorf("Peek after the discarded EXEC = %+v, %v; want nothing recorded", res, err)
+		}
+	})
+}

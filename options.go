@@ -83,7 +83,7 @@ func WithLockTTL(ttl time.Duration) Option {
 // WithLockRetry sets how to wait for a lock held by another decision. The
 // factory is called once per decision, because redislock's strategies keep
 // state. Waiting always stops when the context ends; return
-// redislock.NoRetry() to give up at once, or wrap a strategy in
+// redislock.NoRetry() (or nil) to give up at once, or wrap a strategy in
 // redislock.LimitRetry to bound the attempts. Default: DefaultLockRetry.
 func WithLockRetry(newStrategy func() redislock.RetryStrategy) Option {
 	return func(c *config) { c.lockRetry = newStrategy }

@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"time"
 )
@@ -67,11 +68,12 @@ func evaluate(rules []Rule, logs []logEntry, now int64, client string, n int) Re
 		var newest int64 = -1
 		for _, e := range logs {
 			if counts(rule, e, client, now) {
-				rr.Used += e.weight
+				rr.Used = addCapped(rr.Used, e.weight)
 				newest = e.at
 			}
 		}
-		if rr.Used+n > rule.Limit.Requests {
+		// Compared as room, not as Used+n, which could overflow.
+		if rule.Limit.Requests-rr.Used < n {
 			res.Allowed = false
 			res.DeniedBy = append(res.DeniedBy, rule)
 			rr.RetryAfter = millis(untilRoom(rule, logs, client, now, rr.Used, n))
@@ -116,11 +118,21 @@ func untilRoom(rule Rule, logs []logEntry, client string, now int64, used, n int
 			continue
 		}
 		used -= e.weight
-		if used+n <= rule.Limit.Requests {
+		if used <= rule.Limit.Requests-n {
 			return e.at + rule.Limit.windowMillis() - now
 		}
 	}
 	return 0 // unreachable while n <= Requests, which AllowN checks
+}
+
+// addCapped adds weights, stopping at math.MaxInt instead of wrapping
+// around: a count that wrapped would admit. Past the cap RetryAfter errs
+// long, which is safe.
+func addCapped(a, b int) int {
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
 }
 
 func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
