@@ -141,10 +141,12 @@ func newRealEnv(t *testing.T) *env {
 	return e
 }
 
+func realAddr() string { return os.Getenv(redisAddrVar) }
+
 // realClient connects to the real Redis, or skips (fails under CI).
 func realClient(t *testing.T) *redis.Client {
 	t.Helper()
-	addr := os.Getenv(redisAddrVar)
+	addr := realAddr()
 	if addr == "" {
 		if os.Getenv("CI") != "" {
 			t.Fatalf("%s is not set: CI must run the real-Redis suite (use make test)", redisAddrVar)
@@ -154,7 +156,7 @@ func realClient(t *testing.T) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
 }
 
-func uniquePrefix(t *testing.T) string {
+func uniquePrefix(t testing.TB) string {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := strings.NewReplacer("/", ".", "{", "(", "}", ")").Replace(t.Name())

@@ -1,0 +1,161 @@
+package leakybucket_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"math"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leakybucket/leakybucket"
+	"github.com/redis/go-redis/v9"
+)
+
+func ExampleNew() {
+	// An in-memory Redis for this example: pass New your own client.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	// Each API key may call an endpoint 3 times a minute, and the endpoint
+	// takes 100 calls a minute from all keys together.
+	limiter, err := leakybucket.New(rdb,
+		leakybucket.PerClient(leakybucket.PerMinute(3)),
+		leakybucket.PerResource(leakybucket.PerMinute(100)),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	ctx := context.Background()
+	for range 4 {
+		res, err := limiter.Allow(ctx, "GET /search", "api-key-42")
+		if err != nil {
+			log.Fatal(err) // Redis unreachable, or the context ended
+		}
+		if !res.Allowed {
+			fmt.Printf("denied: Retry-After: %.0f\n", math.Ceil(res.RetryAfter.Seconds()))
+			continue
+		}
+		fmt.Printf("allowed: %d left\n", res.Remaining)
+	}
+	// Output:
+	// allowed: 2 left
+	// allowed: 1 left
+	// allowed: 0 left
+	// denied: Retry-After: 60
+}
+
+// newExampleClient returns a client of an in-memory Redis whose clock is
+// frozen, so that the examples' durations print the same on every run.
+func newExampleClient() *redis.Client {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	mr.SetTime(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	return redis.NewClient(&redis.Options{Addr: mr.Addr()})
+}
+
+// A notification sender: all event types together at most 5 per 30
+// minutes, each type at most 2. A request denied by either rule is recorded
+// by neither.
+func Example_hierarchy() {
+	rdb := newExampleClient()
+	limiter, err := leakybucket.New(rdb,
+		leakybucket.PerResource(leakybucket.Per(5, 30*time.Minute)),
+		leakybucket.PerClient(leakybucket.Per(2, 30*time.Minute)),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, event := range []string{"login", "login", "login", "invoice", "invoice", "alert", "alert"} {
+		res, err := limiter.Allow(ctx, "notify:user-7", event)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if res.Allowed {
+			fmt.Printf("%-7s sent\n", event)
+		} else {
+			fmt.Printf("%-7s dropped by the %v rule\n", event, res.DeniedBy[0].Scope)
+		}
+	}
+	// Output:
+	// login   sent
+	// login   sent
+	// login   dropped by the per-client rule
+	// invoice sent
+	// invoice sent
+	// alert   sent
+	// alert   dropped by the per-resource rule
+}
+
+// Several windows on one client, with weights: a batch of n items costs n.
+func Example_severalWindows() {
+	limiter, err := leakybucket.New(newExampleClient(),
+		leakybucket.PerClient(leakybucket.PerSecond(10)),
+		leakybucket.PerClient(leakybucket.PerMinute(120)),
+		leakybucket.PerClient(leakybucket.PerHour(240)),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, batch := range []int{6, 4, 1} {
+		res, err := limiter.AllowN(ctx, "upload", "tenant-3", batch)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("batch of %d: allowed=%v remaining=%d retry-after=%v denied-by=%v\n",
+			batch, res.Allowed, res.Remaining, res.RetryAfter, res.DeniedBy)
+	}
+	// Output:
+	// batch of 6: allowed=true remaining=4 retry-after=0s denied-by=[]
+	// batch of 4: allowed=true remaining=0 retry-after=0s denied-by=[]
+	// batch of 1: allowed=false remaining=0 retry-after=1s denied-by=[per-client 10 per 1s]
+}
+
+// A minimum spacing between requests is a limit of one per interval.
+func Example_minimumSpacing() {
+	limiter, err := leakybucket.New(newExampleClient(),
+		leakybucket.PerClient(leakybucket.Per(1, 2*time.Second)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 2 {
+		res, err := limiter.Allow(ctx, "password-reset", "alice@example.com")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("allowed=%v retry-after=%v\n", res.Allowed, res.RetryAfter)
+	}
+	// Output:
+	// allowed=true retry-after=0s
+	// allowed=false retry-after=2s
+}
+
+// Peek answers like Allow without recording; Flush forgets a client.
+func ExampleBucket_Flush() {
+	limiter, err := leakybucket.New(newExampleClient(), leakybucket.PerClient(leakybucket.PerHour(1)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := limiter.Allow(ctx, "login", "bob"); err != nil {
+		log.Fatal(err)
+	}
+	before, _ := limiter.Peek(ctx, "login", "bob")
+	if err := limiter.Flush(ctx, "login", "bob"); err != nil {
+		log.Fatal(err)
+	}
+	after, _ := limiter.Peek(ctx, "login", "bob")
+	fmt.Println("before Flush:", before.Allowed, "after:", after.Allowed)
+	// Output: before Flush: false after: true
+}
