@@ -89,10 +89,9 @@ func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (Re
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	keys := resourceKeys(b.cfg.prefix, resource)
-	node, err := b.node(ctx, keys.slotKey())
+	keys, node, err := b.locate(ctx, resource)
 	if err != nil {
-		return Result{}, wrap(err)
+		return Result{}, err
 	}
 	var res Result
 	err = node.Watch(ctx, func(tx *redis.Tx) error {
@@ -157,10 +156,9 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	keys := resourceKeys(b.cfg.prefix, resource)
-	node, err := b.node(ctx, keys.slotKey())
+	keys, node, err := b.locate(ctx, resource)
 	if err != nil {
-		return Result{}, wrap(err)
+		return Result{}, err
 	}
 	scan := b.scan(keys, client)
 	if err := scan.finish(ctx, node); err != nil {
@@ -176,8 +174,11 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	keys := resourceKeys(b.cfg.prefix, resource)
-	return b.delete(ctx, keys, keys.clientLogs(client))
+	keys, node, err := b.locate(ctx, resource)
+	if err != nil {
+		return err
+	}
+	return wrap(deleteLogs(ctx, node, keys.clientLogs(client), b.cfg.scanCount))
 }
 
 // FlushAll forgets every log of resource, for all clients and rules.
@@ -185,16 +186,18 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
 	if resource == "" {
 		return ErrEmptyResource
 	}
-	keys := resourceKeys(b.cfg.prefix, resource)
-	return b.delete(ctx, keys, keys.logs())
+	keys, node, err := b.locate(ctx, resource)
+	if err != nil {
+		return err
+	}
+	return wrap(deleteLogs(ctx, node, keys.logs(), b.cfg.scanCount))
 }
 
-func (b *Bucket) delete(ctx context.Context, keys keyspace, prefix string) error {
+// locate names the resource's keys and finds the node that owns them.
+func (b *Bucket) locate(ctx context.Context, resource string) (keyspace, *redis.Client, error) {
+	keys := resourceKeys(b.cfg.prefix, resource)
 	node, err := b.node(ctx, keys.slotKey())
-	if err != nil {
-		return wrap(err)
-	}
-	return wrap(deleteLogs(ctx, node, prefix, b.cfg.scanCount))
+	return keys, node, wrap(err)
 }
 
 // check refuses bad input before anything is sent.
