@@ -12,8 +12,7 @@ import (
 )
 
 // Benchmarks of one Bucket, on the real Redis when $LEAKYBUCKET_REDIS_ADDR
-// is set, else on miniredis. Comparisons with other libraries live in a
-// module of their own, so that users never download them.
+// is set, else on miniredis:
 //
 //	LEAKYBUCKET_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench . -cpu 32
 
@@ -70,4 +69,54 @@ func BenchmarkAllowHotKey(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkAllowAmongKeys: sequential decisions, with at most 50 live logs, in a database
+// that also holds 0 to 1 000 000 unrelated keys, to show what SCAN costs;
+// it reports round trips per decision. Real Redis only: miniredis does not
+// page. The keys are written under the benchmark's prefix and deleted after.
+func BenchmarkAllowAmongKeys(b *testing.B) {
+	if realAddr() == "" {
+		b.Skipf("%s is not set", redisAddrVar)
+	}
+	rdb, prefix := benchClient(b)
+	defer rdb.Close()
+	defer cleanPrefix(rdb, prefix)
+	trips := &roundTrips{}
+	rdb.AddHook(trips)
+	ctx := context.Background()
+	filled := 0
+	for _, size := range []int{0, 10_000, 100_000, 1_000_000} {
+		for ; filled < size; filled += 10_000 {
+			pipe := rdb.Pipeline()
+			for i := filled; i < filled+10_000; i++ {
+				pipe.Set(ctx, prefix+":unrelated:"+strconv.Itoa(i), "x", 0)
+			}
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			bucket, err := New(rdb, WithPrefix(prefix), PerClient(Per(1<<30, time.Minute)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var decisionTrips int64
+			for i := 0; b.Loop(); i++ {
+				if i%50 == 0 { // keep 50 live logs at most: only the other keys grow
+					b.StopTimer()
+					if err := bucket.FlushAll(ctx, "r"); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				before := trips.n.Load()
+				if _, err := bucket.Allow(ctx, "r", strconv.Itoa(i%50)); err != nil {
+					b.Fatal(err)
+				}
+				decisionTrips += trips.n.Load() - before
+			}
+			b.ReportMetric(float64(decisionTrips)/float64(b.N), "trips/op")
+		})
+	}
 }

@@ -9,8 +9,8 @@ import (
 )
 
 // A Bucket limits requests to resources by the rules it was made with,
-// across every process that uses the same Redis and prefix. It is safe for
-// concurrent use.
+// across every process that uses the same Redis and prefix. Make one with
+// New; it is safe for concurrent use.
 type Bucket struct {
 	cfg  config
 	node func(ctx context.Context, key string) (*redis.Client, error)
@@ -81,7 +81,7 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 //
 // Errors: ErrEmptyResource, ErrEmptyClient or ErrInvalidWeight for bad input
 // (nothing is sent to Redis); ErrLockNotObtained if another decision held the
-// lock until ctx ended; ErrLockExpired if the lock expired before the
+// lock until ctx ended or the retry strategy gave up; ErrLockExpired if the lock expired before the
 // decision was written; or a Redis error, wrapped. With any error, nothing
 // was recorded, except that a connection lost during the final write leaves
 // it unknown whether the write was applied.
@@ -149,8 +149,9 @@ func (b *Bucket) Peek(ctx context.Context, resource, client string) (Result, err
 	return b.PeekN(ctx, resource, client, 1)
 }
 
-// PeekN returns what AllowN would answer now, recording nothing. It takes no
-// lock, so a decision under way elsewhere may be missed. It costs one round
+// PeekN returns what AllowN would answer now, recording nothing: Remaining
+// is what would be left after the call. It takes no lock, so a decision
+// under way elsewhere may be missed. It costs one round
 // trip when the SCAN fits in one page.
 func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Result, error) {
 	if err := b.check(resource, client, n); err != nil {

@@ -9,8 +9,10 @@ import (
 // window of length Window. Windows are kept in whole milliseconds, the
 // resolution of Redis expiry; a fraction of a millisecond is dropped.
 type Limit struct {
+	// Requests is the most weight admitted in one window; at least 1.
 	Requests int
-	Window   time.Duration
+	// Window is the length of the sliding window; at least 1ms.
+	Window time.Duration
 }
 
 // Per returns a Limit of requests per window.
@@ -69,7 +71,9 @@ func (s Scope) String() string {
 // A Rule is a Limit applied per resource or per client, as added to New by
 // PerResource or PerClient.
 type Rule struct {
+	// Scope says whether the rule counts per resource or per client.
 	Scope Scope
+	// Limit is what the rule admits in each of its counts.
 	Limit Limit
 }
 

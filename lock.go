@@ -21,7 +21,7 @@ import (
 //
 //  1. SET key token NX PX ttl takes the lock.
 //  2. WATCH key, then GET key: the GET proves the watched value is our token,
-//     so from here on any change to the key, including its expiry (Redis >= 6.2
+//     so from here on any change to the key, including its expiry (Redis >= 7.0
 //     aborts EXEC when a watched key expired), aborts step 3.
 //  3. MULTI, the critical section's writes, DEL key, EXEC. The writes and the
 //     release are one transaction fenced by the WATCH: a holder whose lock

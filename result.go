@@ -36,6 +36,7 @@ type Result struct {
 
 // RuleResult is the state of one rule after a call.
 type RuleResult struct {
+	// Rule is the rule reported on.
 	Rule Rule
 
 	// Used is the weight the rule counts in its window after the call.
