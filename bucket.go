@@ -12,15 +12,13 @@ import (
 // across every process that uses the same Redis and prefix. Make one with
 // New; it is safe for concurrent use.
 type Bucket struct {
-	cfg  config
-	node func(ctx context.Context, key string) (*redis.Client, error)
+	cfg   config
+	plan  plan
+	store store
+	node  func(ctx context.Context, key string) (*redis.Client, error)
 
-	// clientScoped: every rule is per-client, so a decision needs only the
-	// (resource, client) lock and that client's logs.
-	clientScoped  bool
 	hasClientRule bool
-	maxN          int   // the smallest Requests of the rules
-	logTTL        int64 // the longest window, ms: how long a log is needed
+	maxN          int // the smallest Requests of the rules
 }
 
 // New returns a Bucket that applies the rules among opts (PerResource,
@@ -40,12 +38,15 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	b := &Bucket{cfg: cfg, node: node, clientScoped: true, maxN: cfg.rules[0].Limit.Requests}
+	p := newPlan(cfg)
+	st, err := cfg.strategy.newStore(p)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bucket{cfg: cfg, plan: p, store: st, node: node, maxN: cfg.rules[0].Limit.Requests}
 	for _, r := range cfg.rules {
-		b.clientScoped = b.clientScoped && r.Scope == ScopeClient
 		b.hasClientRule = b.hasClientRule || r.Scope == ScopeClient
 		b.maxN = min(b.maxN, r.Limit.Requests)
-		b.logTTL = max(b.logTTL, r.Limit.windowMillis())
 	}
 	return b, nil
 }
@@ -76,57 +77,25 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 
 // AllowN admits a request of weight n by client to resource if every rule
 // has room for n more, and then records it under every rule; a denied
-// request is recorded nowhere. A denial is a Result with Allowed false, not
-// an error. The client may be empty only if every rule is per-resource.
+// request is recorded nowhere (unless WithRecordDenied). A denial is a
+// Result with Allowed false, not an error. The client may be empty only if
+// every rule is per-resource.
 //
 // Errors: ErrEmptyResource, ErrEmptyClient or ErrInvalidWeight for bad input
 // (nothing is sent to Redis); ErrLockNotObtained if another decision held the
-// lock until ctx ended or the retry strategy gave up; ErrLockExpired if the lock expired before the
-// decision was written; or a Redis error, wrapped. With any error, nothing
-// was recorded, except that a connection lost during the final write leaves
-// it unknown whether the write was applied.
+// lock until ctx ended or the retry strategy gave up; ErrLockExpired if the
+// lock expired before the decision was written; or a Redis error, wrapped.
+// With any error, nothing was recorded, except that a connection lost during
+// the final write leaves it unknown whether the write was applied.
 func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (Result, error) {
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	keys, node, err := b.locate(ctx, resource)
-	if err != nil {
-		return Result{}, err
-	}
 	var res Result
-	err = node.Watch(ctx, func(tx *redis.Tx) error {
-		var err error
-		res, err = b.admit(ctx, tx, keys, client, n)
-		return err
-	})
-	if err != nil {
-		return Result{}, wrap(err)
-	}
-	return res, nil
-}
-
-// admit is the critical section of AllowN, on one connection: take the lock
-// and read the logs (one round trip), then write the new log and release
-// the lock in one MULTI/EXEC (one more).
-func (b *Bucket) admit(ctx context.Context, tx *redis.Tx, keys keyspace, client string, n int) (Result, error) {
-	lockKey := keys.resourceLock()
-	if b.clientScoped {
-		lockKey = keys.clientLock(client)
-	}
-	l := newLock(lockKey, b.cfg.lockTTL, b.cfg.lockRetry())
-	defer l.cleanup(ctx, tx)
-
-	scan := b.scan(keys, client)
-	if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { scan.queue(ctx, pipe) }); err != nil {
-		return Result{}, err
-	}
-	if err := scan.finish(ctx, tx); err != nil {
-		return Result{}, err
-	}
-	res := evaluate(b.cfg.rules, scan.entries, scan.now, encode(client), n)
-	err := l.release(ctx, tx, func(pipe redis.Pipeliner) {
-		if res.Allowed {
-			pipe.Do(ctx, "set", keys.newLog(client, scan.now, n), "", "pxat", scan.now+b.logTTL)
+	err := b.locked(ctx, resource, client, func(pipe redis.Pipeliner, keys keyspace, t *tally) {
+		res = evaluate(b.plan.rules, t, b.store.stamp(t.now), n, b.cfg.recordDenied)
+		if res.Allowed || b.cfg.recordDenied {
+			b.store.record(ctx, pipe, keys, client, t, n)
 		}
 	})
 	if err != nil {
@@ -135,13 +104,32 @@ func (b *Bucket) admit(ctx context.Context, tx *redis.Tx, keys keyspace, client 
 	return res, nil
 }
 
-// scan returns a count of the logs the rules need: the client's own when
-// every rule is per-client, else the whole resource's.
-func (b *Bucket) scan(keys keyspace, client string) *logScan {
-	if b.clientScoped {
-		return newLogScan(keys, keys.clientLogs(client), b.cfg.scanCount)
+// locked runs a read-then-write on one connection, under the lock of
+// (resource, client): take the lock and read the counts (one round trip,
+// more if a Logs SCAN needs more pages), then queue write's commands and
+// release the lock in one MULTI/EXEC (one more).
+func (b *Bucket) locked(ctx context.Context, resource, client string, write func(redis.Pipeliner, keyspace, *tally)) error {
+	keys, node, err := b.locate(ctx, resource)
+	if err != nil {
+		return err
 	}
-	return newLogScan(keys, keys.logs(), b.cfg.scanCount)
+	lockKey := keys.resourceLock()
+	if b.plan.clientScoped {
+		lockKey = keys.clientLock(client)
+	}
+	err = node.Watch(ctx, func(tx *redis.Tx) error {
+		l := newLock(lockKey, b.cfg.lockTTL, b.cfg.lockRetry())
+		defer l.cleanup(ctx, tx)
+		r := b.store.read(keys, client)
+		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { r.queue(ctx, pipe) }); err != nil {
+			return err
+		}
+		if err := r.finish(ctx, tx); err != nil {
+			return err
+		}
+		return l.release(ctx, tx, func(pipe redis.Pipeliner) { write(pipe, keys, r.tally()) })
+	})
+	return wrap(err)
 }
 
 // Peek is shorthand for PeekN(ctx, resource, client, 1).
@@ -151,8 +139,8 @@ func (b *Bucket) Peek(ctx context.Context, resource, client string) (Result, err
 
 // PeekN returns what AllowN would answer now, recording nothing: Remaining
 // is what would be left after the call. It takes no lock, so a decision
-// under way elsewhere may be missed. It costs one round
-// trip when the SCAN fits in one page.
+// under way elsewhere may be missed. It costs one round trip (Logs: when
+// the SCAN fits in one page).
 func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Result, error) {
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
@@ -161,28 +149,30 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 	if err != nil {
 		return Result{}, err
 	}
-	scan := b.scan(keys, client)
-	if err := scan.finish(ctx, node); err != nil {
+	r := b.store.read(keys, client)
+	if err := r.finish(ctx, node); err != nil {
 		return Result{}, wrap(err)
 	}
-	return evaluate(b.cfg.rules, scan.entries, scan.now, encode(client), n), nil
+	t := r.tally()
+	return evaluate(b.plan.rules, t, b.store.stamp(t.now), n, b.cfg.recordDenied), nil
 }
 
-// Flush forgets the logs of client at resource: its own counts and its share
-// of the resource's counts. Logs of a decision running at the same time may
-// survive.
+// Flush forgets the counts of client at resource: its own, and its share of
+// the resource's. It takes the lock as a decision does, and costs two round
+// trips (Logs: when the SCAN fits in one page).
 func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	keys, node, err := b.locate(ctx, resource)
-	if err != nil {
-		return err
-	}
-	return wrap(deleteLogs(ctx, node, keys.clientLogs(client), b.cfg.scanCount))
+	return b.locked(ctx, resource, client, func(pipe redis.Pipeliner, keys keyspace, t *tally) {
+		b.store.forget(ctx, pipe, keys, client, t)
+	})
 }
 
-// FlushAll forgets every log of resource, for all clients and rules.
+// FlushAll forgets every count of resource, for all clients and rules. It
+// takes no lock: the call of a decision running at the same time may
+// survive. Unless the strategy is SortedSet with a per-resource rule, it
+// finds the keys with SCAN, which walks the whole database.
 func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
 	if resource == "" {
 		return ErrEmptyResource
@@ -191,7 +181,7 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
 	if err != nil {
 		return err
 	}
-	return wrap(deleteLogs(ctx, node, keys.logs(), b.cfg.scanCount))
+	return wrap(b.store.forgetAll(ctx, node, keys))
 }
 
 // locate names the resource's keys and finds the node that owns them.

@@ -36,7 +36,8 @@ const redisAddrVar = "LEAKYBUCKET_REDIS_ADDR"
 var scriptCommands = []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro", "script", "function"}
 
 type env struct {
-	rdb    *redis.Client
+	strategy Strategy
+	rdb      *redis.Client
 	prefix string        // unique to the test; every key it writes starts with it
 	real   bool          // a real Redis, on the real clock
 	slack  time.Duration // how much later than the test's model the real clock may be
@@ -47,7 +48,7 @@ type env struct {
 // bucket returns a Bucket on the test's prefix.
 func (e *env) bucket(t *testing.T, opts ...Option) *Bucket {
 	t.Helper()
-	b, err := New(e.rdb, append([]Option{WithPrefix(e.prefix)}, opts...)...)
+	b, err := New(e.rdb, append([]Option{WithStrategy(e.strategy), WithPrefix(e.prefix)}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -68,20 +69,34 @@ func (e *env) keys(t *testing.T) []string {
 	return all
 }
 
-// each runs test against miniredis on fake time and against the real Redis.
+// strategies are the strategies every behaviour test runs with. Windows
+// at a precision of 1ms is exact, so the tests' exact expectations hold for
+// it too; windows_test.go checks coarser precisions against their bound.
+var strategies = []Strategy{Logs, SortedSet, Windows(time.Millisecond)}
+
+// each runs test with every strategy, against miniredis on fake time and
+// against the real Redis.
 func each(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Helper()
 	t.Parallel()
-	t.Run("miniredis", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			e := newMiniEnv(t)
-			test(t, e)
+	for _, s := range strategies {
+		t.Run(s.String(), func(t *testing.T) {
+			t.Parallel()
+			t.Run("miniredis", func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					e := newMiniEnv(t)
+					e.strategy = s
+					test(t, e)
+				})
+			})
+			t.Run("redis", func(t *testing.T) {
+				t.Parallel()
+				e := newRealEnv(t)
+				e.strategy = s
+				test(t, e)
+			})
 		})
-	})
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		test(t, newRealEnv(t))
-	})
+	}
 }
 
 // newMiniEnv returns an env on a miniredis in the current synctest bubble.
@@ -123,7 +138,7 @@ func newMiniEnv(t *testing.T) *env {
 			t.Errorf("%d script commands were sent", n)
 		}
 	})
-	return &env{rdb: rdb, prefix: "t", trips: trips, mini: m}
+	return &env{strategy: Logs, rdb: rdb, prefix: "t", trips: trips, mini: m}
 }
 
 // newRealEnv returns an env on the real Redis, with a prefix of its own
@@ -133,7 +148,7 @@ func newRealEnv(t *testing.T) *env {
 	rdb := realClient(t)
 	trips := &roundTrips{}
 	rdb.AddHook(trips)
-	e := &env{rdb: rdb, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: trips}
+	e := &env{strategy: Logs, rdb: rdb, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: trips}
 	t.Cleanup(func() {
 		cleanPrefix(rdb, e.prefix)
 		rdb.Close()

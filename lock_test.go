@@ -174,7 +174,8 @@ func (h takeOverAndAbort) ProcessHook(next redis.ProcessHook) redis.ProcessHook 
 
 func (h takeOverAndAbort) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 2 && cmds[0].Name() == "multi" && cmds[1].Name() == "set" {
+		// The release: MULTI, the first write (of any strategy), ..., DEL lock.
+		if len(cmds) > 3 && cmds[0].Name() == "multi" && cmds[1].Name() != "del" {
 			h.rdb.Set(ctx, h.lockKey, "the next holder", time.Minute)
 			cmds[1].Args()[0] = "no-such-command"
 		}

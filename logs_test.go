@@ -65,7 +65,7 @@ func checkKeys(t testing.TB, prefix, r1, c1, r2, c2 string) {
 	log1 := k1.newLog(c1, 1_700_000_000_123, 7)
 
 	e, ok := parseLog(log1, k1.logs())
-	if !ok || e != (logEntry{client: encode(c1), at: 1_700_000_000_123, weight: 7}) {
+	if !ok || e != (logEntry{id: log1, client: encode(c1), at: 1_700_000_000_123, weight: 7}) {
 		t.Fatalf("parseLog(%q) = %+v, %v", log1, e, ok)
 	}
 	// An empty resource is refused before any key is made: it needs no tag.

@@ -36,15 +36,18 @@ func DefaultLockRetry() redislock.RetryStrategy {
 type Option func(*config)
 
 type config struct {
-	rules     []Rule
-	prefix    string
-	lockTTL   time.Duration
-	lockRetry func() redislock.RetryStrategy
-	scanCount int
+	rules        []Rule
+	strategy     Strategy
+	recordDenied bool
+	prefix       string
+	lockTTL      time.Duration
+	lockRetry    func() redislock.RetryStrategy
+	scanCount    int
 }
 
 func defaultConfig() config {
 	return config{
+		strategy:  Logs,
 		prefix:    DefaultPrefix,
 		lockTTL:   DefaultLockTTL,
 		lockRetry: DefaultLockRetry,
@@ -62,6 +65,21 @@ func PerResource(l Limit) Option {
 // resource.
 func PerClient(l Limit) Option {
 	return func(c *config) { c.rules = append(c.rules, Rule{Scope: ScopeClient, Limit: l}) }
+}
+
+// WithStrategy sets how the Bucket keeps its counts in Redis: Logs (the
+// default), SortedSet or Windows(precision). Buckets that share a prefix
+// must use the same strategy and rules.
+func WithStrategy(s Strategy) Option {
+	return func(c *config) { c.strategy = s }
+}
+
+// WithRecordDenied makes a denied call count under every rule, as an
+// admitted one does, so that a client who keeps trying stays denied until
+// it pauses for a window: the rolling limiter's answer to brute force. By
+// default a denied call is recorded nowhere.
+func WithRecordDenied() Option {
+	return func(c *config) { c.recordDenied = true }
 }
 
 // WithPrefix sets the text that starts every key of the Bucket (default
@@ -106,6 +124,8 @@ func (c *config) validate() error {
 		}
 	}
 	switch {
+	case c.strategy == nil:
+		return fmt.Errorf("%w: nil strategy", ErrInvalidOption)
 	case c.prefix == "":
 		return fmt.Errorf("%w: empty prefix", ErrInvalidOption)
 	case strings.ContainsAny(c.prefix, "{}"):

@@ -54,44 +54,48 @@ type RuleResult struct {
 	ResetAfter time.Duration
 }
 
-// evaluate decides a call of weight n by client (encoded) at Redis time now
-// (ms), given the logs found. A request is admitted only if every rule has
-// room for it; then it counts under every rule at once.
-func evaluate(rules []Rule, logs []logEntry, now int64, client string, n int) Result {
-	// Oldest first: the order in which logs leave every window.
-	slices.SortFunc(logs, func(a, b logEntry) int { return cmp.Compare(a.at, b.at) })
+// evaluate decides a call of weight n, stamped at (see store.stamp), given
+// what t read. A call is admitted only if every rule has room for it; then,
+// or also when denied if recordDenied, it counts under every rule at once.
+func evaluate(rules []Rule, t *tally, at int64, n int, recordDenied bool) Result {
+	// Oldest first: the order in which entries leave every window.
+	byTime := func(a, b logEntry) int { return cmp.Compare(a.at, b.at) }
+	slices.SortFunc(t.all, byTime)
+	slices.SortFunc(t.mine, byTime)
 
 	res := Result{Allowed: true, Rules: make([]RuleResult, len(rules))}
 	for i, rule := range rules {
 		rr := &res.Rules[i]
 		rr.Rule = rule
-		window := rule.Limit.windowMillis()
-		var newest int64 = -1
-		for _, e := range logs {
-			if counts(rule, e, client, now) {
+		for _, e := range t.entries(rule) {
+			if counts(rule, e, t.now) {
 				rr.Used = addCapped(rr.Used, e.weight)
-				newest = e.at
 			}
 		}
 		// Compared as room, not as Used+n, which could overflow.
-		if rule.Limit.Requests-rr.Used < n {
+		if !hasRoom(rule, rr.Used, n) {
 			res.Allowed = false
 			res.DeniedBy = append(res.DeniedBy, rule)
-			rr.RetryAfter = millis(untilRoom(rule, logs, client, now, rr.Used, n))
-		}
-		if newest >= 0 {
-			rr.ResetAfter = millis(newest + window - now)
 		}
 	}
-	if res.Allowed {
-		// The call's own log is the newest under every rule.
-		for i := range res.Rules {
-			res.Rules[i].Used += n
-			res.Rules[i].ResetAfter = res.Rules[i].Rule.Limit.Window.Truncate(time.Millisecond)
-		}
-	}
+	recorded := res.Allowed || recordDenied
 	for i := range res.Rules {
 		rr := &res.Rules[i]
+		entries := t.entries(rr.Rule)
+		if recorded {
+			// The call is the newest entry of every rule.
+			entries = append(entries[:len(entries):len(entries)], logEntry{at: at, weight: n})
+			rr.Used = addCapped(rr.Used, n)
+		}
+		if !res.Allowed {
+			rr.RetryAfter = millis(untilRoom(rr.Rule, entries, t.now, rr.Used, n))
+		}
+		for _, e := range slices.Backward(entries) {
+			if counts(rr.Rule, e, t.now) {
+				rr.ResetAfter = millis(e.at + rr.Rule.Limit.windowMillis() - t.now)
+				break
+			}
+		}
 		rr.Remaining = max(rr.Rule.Limit.Requests-rr.Used, 0)
 		if i == 0 || rr.Remaining < res.Remaining {
 			res.Remaining = rr.Remaining
@@ -102,24 +106,27 @@ func evaluate(rules []Rule, logs []logEntry, now int64, client string, n int) Re
 	return res
 }
 
-// counts reports whether rule counts log e at time now.
-func counts(rule Rule, e logEntry, client string, now int64) bool {
-	if rule.Scope == ScopeClient && e.client != client {
-		return false
-	}
+// counts reports whether rule counts entry e at time now.
+func counts(rule Rule, e logEntry, now int64) bool {
 	return e.at+rule.Limit.windowMillis() > now
 }
 
-// untilRoom returns the ms until enough of the counted logs (oldest first)
-// have left rule's window for n more to fit. Rooms only grow as time passes,
-// so the call fits every rule at the latest of their times.
-func untilRoom(rule Rule, logs []logEntry, client string, now int64, used, n int) int64 {
-	for _, e := range logs {
-		if !counts(rule, e, client, now) {
+func hasRoom(rule Rule, used, n int) bool { return rule.Limit.Requests-used >= n }
+
+// untilRoom returns the ms until enough of the counted entries (oldest
+// first) have left rule's window for n more to fit; 0 if they fit now.
+// Rooms only grow as time passes, so the call fits every rule at the latest
+// of their times.
+func untilRoom(rule Rule, entries []logEntry, now int64, used, n int) int64 {
+	if hasRoom(rule, used, n) {
+		return 0
+	}
+	for _, e := range entries {
+		if !counts(rule, e, now) {
 			continue
 		}
 		used -= e.weight
-		if used <= rule.Limit.Requests-n {
+		if hasRoom(rule, used, n) {
 			return e.at + rule.Limit.windowMillis() - now
 		}
 	}

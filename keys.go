@@ -1,0 +1,102 @@
+package leakybucket
+
+import (
+	"encoding/base64"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// Key layout. For prefix P, resource r and client c, with R and C their
+// unpadded base64url encodings:
+//
+//	P:{R}:lock                    the lock of a Bucket with a per-resource rule
+//	P:{R}:lock:C                  the lock of a Bucket whose rules are all per-client
+//
+//	Logs:
+//	P:{R}:log:C:<ms>:<n>:<uuid>   one call of weight n, made at Redis time
+//	                              <ms>; it expires (PXAT) when the longest
+//	                              window has passed
+//	SortedSet:
+//	P:{R}:zset                    the resource's calls, when a rule is per-resource
+//	P:{R}:zset:C                  the client's calls, when every rule is per-client
+//	                              (members C:<n>:<uuid>, scored by Redis time, ms)
+//	Windows:
+//	P:{R}:hash                    the resource's weight per interval, when a rule
+//	                              is per-resource (field: Redis time / precision)
+//	P:{R}:hash:C                  the client's weight per interval
+//
+// Why this shape:
+//   - The hash tag {R} puts every key of a resource in one cluster slot, so
+//     the lock, the counts, WATCH and MULTI/EXEC of a decision never cross
+//     slots.
+//   - base64url has no ':', no brace and no glob metacharacter. So the tag
+//     always ends where R ends, the encoding of (resource, client) is
+//     injective whatever bytes they hold, and a MATCH pattern for one client
+//     (P:{R}:log:C:*) cannot match another client's logs.
+//   - "log:", "lock", "zset" and "hash" differ before any pattern's '*', so
+//     no pattern of one matches another.
+//   - The prefix may hold glob metacharacters: matchPrefix escapes them. It
+//     cannot hold braces (New refuses them), or the tag would move.
+//
+// Every rule counts from the same calls, stamped with Redis time: a rule
+// with window w counts the calls stamped after now-w, where now is also
+// Redis time. So no client clock is involved, and Logs and SortedSet are
+// exact to the millisecond whatever the rules' windows.
+
+// keyspace names the keys of one resource.
+type keyspace struct {
+	base string // P:{R}:
+}
+
+func resourceKeys(prefix, resource string) keyspace {
+	return keyspace{base: prefix + ":{" + encode(resource) + "}:"}
+}
+
+func encode(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// slotKey is a key in the resource's slot, to find the node that owns it.
+func (k keyspace) slotKey() string { return k.base }
+
+func (k keyspace) resourceLock() string { return k.base + "lock" }
+
+func (k keyspace) clientLock(client string) string { return k.base + "lock:" + encode(client) }
+
+// logs is the prefix of every log of the resource.
+func (k keyspace) logs() string { return k.base + "log:" }
+
+// clientLogs is the prefix of the logs of one client of the resource.
+func (k keyspace) clientLogs(client string) string { return k.logs() + encode(client) + ":" }
+
+// newLog names the log of a call of weight n by client, admitted at Redis
+// time at (ms).
+func (k keyspace) newLog(client string, at int64, n int) string {
+	return k.clientLogs(client) + strconv.FormatInt(at, 10) + ":" + strconv.Itoa(n) + ":" + uuid.NewString()
+}
+
+func (k keyspace) sortedSet() string { return k.base + "zset" }
+
+func (k keyspace) clientSortedSet(client string) string { return k.sortedSet() + ":" + encode(client) }
+
+func (k keyspace) hash() string { return k.base + "hash" }
+
+func (k keyspace) clientHash(client string) string { return k.hash() + ":" + encode(client) }
+
+// matchPrefix returns the MATCH pattern of every key that starts with
+// prefix, taken literally: Redis glob metacharacters are escaped.
+func matchPrefix(prefix string) string {
+	var b strings.Builder
+	b.Grow(len(prefix) + 2)
+	for i := 0; i < len(prefix); i++ {
+		switch c := prefix[i]; c {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('*')
+	return b.String()
+}

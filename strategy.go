@@ -1,0 +1,175 @@
+package leakybucket
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A Strategy is how a Bucket keeps its counts in Redis: Logs (the default),
+// SortedSet or Windows(precision). Every strategy answers the same calls
+// with the same Results and errors, takes the same lock, and reads time from
+// Redis only, so hosts with skewed clocks share one window. They differ in
+// what a decision costs as the database grows, in memory, and in exactness:
+//
+//	strategy            exact              a decision walks         memory per scope
+//	Logs                to the ms          the whole database       one key per call in the window
+//	SortedSet           to the ms          one sorted set           one member per call in the window
+//	Windows(precision)  up to a precision  one or two hashes        one field per precision in the window
+//
+// Choose Logs for a small, dedicated database and nothing but strings;
+// SortedSet when the database is large or shared; Windows when a window
+// holds many calls and a bounded error is fine. The README has measured
+// figures.
+type Strategy interface {
+	// String names the strategy, as "sorted set" or "windows(1s)".
+	String() string
+
+	// newStore returns the store of a Bucket with these rules, or an
+	// ErrInvalidOption error if the strategy cannot keep them.
+	newStore(p plan) (store, error)
+}
+
+var (
+	// Logs writes one expiring key per admitted call (SET PXAT) and counts
+	// the live ones with SCAN MATCH. It is exact and needs nothing but
+	// strings, but SCAN walks the whole database, so a decision slows down
+	// as the database grows: keep the limiter in a logical database of its
+	// own. The default.
+	Logs Strategy = logsStrategy{}
+
+	// SortedSet keeps one sorted set per scope (the resource when a rule is
+	// per-resource, else each (resource, client)), with one member per call
+	// scored by Redis time; each write trims members older than the longest
+	// window and sets the key to expire after it. It is exact, and a
+	// decision costs the same whatever else the database holds.
+	SortedSet Strategy = sortedSetStrategy{}
+)
+
+// Windows returns the strategy that keeps, per (resource, client) and per
+// resource, one hash of the weight admitted in each interval of precision
+// (a one-hour window at a precision of one minute is at most 61 fields),
+// deleting intervals as they leave the longest window. A decision costs the
+// same whatever else the database holds, and memory is bounded by
+// window/precision however many calls are made.
+//
+// A call is counted as if it was made at the end of its interval, so it
+// leaves each window up to precision later than it would under Logs: Windows
+// never admits a call that Logs would deny, and may deny one for at most
+// precision longer (RetryAfter says for how long). Per(1, d) thus spaces
+// calls by at least d and at most d+precision.
+//
+// The precision is kept in whole milliseconds; it must be at least one and
+// at most the shortest window of the rules, or New returns ErrInvalidOption.
+func Windows(precision time.Duration) Strategy { return windowsStrategy{precision} }
+
+// plan is what the stores need to know of the rules.
+type plan struct {
+	rules []Rule
+	// clientScoped: every rule is per-client, so a decision needs only the
+	// (resource, client) lock and that client's counts.
+	clientScoped bool
+	longest      int64 // the longest window, ms: how long a call is counted
+	scanCount    int
+}
+
+func newPlan(cfg config) plan {
+	p := plan{rules: cfg.rules, clientScoped: true, scanCount: cfg.scanCount}
+	for _, r := range cfg.rules {
+		p.clientScoped = p.clientScoped && r.Scope == ScopeClient
+		p.longest = max(p.longest, r.Limit.windowMillis())
+	}
+	return p
+}
+
+// A store reads and writes one strategy's counts. Every method is called
+// with the keys of one resource, and client in clear text. The Bucket calls
+// record and forget inside the MULTI/EXEC that releases the lock, after read
+// ran under the same lock.
+type store interface {
+	// read returns the reads of a decision, a Peek or a Flush by client.
+	read(keys keyspace, client string) reader
+	// stamp returns the time (ms) at which a call made at Redis time now is
+	// counted: when it starts to leave the windows, less each window.
+	stamp(now int64) int64
+	// record queues the writes that count a call of weight n by client,
+	// given what read found.
+	record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int)
+	// forget queues the writes that forget every count of client: its own,
+	// and its share of the resource's.
+	forget(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally)
+	// forgetAll deletes every count of the resource.
+	forgetAll(ctx context.Context, node *redis.Client, keys keyspace) error
+}
+
+// A reader reads the counts of one decision.
+type reader interface {
+	// queue adds the first reads and TIME to a pipeline: the lock's, or
+	// Peek's own.
+	queue(ctx context.Context, pipe redis.Pipeliner)
+	// finish reads what queue's pipeline returned, and whatever else is
+	// needed, on conn. If queue was not called, it sends the first reads
+	// itself.
+	finish(ctx context.Context, conn pipeliner) error
+	// tally returns what was read, after finish.
+	tally() *tally
+}
+
+// pipeliner is a connection: a *redis.Client, or the *redis.Tx that holds
+// the lock.
+type pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// tally is what a reader found.
+type tally struct {
+	now  int64      // Redis time, ms, read after the counts
+	all  []logEntry // the resource's entries: what per-resource rules count
+	mine []logEntry // the client's entries: what per-client rules count
+}
+
+// logEntry is one counted call (or, for Windows, one interval's calls).
+type logEntry struct {
+	id     string // its key, member or field
+	client string // base64url, as in the keys; empty for Windows
+	at     int64  // when it is counted from (see store.stamp), ms
+	weight int
+}
+
+// entries returns the entries rule counts.
+func (t *tally) entries(rule Rule) []logEntry {
+	if rule.Scope == ScopeClient {
+		return t.mine
+	}
+	return t.all
+}
+
+// dead returns the ids of entries that no rule counts any more.
+func (t *tally) dead(entries []logEntry, longest int64) []string {
+	var ids []string
+	for _, e := range entries {
+		if e.at+longest <= t.now {
+			ids = append(ids, e.id)
+		}
+	}
+	return ids
+}
+
+// sendQueued sends r's first reads on conn unless they were queued
+// elsewhere (ready reports whether they were).
+func sendQueued(ctx context.Context, conn pipeliner, r reader, ready bool) {
+	if ready {
+		return
+	}
+	// Errors are the commands' own: the reader reports them.
+	_, _ = conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		r.queue(ctx, pipe)
+		return nil
+	})
+}
+
+func invalidStrategy(s Strategy, format string, args ...any) error {
+	return fmt.Errorf("%w: strategy %v: %s", ErrInvalidOption, s, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,163 @@
+package leakybucket
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+type windowsStrategy struct{ precision time.Duration }
+
+func (w windowsStrategy) String() string { return "windows(" + w.precision.String() + ")" }
+
+func (w windowsStrategy) newStore(p plan) (store, error) {
+	if w.precision < time.Millisecond {
+		return nil, invalidStrategy(w, "precision under 1ms")
+	}
+	for _, r := range p.rules {
+		if r.Limit.Window < w.precision {
+			return nil, invalidStrategy(w, "precision longer than the window of rule %v", r)
+		}
+	}
+	return windowsStore{plan: p, precision: w.precision.Milliseconds()}, nil
+}
+
+// windowsStore is the Windows strategy: precision-bucket sliding windows.
+// Each hash maps an interval (Redis time / precision) to the weight admitted
+// in it, and one hash serves every rule: a rule counts the intervals whose
+// end is inside its window. The client's hash is kept even when every rule
+// is per-resource, so that Flush knows the client's share.
+type windowsStore struct {
+	plan
+	precision int64 // ms
+}
+
+func (s windowsStore) read(keys keyspace, client string) reader {
+	r := &windowsRead{precision: s.precision, client: keys.clientHash(client)}
+	if !s.clientScoped {
+		r.resource = keys.hash()
+	}
+	return r
+}
+
+// stamp is the last millisecond of now's interval: every call of an
+// interval counts as made then, so none leaves a window early.
+func (s windowsStore) stamp(now int64) int64 { return (now/s.precision+1)*s.precision - 1 }
+
+// record adds n to now's interval, deletes intervals no window counts, and
+// sets the hash to expire with now's interval.
+func (s windowsStore) record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int) {
+	field := strconv.FormatInt(t.now/s.precision, 10)
+	expireAt := time.UnixMilli(s.stamp(t.now) + s.longest)
+	add := func(key string, entries []logEntry) {
+		if dead := t.dead(entries, s.longest); len(dead) > 0 {
+			pipe.HDel(ctx, key, dead...)
+		}
+		if weight(entries, field) > math.MaxInt64-int64(n) {
+			pipe.HSet(ctx, key, field, int64(math.MaxInt64)) // HINCRBY would fail
+		} else {
+			pipe.HIncrBy(ctx, key, field, int64(n))
+		}
+		pipe.PExpireAt(ctx, key, expireAt)
+	}
+	add(keys.clientHash(client), t.mine)
+	if !s.clientScoped {
+		add(keys.hash(), t.all)
+	}
+}
+
+// forget deletes the client's hash and takes its weights out of the
+// resource's.
+func (s windowsStore) forget(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally) {
+	pipe.Del(ctx, keys.clientHash(client))
+	if s.clientScoped || len(t.mine) == 0 {
+		return
+	}
+	for _, e := range t.mine {
+		if weight(t.all, e.id) <= int64(e.weight) {
+			pipe.HDel(ctx, keys.hash(), e.id)
+		} else {
+			pipe.HIncrBy(ctx, keys.hash(), e.id, -int64(e.weight))
+		}
+	}
+	// Should FlushAll have deleted the hash meanwhile, HINCRBY made a new
+	// one: let it expire no later than the old one did.
+	pipe.PExpireAt(ctx, keys.hash(), time.UnixMilli(s.stamp(t.now)+s.longest))
+}
+
+func (s windowsStore) forgetAll(ctx context.Context, node *redis.Client, keys keyspace) error {
+	// The resource's hash and every client's.
+	return deleteKeys(ctx, node, keys.hash(), s.scanCount)
+}
+
+// weight returns the weight of the interval field among entries.
+func weight(entries []logEntry, field string) int64 {
+	for _, e := range entries {
+		if e.id == field {
+			return int64(e.weight)
+		}
+	}
+	return 0
+}
+
+// windowsRead reads the hashes and TIME in one round trip.
+type windowsRead struct {
+	precision        int64
+	resource, client string // keys; resource is empty when every rule is per-client
+
+	all, mine *redis.MapStringStringCmd
+	clock     *redis.TimeCmd
+	t         tally
+}
+
+func (r *windowsRead) queue(ctx context.Context, pipe redis.Pipeliner) {
+	if r.resource != "" {
+		r.all = pipe.HGetAll(ctx, r.resource)
+	}
+	r.mine = pipe.HGetAll(ctx, r.client)
+	r.clock = pipe.Time(ctx)
+}
+
+func (r *windowsRead) finish(ctx context.Context, conn pipeliner) error {
+	sendQueued(ctx, conn, r, r.clock != nil)
+	now, err := r.clock.Result()
+	if err != nil {
+		return err
+	}
+	r.t.now = now.UnixMilli()
+	if r.t.mine, err = r.intervals(r.mine); err != nil {
+		return err
+	}
+	r.t.all = r.t.mine
+	if r.all != nil {
+		r.t.all, err = r.intervals(r.all)
+	}
+	return err
+}
+
+// intervals reads a hash as one entry per interval, stamped at its end.
+// Fields that are not an interval of positive weight are not ours.
+func (r *windowsRead) intervals(cmd *redis.MapStringStringCmd) ([]logEntry, error) {
+	fields, err := cmd.Result()
+	if err != nil {
+		return nil, err
+	}
+	entries := make([]logEntry, 0, len(fields))
+	for field, value := range fields {
+		index, err := strconv.ParseInt(field, 10, 64)
+		if err != nil || index < 0 {
+			continue
+		}
+		weight, err := strconv.Atoi(value)
+		if err != nil || weight <= 0 {
+			continue
+		}
+		entries = append(entries, logEntry{id: field, at: (index+1)*r.precision - 1, weight: weight})
+	}
+	return entries, nil
+}
+
+func (r *windowsRead) tally() *tally { return &r.t }
