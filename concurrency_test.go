@@ -27,7 +27,17 @@ const (
 )
 
 type helperJob struct {
-	Addr, Prefix, Scenario string
+	Addr, Prefix, Scenario, Strategy string
+}
+
+// concurrentStrategies are the strategies of the concurrency tests, by name.
+// Windows runs at a coarse precision: it never over-admits, and no call
+// leaves the one-minute windows during the test, so it too must admit
+// exactly the limit.
+var concurrentStrategies = map[string]Strategy{
+	"logs":       Logs,
+	"sorted set": SortedSet,
+	"windows":    Windows(time.Second),
 }
 
 // scenarios name the rules and clients of each concurrency test.
@@ -58,53 +68,60 @@ func TestConcurrentProcessesRedis(t *testing.T) {
 }
 
 func testConcurrency(t *testing.T, addr, prefix string) {
-	for _, name := range []string{"hot", "hierarchy"} {
-		t.Run(name, func(t *testing.T) {
-			job := helperJob{Addr: addr, Prefix: prefix + ":" + name, Scenario: name}
-			rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: goroutines})
-			defer rdb.Close()
-			ctx := context.Background()
-			defer cleanPrefix(rdb, job.Prefix)
+	for strategy := range concurrentStrategies {
+		for _, name := range []string{"hot", "hierarchy"} {
+			t.Run(strategy+"/"+name, func(t *testing.T) {
+				testScenario(t, helperJob{addr, prefix + ":" + strategy + ":" + name, name, strategy})
+			})
+		}
+	}
+}
 
-			spec, _ := json.Marshal(job)
-			children := make([]*exec.Cmd, childProcesses)
-			outputs := make([][]byte, childProcesses)
-			var wg sync.WaitGroup
-			for i := range children {
-				children[i] = exec.Command(os.Args[0], "-test.run=^$")
-				children[i].Env = append(os.Environ(), helperVar+"="+string(spec))
-				wg.Go(func() {
-					var err error
-					outputs[i], err = children[i].Output()
-					if err != nil {
-						t.Errorf("child %d: %v\n%s", i, err, outputs[i])
-					}
-				})
+// testScenario runs job in this process and in the child processes, and
+// checks what they admitted together.
+func testScenario(t *testing.T, job helperJob) {
+	rdb := redis.NewClient(&redis.Options{Addr: job.Addr, PoolSize: goroutines})
+	defer rdb.Close()
+	ctx := context.Background()
+	defer cleanPrefix(rdb, job.Prefix)
+
+	spec, _ := json.Marshal(job)
+	children := make([]*exec.Cmd, childProcesses)
+	outputs := make([][]byte, childProcesses)
+	var wg sync.WaitGroup
+	for i := range children {
+		children[i] = exec.Command(os.Args[0], "-test.run=^$")
+		children[i].Env = append(os.Environ(), helperVar+"="+string(spec))
+		wg.Go(func() {
+			var err error
+			outputs[i], err = children[i].Output()
+			if err != nil {
+				t.Errorf("child %d: %v\n%s", i, err, outputs[i])
 			}
-			// Start everyone at once: children report ready, then all go.
-			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-				if n, _ := rdb.Get(ctx, job.Prefix+":ready").Int(); n == childProcesses {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("child processes did not start")
-				}
-			}
-			rdb.Set(ctx, job.Prefix+":go", 1, time.Minute)
-			admitted := runJob(t, job, goroutines)
-			wg.Wait()
-			for i, out := range outputs {
-				var theirs map[string]int
-				if err := json.Unmarshal(out, &theirs); err != nil {
-					t.Fatalf("child %d printed %q: %v", i, out, err)
-				}
-				for c, n := range theirs {
-					admitted[c] += n
-				}
-			}
-			checkAdmitted(t, name, admitted)
 		})
 	}
+	// Start everyone at once: children report ready, then all go.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if n, _ := rdb.Get(ctx, job.Prefix+":ready").Int(); n == childProcesses {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("child processes did not start")
+		}
+	}
+	rdb.Set(ctx, job.Prefix+":go", 1, time.Minute)
+	admitted := runJob(t, job, goroutines)
+	wg.Wait()
+	for i, out := range outputs {
+		var theirs map[string]int
+		if err := json.Unmarshal(out, &theirs); err != nil {
+			t.Fatalf("child %d printed %q: %v", i, out, err)
+		}
+		for c, n := range theirs {
+			admitted[c] += n
+		}
+	}
+	checkAdmitted(t, job.Scenario, admitted)
 }
 
 // checkAdmitted compares the admitted counts with the scenario's limits.
@@ -137,7 +154,7 @@ func runJob(t testing.TB, job helperJob, n int) map[string]int {
 	spec := scenarios[job.Scenario]
 	rdb := redis.NewClient(&redis.Options{Addr: job.Addr, PoolSize: n})
 	defer rdb.Close()
-	b, err := New(rdb, append([]Option{WithPrefix(job.Prefix)}, spec.rules...)...)
+	b, err := New(rdb, append([]Option{WithStrategy(concurrentStrategies[job.Strategy]), WithPrefix(job.Prefix)}, spec.rules...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,6 +74,19 @@ func (e *env) keys(t *testing.T) []string {
 // it too; windows_test.go checks coarser precisions against their bound.
 var strategies = []Strategy{Logs, SortedSet, Windows(time.Millisecond)}
 
+// fillUnrelated writes n keys under the test's prefix that no Bucket reads.
+func (e *env) fillUnrelated(t *testing.T, n int) {
+	t.Helper()
+	ctx := context.Background()
+	pipe := e.rdb.Pipeline()
+	for i := range n {
+		pipe.Set(ctx, fmt.Sprintf("%s:unrelated:%d", e.prefix, i), "x", time.Minute)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // each runs test with every strategy, against miniredis on fake time and
 // against the real Redis.
 func each(t *testing.T, test func(t *testing.T, e *env)) {

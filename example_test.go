@@ -121,24 +121,59 @@ func Example_severalWindows() {
 	// batch of 1: allowed=false remaining=0 retry-after=1s denied-by=[per-client 10 per 1s]
 }
 
-// A minimum spacing between requests is a limit of one per interval.
+// A minimum spacing between requests is a limit of one per interval, under
+// every strategy. Windows(time.Second) counts a call as made at the end of
+// its second, so it may ask to wait up to a second longer.
 func Example_minimumSpacing() {
+	for _, strategy := range []leakybucket.Strategy{leakybucket.Logs, leakybucket.SortedSet, leakybucket.Windows(time.Second)} {
+		limiter, err := leakybucket.New(newExampleClient(),
+			leakybucket.WithStrategy(strategy),
+			leakybucket.PerClient(leakybucket.Per(1, 2*time.Second)))
+		if err != nil {
+			log.Fatal(err)
+		}
+		ctx := context.Background()
+		first, err := limiter.Allow(ctx, "password-reset", "alice@example.com")
+		if err != nil {
+			log.Fatal(err)
+		}
+		second, err := limiter.Allow(ctx, "password-reset", "alice@example.com")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%-11v first allowed=%v, second allowed=%v retry-after=%v\n",
+			strategy, first.Allowed, second.Allowed, second.RetryAfter)
+	}
+	// Output:
+	// logs        first allowed=true, second allowed=false retry-after=2s
+	// sorted set  first allowed=true, second allowed=false retry-after=2s
+	// windows(1s) first allowed=true, second allowed=false retry-after=2.999s
+}
+
+// Against brute force: with WithRecordDenied, every attempt counts, so a
+// client who keeps guessing stays locked out until it stops for a window.
+func ExampleWithRecordDenied() {
 	limiter, err := leakybucket.New(newExampleClient(),
-		leakybucket.PerClient(leakybucket.Per(1, 2*time.Second)))
+		leakybucket.WithStrategy(leakybucket.SortedSet),
+		leakybucket.WithRecordDenied(),
+		leakybucket.PerClient(leakybucket.Per(3, 15*time.Minute)))
 	if err != nil {
 		log.Fatal(err)
 	}
 	ctx := context.Background()
-	for range 2 {
-		res, err := limiter.Allow(ctx, "password-reset", "alice@example.com")
+	for attempt := 1; attempt <= 5; attempt++ {
+		res, err := limiter.Allow(ctx, "login", "203.0.113.9")
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("allowed=%v retry-after=%v\n", res.Allowed, res.RetryAfter)
+		fmt.Printf("attempt %d: allowed=%v counted=%d\n", attempt, res.Allowed, res.Rules[0].Used)
 	}
 	// Output:
-	// allowed=true retry-after=0s
-	// allowed=false retry-after=2s
+	// attempt 1: allowed=true counted=1
+	// attempt 2: allowed=true counted=2
+	// attempt 3: allowed=true counted=3
+	// attempt 4: allowed=false counted=4
+	// attempt 5: allowed=false counted=5
 }
 
 // Peek answers like Allow without recording; Flush forgets a client.

@@ -2,7 +2,6 @@ package leakybucket
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -236,14 +235,8 @@ func TestScanDuplicatesCountOnce(t *testing.T) {
 func TestScanPaging(t *testing.T) {
 	t.Parallel()
 	e := newRealEnv(t)
+	e.fillUnrelated(t, 3000)
 	ctx := context.Background()
-	pipe := e.rdb.Pipeline()
-	for i := range 3000 {
-		pipe.Set(ctx, fmt.Sprintf("%s:unrelated:%d", e.prefix, i), "x", time.Minute)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
 	const limit = 40
 	b := e.bucket(t, WithScanCount(10), PerResource(Per(limit, time.Minute)), PerClient(Per(limit, time.Minute)))
 	for i := range limit - 1 {
