@@ -23,8 +23,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/leakybucket/leakybucket"
+	"github.com/leakybucket/leakybucket/examples/internal/demo"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -38,7 +38,7 @@ const (
 )
 
 func main() {
-	rdb, where, err := connect()
+	rdb, where, _, err := demo.Connect() // a burst: no waiting
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -48,22 +48,6 @@ func main() {
 	if _, err := run(context.Background(), rdb, os.Stdout); err != nil {
 		log.Fatal(err)
 	}
-}
-
-// connect returns a client of $REDIS_URL, or of an embedded miniredis.
-func connect() (*redis.Client, string, error) {
-	if url := os.Getenv("REDIS_URL"); url != "" {
-		opts, err := redis.ParseURL(url)
-		if err != nil {
-			return nil, "", err
-		}
-		return redis.NewClient(opts), "Redis at " + opts.Addr, nil
-	}
-	mr, err := miniredis.Run()
-	if err != nil {
-		return nil, "", err
-	}
-	return redis.NewClient(&redis.Options{Addr: mr.Addr()}), "embedded miniredis", nil
 }
 
 // tally is what happened to one event type.
