@@ -15,6 +15,25 @@ import (
 // is set, else on miniredis:
 //
 //	LEAKYBUCKET_REDIS_ADDR=127.0.0.1:6379 go test -run '^$' -bench . -cpu 32
+//
+// Each runs once per strategy. The peers are compared in the bench module.
+
+// benchStrategies are the strategies the benchmarks compare, by name.
+var benchStrategies = []struct {
+	name     string
+	strategy Strategy
+}{
+	{"logs", Logs},
+	{"sortedset", SortedSet},
+	{"windows", Windows(10 * time.Millisecond)},
+}
+
+// eachStrategy runs bench once per strategy.
+func eachStrategy(b *testing.B, bench func(b *testing.B, s Strategy)) {
+	for _, s := range benchStrategies {
+		b.Run(s.name, func(b *testing.B) { bench(b, s.strategy) })
+	}
+}
 
 func benchClient(b *testing.B) (*redis.Client, string) {
 	if addr := realAddr(); addr != "" {
@@ -26,13 +45,15 @@ func benchClient(b *testing.B) (*redis.Client, string) {
 
 // BenchmarkAllowDistinct: every call a different client, so no lock is
 // contended; reports round trips per decision.
-func BenchmarkAllowDistinct(b *testing.B) {
+func BenchmarkAllowDistinct(b *testing.B) { eachStrategy(b, benchmarkAllowDistinct) }
+
+func benchmarkAllowDistinct(b *testing.B, s Strategy) {
 	rdb, prefix := benchClient(b)
 	defer rdb.Close()
 	defer cleanPrefix(rdb, prefix)
 	trips := &roundTrips{}
 	rdb.AddHook(trips)
-	bucket, err := New(rdb, WithPrefix(prefix), PerClient(Per(1000, time.Minute)))
+	bucket, err := New(rdb, WithStrategy(s), WithPrefix(prefix), PerClient(Per(1000, time.Minute)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -52,11 +73,13 @@ func BenchmarkAllowDistinct(b *testing.B) {
 
 // BenchmarkAllowHotKey: every call the same (resource, client), so every
 // decision waits for the one lock.
-func BenchmarkAllowHotKey(b *testing.B) {
+func BenchmarkAllowHotKey(b *testing.B) { eachStrategy(b, benchmarkAllowHotKey) }
+
+func benchmarkAllowHotKey(b *testing.B, s Strategy) {
 	rdb, prefix := benchClient(b)
 	defer rdb.Close()
 	defer cleanPrefix(rdb, prefix)
-	bucket, err := New(rdb, WithPrefix(prefix), PerClient(Per(1000, time.Minute)))
+	bucket, err := New(rdb, WithStrategy(s), WithPrefix(prefix), PerClient(Per(1000, time.Minute)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,10 +94,12 @@ func BenchmarkAllowHotKey(b *testing.B) {
 	})
 }
 
-// BenchmarkAllowAmongKeys: sequential decisions, with at most 50 live logs, in a database
-// that also holds 0 to 1 000 000 unrelated keys, to show what SCAN costs;
-// it reports round trips per decision. Real Redis only: miniredis does not
-// page. The keys are written under the benchmark's prefix and deleted after.
+// BenchmarkAllowAmongKeys: sequential decisions in a database that also
+// holds 0 to 1 000 000 unrelated keys, to show what each strategy pays for
+// them; it reports round trips per decision. The window is 50ms, so that
+// few calls are counted at once and only the other keys grow. Real Redis
+// only: miniredis does not page SCAN. The keys are written under the
+// benchmark's prefix and deleted after.
 func BenchmarkAllowAmongKeys(b *testing.B) {
 	if realAddr() == "" {
 		b.Skipf("%s is not set", redisAddrVar)
@@ -97,26 +122,74 @@ func BenchmarkAllowAmongKeys(b *testing.B) {
 			}
 		}
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
-			bucket, err := New(rdb, WithPrefix(prefix), PerClient(Per(1<<30, time.Minute)))
-			if err != nil {
-				b.Fatal(err)
-			}
-			var decisionTrips int64
-			for i := 0; b.Loop(); i++ {
-				if i%50 == 0 { // keep 50 live logs at most: only the other keys grow
-					b.StopTimer()
-					if err := bucket.FlushAll(ctx, "r"); err != nil {
-						b.Fatal(err)
-					}
-					b.StartTimer()
-				}
-				before := trips.n.Load()
-				if _, err := bucket.Allow(ctx, "r", strconv.Itoa(i%50)); err != nil {
+			eachStrategy(b, func(b *testing.B, s Strategy) {
+				bucket, err := New(rdb, WithStrategy(s), WithPrefix(prefix), PerClient(Per(1<<30, 50*time.Millisecond)))
+				if err != nil {
 					b.Fatal(err)
 				}
-				decisionTrips += trips.n.Load() - before
+				var decisionTrips int64
+				for i := 0; b.Loop(); i++ {
+					before := trips.n.Load()
+					if _, err := bucket.Allow(ctx, "r", strconv.Itoa(i%50)); err != nil {
+						b.Fatal(err)
+					}
+					decisionTrips += trips.n.Load() - before
+				}
+				b.ReportMetric(float64(decisionTrips)/float64(b.N), "trips/op")
+			})
+		})
+	}
+}
+
+// BenchmarkDatabaseSizeRatio measures what 1 000 000 unrelated keys cost a
+// SortedSet or Windows decision, paired so that noise hits both sides: each
+// iteration makes one decision in an empty logical database (1) and one in
+// a database (2) holding the keys, and the benchmark reports the ratio of
+// their mean times. Real Redis only; the keys are deleted after.
+func BenchmarkDatabaseSizeRatio(b *testing.B) {
+	if realAddr() == "" {
+		b.Skipf("%s is not set", redisAddrVar)
+	}
+	ctx := context.Background()
+	prefix := uniquePrefix(b)
+	empty := redis.NewClient(&redis.Options{Addr: realAddr(), DB: 1})
+	full := redis.NewClient(&redis.Options{Addr: realAddr(), DB: 2})
+	defer empty.Close()
+	defer full.Close()
+	defer cleanPrefix(empty, prefix)
+	defer cleanPrefix(full, prefix)
+	for filled := 0; filled < 1_000_000; filled += 10_000 {
+		pipe := full.Pipeline()
+		for i := filled; i < filled+10_000; i++ {
+			pipe.Set(ctx, prefix+":unrelated:"+strconv.Itoa(i), "x", 0)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, s := range benchStrategies[1:] {
+		b.Run(s.name, func(b *testing.B) {
+			var took [2]time.Duration
+			buckets := make([]*Bucket, 2)
+			for side, rdb := range []*redis.Client{empty, full} {
+				var err error
+				buckets[side], err = New(rdb, WithStrategy(s.strategy), WithPrefix(prefix), PerClient(Per(1<<30, 50*time.Millisecond)))
+				if err != nil {
+					b.Fatal(err)
+				}
 			}
-			b.ReportMetric(float64(decisionTrips)/float64(b.N), "trips/op")
+			for i := 0; b.Loop(); i++ {
+				for side, bucket := range buckets {
+					start := time.Now()
+					if _, err := bucket.Allow(ctx, "r", strconv.Itoa(i%50)); err != nil {
+						b.Fatal(err)
+					}
+					took[side] += time.Since(start)
+				}
+			}
+			b.ReportMetric(float64(took[0].Nanoseconds())/float64(b.N), "ns/empty")
+			b.ReportMetric(float64(took[1].Nanoseconds())/float64(b.N), "ns/1M")
+			b.ReportMetric(float64(took[1])/float64(took[0]), "1M/empty")
 		})
 	}
 }

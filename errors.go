@@ -17,7 +17,8 @@ var (
 
 	// ErrInvalidOption: an option other than a rule is out of range (an empty
 	// prefix or one with a brace, a lock TTL under a millisecond, a SCAN COUNT
-	// below 1, a nil retry factory).
+	// below 1, a nil retry factory, a nil strategy, or a Windows precision
+	// under a millisecond or longer than a rule's window).
 	ErrInvalidOption = errors.New("leakybucket: invalid option")
 
 	// ErrUnsupportedClient: New was given a nil client, or a

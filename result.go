@@ -8,10 +8,12 @@ import (
 )
 
 // Result is the answer to Allow, AllowN, Peek and PeekN. All its durations are
-// computed from Redis time and the logs Redis holds, exact to the millisecond.
+// computed from Redis time and the counts Redis holds, exact to the
+// millisecond (under Windows, rounded up to the end of an interval).
 type Result struct {
 	// Allowed reports whether every rule had room for the request and it was
 	// recorded under all of them (for Peek: whether Allow would admit it).
+	// With WithRecordDenied, a denied request is recorded too.
 	Allowed bool
 
 	// Remaining is the least room left over all rules after this call: the
@@ -22,8 +24,8 @@ type Result struct {
 	// call would be admitted, if nothing else is admitted meanwhile.
 	RetryAfter time.Duration
 
-	// ResetAfter is how long until every log counted by any rule, this call's
-	// included, has expired, so that every rule is back to full room.
+	// ResetAfter is how long until every call counted by any rule, this one
+	// included, has left its window, so that every rule is back to full room.
 	ResetAfter time.Duration
 
 	// DeniedBy lists the rules that had no room for the request, in the order
@@ -50,7 +52,8 @@ type RuleResult struct {
 	// if it has room now.
 	RetryAfter time.Duration
 
-	// ResetAfter is how long until every log this rule counts has expired.
+	// ResetAfter is how long until every call this rule counts has left its
+	// window.
 	ResetAfter time.Duration
 }
 
