@@ -12,16 +12,16 @@ import (
 // A minimum spacing is Per(1, d): exact under every strategy of the suite.
 func TestMinimumSpacing(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
-		spacing := Per(1, 200*ms)
+		spacing := Per(1, time.Second)
 		b := e.bucket(t, PerClient(spacing))
 		deny := []Rule{{ScopeClient, spacing}}
 		e.run(t, b, "r", []step{
-			{0, "a", 1, false, want{true, 0, 0, 200 * ms, nil}},
-			{0, "b", 1, false, want{true, 0, 0, 200 * ms, nil}},
-			{150 * ms, "a", 1, false, want{false, 0, 50 * ms, 50 * ms, deny}},
-			{50 * ms, "a", 1, false, want{true, 0, 0, 200 * ms, nil}},
-			{100 * ms, "a", 1, false, want{false, 0, 100 * ms, 100 * ms, deny}},
-			{0, "b", 1, false, want{true, 0, 0, 200 * ms, nil}},
+			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			{0, "b", 1, false, want{true, 0, 0, time.Second, nil}},
+			{600 * ms, "a", 1, false, want{false, 0, 400 * ms, 400 * ms, deny}},
+			{400 * ms, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			{500 * ms, "a", 1, false, want{false, 0, 500 * ms, 500 * ms, deny}},
+			{0, "b", 1, false, want{true, 0, 0, time.Second, nil}},
 		})
 	})
 }
