@@ -19,6 +19,8 @@ type Bucket struct {
 
 	hasClientRule bool
 	maxN          int // the smallest Requests of the rules
+
+	co coalescer
 }
 
 // New returns a Bucket that applies the rules among opts (PerResource,
@@ -81,6 +83,10 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 // Result with Allowed false, not an error. The client may be empty only if
 // every rule is per-resource.
 //
+// Concurrent calls of one Bucket that need the same lock are coalesced: one
+// leader takes the lock and decides them all in arrival order, each with
+// its own Result, in one read and one write (see coalesce.go).
+//
 // Errors: ErrEmptyResource, ErrEmptyClient or ErrInvalidWeight for bad input
 // (nothing is sent to Redis); ErrLockNotObtained if another decision held the
 // lock until ctx ended or the retry strategy gave up; ErrLockExpired if the
@@ -91,36 +97,32 @@ func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (Re
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	var res Result
-	err := b.locked(ctx, resource, client, func(pipe redis.Pipeliner, keys keyspace, t *tally) {
-		res = evaluate(b.plan.rules, t, b.store.stamp(t.now), n, b.cfg.recordDenied)
-		if res.Allowed || b.cfg.recordDenied {
-			b.store.record(ctx, pipe, keys, client, t, n)
-		}
-	})
-	if err != nil {
-		return Result{}, err
-	}
-	return res, nil
+	return b.decide(resource, b.lockKey(resourceKeys(b.cfg.prefix, resource), client), &call{ctx: ctx, client: client, n: n})
 }
 
-// locked runs a read-then-write on one connection, under the lock of
-// (resource, client): take the lock and read the counts (one round trip,
-// more if a Logs SCAN needs more pages), then queue write's commands and
-// release the lock in one MULTI/EXEC (one more).
-func (b *Bucket) locked(ctx context.Context, resource, client string, write func(redis.Pipeliner, keyspace, *tally)) error {
+// lockKey names the lock of client's decisions at a resource: the
+// resource's when a rule is per-resource, else the (resource, client)'s.
+func (b *Bucket) lockKey(keys keyspace, client string) string {
+	if b.plan.clientScoped {
+		return keys.clientLock(client)
+	}
+	return keys.resourceLock()
+}
+
+// locked runs a read-then-write for clients on one connection, under the
+// lock they share: take the lock and read the counts (one round trip, more
+// if a Logs SCAN needs more pages), then queue write's commands and release
+// the lock in one MULTI/EXEC (one more).
+func (b *Bucket) locked(ctx context.Context, resource string, clients []string, write func(redis.Pipeliner, keyspace, *tally)) error {
 	keys, node, err := b.locate(ctx, resource)
 	if err != nil {
 		return err
 	}
-	lockKey := keys.resourceLock()
-	if b.plan.clientScoped {
-		lockKey = keys.clientLock(client)
-	}
+	lockKey := b.lockKey(keys, clients[0])
 	err = node.Watch(ctx, func(tx *redis.Tx) error {
 		l := newLock(lockKey, b.cfg.lockTTL, b.cfg.lockRetry())
 		defer l.cleanup(ctx, tx)
-		r := b.store.read(keys, client)
+		r := b.store.read(keys, clients)
 		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { r.queue(ctx, pipe) }); err != nil {
 			return err
 		}
@@ -149,12 +151,13 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 	if err != nil {
 		return Result{}, err
 	}
-	r := b.store.read(keys, client)
+	r := b.store.read(keys, []string{client})
 	if err := r.finish(ctx, node); err != nil {
 		return Result{}, wrap(err)
 	}
 	t := r.tally()
-	return evaluate(b.plan.rules, t, b.store.stamp(t.now), n, b.cfg.recordDenied), nil
+	t.sort()
+	return evaluate(b.plan.rules, t, client, b.store.stamp(t.now), n, b.cfg.recordDenied), nil
 }
 
 // Flush forgets the counts of client at resource: its own, and its share of
@@ -164,7 +167,7 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	return b.locked(ctx, resource, client, func(pipe redis.Pipeliner, keys keyspace, t *tally) {
+	return b.locked(ctx, resource, []string{client}, func(pipe redis.Pipeliner, keys keyspace, t *tally) {
 		b.store.forget(ctx, pipe, keys, client, t)
 	})
 }

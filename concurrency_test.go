@@ -20,8 +20,8 @@ import (
 
 const (
 	helperVar       = "LEAKYBUCKET_TEST_HELPER" // a JSON helperJob: run as a child process
-	childProcesses  = 2
-	childGoroutines = 32
+	childProcesses  = 3
+	childGoroutines = 64
 	goroutines      = 64
 	callsEach       = 4
 )

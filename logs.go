@@ -41,17 +41,17 @@ type logsStore struct{ plan }
 
 // read scans the client's own logs when every rule is per-client, else the
 // whole resource's.
-func (s logsStore) read(keys keyspace, client string) reader {
+func (s logsStore) read(keys keyspace, clients []string) reader {
 	prefix := keys.logs()
 	if s.clientScoped {
-		prefix = keys.clientLogs(client)
+		prefix = keys.clientLogs(clients[0])
 	}
 	return &logScan{
-		logs:   keys.logs(),
-		match:  matchPrefix(prefix),
-		count:  int64(s.scanCount),
-		client: encode(client),
-		seen:   map[string]struct{}{},
+		logs:  keys.logs(),
+		match: matchPrefix(prefix),
+		count: int64(s.scanCount),
+		seen:  map[string]struct{}{},
+		t:     newTally(),
 	}
 }
 
@@ -61,8 +61,8 @@ func (s logsStore) record(ctx context.Context, pipe redis.Pipeliner, keys keyspa
 	pipe.Do(ctx, "set", keys.newLog(client, t.now, n), "", "pxat", t.now+s.longest)
 }
 
-func (logsStore) forget(ctx context.Context, pipe redis.Pipeliner, _ keyspace, _ string, t *tally) {
-	if ids := ids(t.mine); len(ids) > 0 {
+func (logsStore) forget(ctx context.Context, pipe redis.Pipeliner, _ keyspace, client string, t *tally) {
+	if ids := ids(t.of(client)); len(ids) > 0 {
 		pipe.Del(ctx, ids...)
 	}
 }
@@ -81,10 +81,9 @@ func (s logsStore) forgetAll(ctx context.Context, node *redis.Client, keys keysp
 // during the iteration may or may not be returned, but the rules would not
 // count it at that time anyway. So the count is exact at that instant.
 type logScan struct {
-	logs   string // the resource's log prefix, to parse keys
-	match  string
-	count  int64
-	client string // encoded
+	logs  string // the resource's log prefix, to parse keys
+	match string
+	count int64
 
 	cursor uint64
 	page   *redis.ScanCmd // the queued page, until absorbed
@@ -130,9 +129,7 @@ func (s *logScan) absorb() (bool, error) {
 		s.seen[key] = struct{}{}
 		if e, ok := parseLog(key, s.logs); ok {
 			s.t.all = append(s.t.all, e)
-			if e.client == s.client {
-				s.t.mine = append(s.t.mine, e)
-			}
+			s.t.mine[e.client] = append(s.t.mine[e.client], e)
 		}
 	}
 	s.cursor, s.t.now = cursor, now.UnixMilli()

@@ -1,7 +1,6 @@
 package leakybucket
 
 import (
-	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -57,20 +56,23 @@ type RuleResult struct {
 	ResetAfter time.Duration
 }
 
-// evaluate decides a call of weight n, stamped at (see store.stamp), given
-// what t read. A call is admitted only if every rule has room for it; then,
-// or also when denied if recordDenied, it counts under every rule at once.
-func evaluate(rules []Rule, t *tally, at int64, n int, recordDenied bool) Result {
-	// Oldest first: the order in which entries leave every window.
-	byTime := func(a, b logEntry) int { return cmp.Compare(a.at, b.at) }
-	slices.SortFunc(t.all, byTime)
-	slices.SortFunc(t.mine, byTime)
-
+// evaluate decides a call of weight n by client, stamped at (see
+// store.stamp), given t, sorted. A call is admitted only if every rule has
+// room for it; then, or also when denied if recordDenied, it counts under
+// every rule at once.
+func evaluate(rules []Rule, t *tally, client string, at int64, n int, recordDenied bool) Result {
+	all, mine := t.all, t.of(client)
+	entriesOf := func(rule Rule) []logEntry {
+		if rule.Scope == ScopeClient {
+			return mine
+		}
+		return all
+	}
 	res := Result{Allowed: true, Rules: make([]RuleResult, len(rules))}
 	for i, rule := range rules {
 		rr := &res.Rules[i]
 		rr.Rule = rule
-		for _, e := range t.entries(rule) {
+		for _, e := range entriesOf(rule) {
 			if counts(rule, e, t.now) {
 				rr.Used = addCapped(rr.Used, e.weight)
 			}
@@ -84,7 +86,7 @@ func evaluate(rules []Rule, t *tally, at int64, n int, recordDenied bool) Result
 	recorded := res.Allowed || recordDenied
 	for i := range res.Rules {
 		rr := &res.Rules[i]
-		entries := t.entries(rr.Rule)
+		entries := entriesOf(rr.Rule)
 		if recorded {
 			// The call is the newest entry of every rule.
 			entries = append(entries[:len(entries):len(entries)], logEntry{at: at, weight: n})

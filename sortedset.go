@@ -30,8 +30,8 @@ func (s sortedSetStore) key(keys keyspace, client string) string {
 	return keys.sortedSet()
 }
 
-func (s sortedSetStore) read(keys keyspace, client string) reader {
-	return &sortedSetRead{key: s.key(keys, client), client: encode(client)}
+func (s sortedSetStore) read(keys keyspace, clients []string) reader {
+	return &sortedSetRead{key: s.key(keys, clients[0]), t: newTally()}
 }
 
 func (sortedSetStore) stamp(now int64) int64 { return now }
@@ -51,8 +51,8 @@ func (s sortedSetStore) forget(ctx context.Context, pipe redis.Pipeliner, keys k
 	switch {
 	case s.clientScoped:
 		pipe.Del(ctx, s.key(keys, client))
-	case len(t.mine) > 0:
-		pipe.ZRem(ctx, s.key(keys, client), toAny(ids(t.mine))...)
+	case len(t.of(client)) > 0:
+		pipe.ZRem(ctx, s.key(keys, client), toAny(ids(t.of(client)))...)
 	}
 }
 
@@ -66,7 +66,7 @@ func (s sortedSetStore) forgetAll(ctx context.Context, node *redis.Client, keys 
 
 // sortedSetRead reads a whole set and TIME in one round trip.
 type sortedSetRead struct {
-	key, client string // client encoded
+	key string
 
 	members *redis.ZSliceCmd
 	clock   *redis.TimeCmd
@@ -95,9 +95,7 @@ func (r *sortedSetRead) finish(ctx context.Context, conn pipeliner) error {
 			continue
 		}
 		r.t.all = append(r.t.all, e)
-		if e.client == r.client {
-			r.t.mine = append(r.t.mine, e)
-		}
+		r.t.mine[e.client] = append(r.t.mine[e.client], e)
 	}
 	return nil
 }

@@ -1,8 +1,10 @@
 package leakybucket
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -89,13 +91,15 @@ func newPlan(cfg config) plan {
 // record and forget inside the MULTI/EXEC that releases the lock, after read
 // ran under the same lock.
 type store interface {
-	// read returns the reads of a decision, a Peek or a Flush by client.
-	read(keys keyspace, client string) reader
+	// read returns the reads of decisions, a Peek or a Flush by clients,
+	// which all need the same lock: when every rule is per-client, clients
+	// holds one client.
+	read(keys keyspace, clients []string) reader
 	// stamp returns the time (ms) at which a call made at Redis time now is
 	// counted: when it starts to leave the windows, less each window.
 	stamp(now int64) int64
 	// record queues the writes that count a call of weight n by client,
-	// given what read found.
+	// given what read found and the calls added to t since.
 	record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int)
 	// forget queues the writes that forget every count of client: its own,
 	// and its share of the resource's.
@@ -123,11 +127,33 @@ type pipeliner interface {
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
-// tally is what a reader found.
+// tally is what a reader found, oldest first once sorted.
 type tally struct {
-	now  int64      // Redis time, ms, read after the counts
-	all  []logEntry // the resource's entries: what per-resource rules count
-	mine []logEntry // the client's entries: what per-client rules count
+	now  int64                 // Redis time, ms, read after the counts
+	all  []logEntry            // the resource's entries: what per-resource rules count
+	mine map[string][]logEntry // by encoded client: what per-client rules count
+}
+
+func newTally() tally { return tally{mine: map[string][]logEntry{}} }
+
+// of returns the entries of client.
+func (t *tally) of(client string) []logEntry { return t.mine[encode(client)] }
+
+// add counts a call by client, the newest, as a store's reads would show
+// it after the call was recorded.
+func (t *tally) add(client string, e logEntry) {
+	t.all = append(t.all, e)
+	t.mine[encode(client)] = append(t.mine[encode(client)], e)
+}
+
+// sort puts the entries oldest first: the order in which they leave every
+// window.
+func (t *tally) sort() {
+	byTime := func(a, b logEntry) int { return cmp.Compare(a.at, b.at) }
+	slices.SortFunc(t.all, byTime)
+	for _, entries := range t.mine {
+		slices.SortFunc(entries, byTime)
+	}
 }
 
 // logEntry is one counted call (or, for Windows, one interval's calls).
@@ -136,14 +162,6 @@ type logEntry struct {
 	client string // base64url, as in the keys; empty for Windows
 	at     int64  // when it is counted from (see store.stamp), ms
 	weight int
-}
-
-// entries returns the entries rule counts.
-func (t *tally) entries(rule Rule) []logEntry {
-	if rule.Scope == ScopeClient {
-		return t.mine
-	}
-	return t.all
 }
 
 // dead returns the ids of entries that no rule counts any more.

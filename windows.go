@@ -35,8 +35,11 @@ type windowsStore struct {
 	precision int64 // ms
 }
 
-func (s windowsStore) read(keys keyspace, client string) reader {
-	r := &windowsRead{precision: s.precision, client: keys.clientHash(client)}
+func (s windowsStore) read(keys keyspace, clients []string) reader {
+	r := &windowsRead{precision: s.precision, clients: map[string]string{}, t: newTally()}
+	for _, c := range clients {
+		r.clients[encode(c)] = keys.clientHash(c)
+	}
 	if !s.clientScoped {
 		r.resource = keys.hash()
 	}
@@ -56,14 +59,14 @@ func (s windowsStore) record(ctx context.Context, pipe redis.Pipeliner, keys key
 		if dead := t.dead(entries, s.longest); len(dead) > 0 {
 			pipe.HDel(ctx, key, dead...)
 		}
-		if weight(entries, field) > math.MaxInt64-int64(n) {
+		if s.weightAt(entries, t.now) > math.MaxInt64-int64(n) {
 			pipe.HSet(ctx, key, field, int64(math.MaxInt64)) // HINCRBY would fail
 		} else {
 			pipe.HIncrBy(ctx, key, field, int64(n))
 		}
 		pipe.PExpireAt(ctx, key, expireAt)
 	}
-	add(keys.clientHash(client), t.mine)
+	add(keys.clientHash(client), t.of(client))
 	if !s.clientScoped {
 		add(keys.hash(), t.all)
 	}
@@ -73,10 +76,10 @@ func (s windowsStore) record(ctx context.Context, pipe redis.Pipeliner, keys key
 // resource's.
 func (s windowsStore) forget(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally) {
 	pipe.Del(ctx, keys.clientHash(client))
-	if s.clientScoped || len(t.mine) == 0 {
+	if s.clientScoped || len(t.of(client)) == 0 {
 		return
 	}
-	for _, e := range t.mine {
+	for _, e := range t.of(client) {
 		if weight(t.all, e.id) <= int64(e.weight) {
 			pipe.HDel(ctx, keys.hash(), e.id)
 		} else {
@@ -93,7 +96,7 @@ func (s windowsStore) forgetAll(ctx context.Context, node *redis.Client, keys ke
 	return deleteKeys(ctx, node, keys.hash(), s.scanCount)
 }
 
-// weight returns the weight of the interval field among entries.
+// weight returns the weight of the interval field among entries as read.
 func weight(entries []logEntry, field string) int64 {
 	for _, e := range entries {
 		if e.id == field {
@@ -103,21 +106,42 @@ func weight(entries []logEntry, field string) int64 {
 	return 0
 }
 
+// weightAt returns the weight of now's interval among entries, the calls
+// added since the read included.
+func (s windowsStore) weightAt(entries []logEntry, now int64) int64 {
+	var sum int64
+	for _, e := range entries {
+		if e.at != s.stamp(now) {
+			continue
+		}
+		if sum > math.MaxInt64-int64(e.weight) {
+			return math.MaxInt64
+		}
+		sum += int64(e.weight)
+	}
+	return sum
+}
+
 // windowsRead reads the hashes and TIME in one round trip.
 type windowsRead struct {
-	precision        int64
-	resource, client string // keys; resource is empty when every rule is per-client
+	precision int64
+	resource  string            // empty when every rule is per-client
+	clients   map[string]string // the client hashes, by encoded client
 
-	all, mine *redis.MapStringStringCmd
-	clock     *redis.TimeCmd
-	t         tally
+	all   *redis.MapStringStringCmd
+	mine  map[string]*redis.MapStringStringCmd
+	clock *redis.TimeCmd
+	t     tally
 }
 
 func (r *windowsRead) queue(ctx context.Context, pipe redis.Pipeliner) {
 	if r.resource != "" {
 		r.all = pipe.HGetAll(ctx, r.resource)
 	}
-	r.mine = pipe.HGetAll(ctx, r.client)
+	r.mine = map[string]*redis.MapStringStringCmd{}
+	for client, key := range r.clients {
+		r.mine[client] = pipe.HGetAll(ctx, key)
+	}
 	r.clock = pipe.Time(ctx)
 }
 
@@ -128,10 +152,11 @@ func (r *windowsRead) finish(ctx context.Context, conn pipeliner) error {
 		return err
 	}
 	r.t.now = now.UnixMilli()
-	if r.t.mine, err = r.intervals(r.mine); err != nil {
-		return err
+	for client, cmd := range r.mine {
+		if r.t.mine[client], err = r.intervals(cmd); err != nil {
+			return err
+		}
 	}
-	r.t.all = r.t.mine
 	if r.all != nil {
 		r.t.all, err = r.intervals(r.all)
 	}
