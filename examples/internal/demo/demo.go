@@ -83,8 +83,11 @@ func scheduled() func(time.Duration) {
 // StrategyUsage documents the -strategy flag.
 const StrategyUsage = "how the limiter keeps its counts: logs, sortedset or windows (Windows(time.Second))"
 
+// Precision is the precision of the strategy named windows.
+const Precision = time.Second
+
 // Strategy returns the strategy named by the -strategy flag: logs,
-// sortedset, or windows (a precision of one second).
+// sortedset, or windows (Windows(Precision)).
 func Strategy(name string) (leakybucket.Strategy, error) {
 	switch name {
 	case "logs":
@@ -92,7 +95,7 @@ func Strategy(name string) (leakybucket.Strategy, error) {
 	case "sortedset":
 		return leakybucket.SortedSet, nil
 	case "windows":
-		return leakybucket.Windows(time.Second), nil
+		return leakybucket.Windows(Precision), nil
 	}
 	return nil, fmt.Errorf("unknown strategy %q: want logs, sortedset or windows", name)
 }
