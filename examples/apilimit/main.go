@@ -1,0 +1,169 @@
+// Command apilimit is an API limit of three windows at once: a tenant may
+// send 10 items a second, 120 a minute and 240 an hour, and a batch of n
+// items costs n (AllowN). The tenant sends a fast burst, then a steady
+// trickle, for three minutes, so that the second's, then the minute's,
+// then the hour's limit is the one that denies. apilimit prints only the
+// moments where the denying rule changes, with each rule's state from
+// Result.Rules, and a summary per rule.
+//
+// It runs on an embedded miniredis by default, whose clock is simulated so
+// the three minutes pass at once, and on a real server when REDIS_URL is
+// set (redis://host:port/db), where it takes the three minutes. It forgets
+// the previous run's counts first, so every run starts from empty windows.
+//
+//	go run ./examples/apilimit [-strategy logs|sortedset|windows]
+//	REDIS_URL=redis://127.0.0.1:6379/0 go run ./examples/apilimit
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/leakybucket/leakybucket"
+	"github.com/leakybucket/leakybucket/examples/internal/demo"
+)
+
+const (
+	endpoint = "POST /v1/items:batch" // the resource
+	tenant   = "tenant-7"             // the client
+	burst    = 15 * time.Second       // 4 batches a second of 2 to 5 items
+	duration = 3 * time.Minute        // then a batch of 1 to 5 every 2 seconds
+)
+
+// rules are the tenant's limits, all per-client, with their names.
+var rules = []struct {
+	name  string
+	limit leakybucket.Limit
+}{
+	{"per second", leakybucket.PerSecond(10)},
+	{"per minute", leakybucket.PerMinute(120)},
+	{"per hour", leakybucket.PerHour(240)},
+}
+
+func main() {
+	demo.Main(func(where, strategy string) string {
+		return fmt.Sprintf("apilimit: %s may send %q 10 items a second, 120 a minute and 240 an hour, a batch of n costing n (%s, %s strategy)",
+			tenant, endpoint, where, strategy)
+	}, run)
+}
+
+// run sends the tenant's batches, printing each change of the rules that
+// deny and a summary, and returns the calls.
+func run(ctx context.Context, env demo.Env) ([]demo.Call, error) {
+	var opts []leakybucket.Option
+	for _, r := range rules {
+		opts = append(opts, leakybucket.PerClient(r.limit))
+	}
+	limiter, err := demo.Bucket(ctx, env, "apilimit", endpoint, opts...)
+	if err != nil {
+		return nil, err
+	}
+	w := tabwriter.NewWriter(env.Out, 0, 0, 2, ' ', 0)
+	fmt.Fprint(w, "time\titems\tanswer\tRetry-After")
+	for _, r := range rules {
+		fmt.Fprintf(w, "\t%s: used, wait", r.name)
+	}
+	fmt.Fprintln(w, "\tsince the line above\t")
+	last, lastLine := "", 0 // the rules of the last denial printed, and the calls before its line
+	calls, err := demo.Play(ctx, env, limiter, endpoint, schedule(), func(made []demo.Call) {
+		c := made[len(made)-1]
+		if c.Result.Allowed || deniedBy(c.Result) == last {
+			return
+		}
+		last = deniedBy(c.Result)
+		fmt.Fprintf(w, "%s\t%d\tdenied %s\t%v", clock(c.At), c.Weight, last, c.Result.RetryAfter)
+		for _, rr := range c.Result.Rules {
+			fmt.Fprintf(w, "\t%d/%d, %v", rr.Used, rr.Rule.Limit.Requests, rr.RetryAfter)
+		}
+		fmt.Fprintf(w, "\t%s\t\n", tally(made[lastLine:]))
+		lastLine = len(made)
+	})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "%s\t\tend\t\t\t\t\t%s\t\n", clock(calls[len(calls)-1].At), tally(calls[lastLine:]))
+	if err := w.Flush(); err != nil {
+		return nil, err
+	}
+	return calls, summarize(env.Out, calls)
+}
+
+// schedule returns the tenant's batches: a burst, then a trickle. The
+// sizes are pseudo-random, the same on every run.
+func schedule() []demo.Call {
+	rng := rand.New(rand.NewPCG(7, 42))
+	var calls []demo.Call
+	for at := time.Duration(0); at < duration; {
+		c := demo.Call{At: at, Client: tenant}
+		if at < burst {
+			c.Weight = 2 + rng.IntN(4)
+			at += 250 * time.Millisecond
+		} else {
+			c.Weight = 1 + rng.IntN(5)
+			at += 2 * time.Second
+		}
+		calls = append(calls, c)
+	}
+	return calls
+}
+
+// deniedBy names the rules that denied a call, as "per second + per minute".
+func deniedBy(res leakybucket.Result) string {
+	var by []string
+	for _, d := range res.DeniedBy {
+		for _, r := range rules {
+			if r.limit == d.Limit {
+				by = append(by, r.name)
+			}
+		}
+	}
+	return strings.Join(by, " + ")
+}
+
+// clock shows a time since the first batch as m:ss.cc.
+func clock(d time.Duration) string {
+	return fmt.Sprintf("%d:%05.2f", int(d.Minutes()), (d % time.Minute).Seconds())
+}
+
+// tally says how many of calls were admitted and denied, and their weights.
+func tally(calls []demo.Call) string {
+	var n, weight, deniedN, deniedWeight int
+	for _, c := range calls {
+		if c.Result.Allowed {
+			n, weight = n+1, weight+c.Weight
+		} else {
+			deniedN, deniedWeight = deniedN+1, deniedWeight+c.Weight
+		}
+	}
+	return fmt.Sprintf("%d allowed (%d items), %d denied (%d items)", n, weight, deniedN, deniedWeight)
+}
+
+// summarize prints, per rule, the most weight admitted in any of its
+// windows, and how many batches it denied, alone or with others.
+func summarize(out io.Writer, calls []demo.Call) error {
+	fmt.Fprintf(out, "\nin all: %s\n\n", tally(calls))
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "rule\tlimit\tmost items allowed in one window\tbatches denied: by it alone\twith others\t")
+	for _, r := range rules {
+		alone, shared := 0, 0
+		for _, c := range calls {
+			for _, d := range c.Result.DeniedBy {
+				switch {
+				case d.Limit != r.limit:
+				case len(c.Result.DeniedBy) == 1:
+					alone++
+				default:
+					shared++
+				}
+			}
+		}
+		fmt.Fprintf(w, "%s\t%v\t%d\t%d\t%d\t\n", r.name, r.limit,
+			demo.MostInWindow(calls, tenant, r.limit.Window), alone, shared)
+	}
+	return w.Flush()
+}
