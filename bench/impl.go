@@ -24,6 +24,8 @@ var strategies = []struct {
 	opts []leakybucket.Option
 }{
 	{"leakybucket Logs", nil}, // the default strategy
+	{"leakybucket SortedSet", []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}},
+	{"leakybucket Windows(1s)", []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(time.Second))}},
 }
 
 // An impl is one implementation under test.
