@@ -125,7 +125,7 @@ func filter[T any](xs []T, keep func(T) bool) []T {
 }
 
 func run(ctx context.Context, cfg config, stdout, log io.Writer) error {
-	started := time.Now()
+	started, load := time.Now(), [2]string{loadAverage()}
 	if err := ensureRedis(log); err != nil {
 		return err
 	}
@@ -150,6 +150,7 @@ func run(ctx context.Context, cfg config, stdout, log io.Writer) error {
 		return fmt.Errorf("the scripting-denied user was refused commands: %s", strings.Join(refused, "; "))
 	}
 	wall := time.Since(started)
+	load[1] = loadAverage()
 
 	fmt.Fprintln(stdout, table(rows, cfg.window))
 	fmt.Fprint(stdout, targets(rows))
@@ -162,7 +163,7 @@ func run(ctx context.Context, cfg config, stdout, log io.Writer) error {
 		if err := os.WriteFile(filepath.Join(cfg.out, pngName), png.Bytes(), 0o644); err != nil {
 			return err
 		}
-		doc := document(cfg, rows, srv.version, started, wall, pngName)
+		doc := document(cfg, rows, srv.version, started, wall, load, pngName)
 		if err := os.WriteFile(filepath.Join(cfg.out, mdName), []byte(doc), 0o644); err != nil {
 			return err
 		}

@@ -128,6 +128,20 @@ func machine(redisVersion string) string {
 		cpu, cores, runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), redisVersion)
 }
 
+// loadAverage is the first three fields of /proc/loadavg: how busy the
+// machine was with other work.
+func loadAverage() string {
+	buf, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(buf))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
 func windowName(d time.Duration) string {
 	switch d {
 	case time.Second:
@@ -141,13 +155,14 @@ func windowName(d time.Duration) string {
 }
 
 // document is BENCHMARKS.md.
-func document(cfg config, rows []row, redisVersion string, started time.Time, wall time.Duration, chart string) string {
+func document(cfg config, rows []row, redisVersion string, started time.Time, wall time.Duration, load [2]string, chart string) string {
 	var b strings.Builder
 	b.WriteString("# Benchmarks\n\n")
 	b.WriteString("Written by the benchmark program in this folder ([main.go](main.go)), from one run of:\n\n")
 	fmt.Fprintf(&b, "```sh\n%s\n```\n\n", cfg.command)
 	fmt.Fprintf(&b, "- Run: %s, %s wall time.\n", started.UTC().Format("2006-01-02 15:04 UTC"), wall.Round(time.Second))
-	fmt.Fprintf(&b, "- Machine: %s. The benchmark and Redis share the machine.\n", machine(redisVersion))
+	fmt.Fprintf(&b, "- Machine: %s. The benchmark and Redis share the machine; load average (1, 5, 15 min) %s at the start, %s at the end.\n",
+		machine(redisVersion), load[0], load[1])
 	fmt.Fprintf(&b, "- Each cell runs for %v: no call starts after that, and the calls under way finish (each may take up to %v). Limits are per %s, longer than any cell, so every admission of a cell falls in one window; each cell starts on an emptied database.\n",
 		cfg.cell, cfg.timeout, windowName(cfg.window))
 	b.WriteString(`- Implementations:
