@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"io"
 	"math"
+	"strconv"
 	"time"
 
 	"golang.org/x/image/font"
@@ -119,7 +120,10 @@ func chart(w io.Writer, rows []row, window time.Duration, title string) error {
 	for _, v := range ticks {
 		x := xOf(v)
 		fill(x, top-4, x+1, height-bottom+4, grey)
-		label := rate(v)
+		label := strconv.FormatFloat(v, 'g', -1, 64)
+		if v >= 1000 {
+			label = thousands(int64(v))
+		}
 		text(x-textW(label)/2, height-bottom+20, label, dark)
 		text(x-textW(label)/2, top-10, label, dark)
 	}

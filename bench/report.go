@@ -88,15 +88,15 @@ func targets(rows []row) string {
 		switch {
 		case w.Keys > 1 && okR:
 			x := r.Rate / rr.Rate
-			fmt.Fprintf(&b, "- %s, %s, limit %d: distinct keys >= 0.5x redis_rate: %.2fx (%s vs %s decisions/s): %s\n",
+			fmt.Fprintf(&b, "- %s, %s, limit %d: distinct keys >= 0.5x redis_rate: %.3fx (%s vs %s decisions/s): %s\n",
 				r.Impl, w.Name, r.Limit, x, rate(r.Rate), rate(rr.Rate), verdict(x >= 0.5))
 		case w.Keys == 1 && w.Procs == 1 && w.Goroutines > 1 && okR:
 			x := r.Rate / rr.Rate
-			line := fmt.Sprintf("- %s, %s, limit %d: hot key >= 0.5x redis_rate: %.2fx (%s vs %s decisions/s): %s",
+			line := fmt.Sprintf("- %s, %s, limit %d: hot key >= 0.5x redis_rate: %.3fx (%s vs %s decisions/s): %s",
 				r.Impl, w.Name, r.Limit, x, rate(r.Rate), rate(rr.Rate), verdict(x >= 0.5))
 			if nv, ok := find(rows, r, naiveName); ok {
 				y := r.Rate / nv.Rate
-				line += fmt.Sprintf("; >= 3x naive redislock: %.2fx (vs %s): %s", y, rate(nv.Rate), verdict(y >= 3))
+				line += fmt.Sprintf("; >= 3x naive redislock: %.3fx (vs %s): %s", y, rate(nv.Rate), verdict(y >= 3))
 			}
 			b.WriteString(line + "\n")
 		case w.Keys == 1 && w.Goroutines == 1 && w.Unrelated == 0:
