@@ -188,6 +188,7 @@ func document(cfg config, rows []row, redisVersion string, started time.Time, wa
 
 - **A hot key** is one lock: every decision on the same (resource, client) waits for the one before it, polling with SET NX at 4, 8, 16, then 20 ms, so decisions/s stays near one per critical section (two round trips plus the server's work) whatever the number of callers. The wait is the p99; the polls are the round trips above 2. redis_rate has no lock: each call is one script run by the server. Coalescing the callers of one process behind one leader (the other half of issue 5) is the planned remedy.
 - **Distinct keys** contend for no lock, so the cost is round trips: two per decision where redis_rate and the floor pay one. The Logs strategy also pays SCAN pages: every admitted call is a key of the same database, so each decision walks the logs of all the other clients too, and its round trips grow during the cell as logs pile up (the column shows the mean).
+- **A limit of 1 000** costs Logs and SortedSet more than a limit of 10 once the key has many calls in its window: each decision reads every counted call of the key (Logs: SCAN pages of up to 1 000 logs; SortedSet: ZRANGE 0 -1 WITHSCORES of the whole set), where Windows reads one field per interval of the window.
 - **Unrelated keys** slow only what SCANs (Logs and the naive baseline): one round trip per 1 000 keys of the database, however few match. SortedSet and Windows read their own keys only.
 `)
 	return b.String()
