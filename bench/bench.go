@@ -1,0 +1,297 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// config is what one invocation measures.
+type config struct {
+	cell      time.Duration // time box of one cell: no call starts after it
+	timeout   time.Duration // the longest one call may take
+	window    time.Duration
+	limits    []int
+	workloads []workload
+	impl      *regexp.Regexp // which implementations to run
+	out       string         // where BENCHMARKS.md and the PNG go; "" for nowhere
+	command   string         // the command line, for the report
+	quick     bool
+}
+
+func fullWorkloads() []workload {
+	return []workload{
+		{Name: "10 000 distinct keys, 32 goroutines", Resource: "distinct", Keys: 10_000, Goroutines: 32, Procs: 1},
+		{Name: "hot key, 64 goroutines", Resource: "hot", Keys: 1, Goroutines: 64, Procs: 1},
+		{Name: "hot key, 4 processes x 16 goroutines", Resource: "hot", Keys: 1, Goroutines: 16, Procs: 4},
+		{Name: "1 key, 1 goroutine, 0 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 0},
+		{Name: "1 key, 1 goroutine, 100 000 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 100_000},
+		{Name: "1 key, 1 goroutine, 1 000 000 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 1_000_000},
+	}
+}
+
+// quickWorkloads have the shapes of the full ones, smaller.
+func quickWorkloads() []workload {
+	return []workload{
+		{Name: "1 000 distinct keys, 8 goroutines", Resource: "distinct", Keys: 1_000, Goroutines: 8, Procs: 1},
+		{Name: "hot key, 16 goroutines", Resource: "hot", Keys: 1, Goroutines: 16, Procs: 1},
+		{Name: "hot key, 2 processes x 4 goroutines", Resource: "hot", Keys: 1, Goroutines: 4, Procs: 2},
+		{Name: "1 key, 1 goroutine, 0 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 0},
+		{Name: "1 key, 1 goroutine, 10 000 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 10_000},
+	}
+}
+
+// row is one cell: a workload, a limit, an implementation.
+type row struct {
+	Workload  workload
+	Limit     int
+	Impl      string
+	Decisions int64
+	Rate      float64 // decisions/s
+	P50, P99  time.Duration
+	Trips     float64 // per decision
+	Errors    int64
+	FirstErr  string
+
+	MaxAdmitted   int64 // the most any key got
+	Bound         int64 // the most any key may get; 0 for the floor
+	TotalAdmitted int64
+	Check         string // what the verification found
+	Violation     bool   // a key got more than the limit allows
+}
+
+// runner holds the server and one client per Redis user.
+type runner struct {
+	cfg     config
+	srv     *server
+	admin   *redis.Client
+	clients map[string]*redis.Client // by user
+	trips   map[string]*trips
+	log     io.Writer
+}
+
+const poolSize = 128
+
+func newRunner(cfg config, srv *server, log io.Writer) *runner {
+	r := &runner{cfg: cfg, srv: srv, admin: srv.client("", "", 4), log: log,
+		clients: map[string]*redis.Client{}, trips: map[string]*trips{}}
+	for user, pw := range map[string]string{"": "", lbUser: lbPassword} {
+		c := srv.client(user, pw, poolSize)
+		t := &trips{}
+		c.AddHook(t)
+		r.clients[user], r.trips[user] = c, t
+	}
+	return r
+}
+
+func (r *runner) close() {
+	r.admin.Close()
+	for _, c := range r.clients {
+		c.Close()
+	}
+}
+
+// run measures every cell, in order, and returns the rows.
+func (r *runner) run(ctx context.Context) ([]row, error) {
+	var rows []row
+	for _, w := range r.cfg.workloads {
+		if err := w.checkDistinct(); err != nil {
+			return rows, err
+		}
+		for _, limit := range r.cfg.limits {
+			for _, im := range implementations() {
+				if !r.cfg.impl.MatchString(im.name) {
+					continue
+				}
+				if err := ctx.Err(); err != nil {
+					return rows, err
+				}
+				t0 := time.Now()
+				row, err := r.cell(ctx, w, limit, im)
+				if err != nil {
+					return rows, fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
+				}
+				fmt.Fprintf(r.log, "bench: %-45s %5d/%s  %-26s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
+					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips, row.Check, time.Since(t0).Seconds())
+				rows = append(rows, row)
+			}
+		}
+	}
+	return rows, nil
+}
+
+// warmPool opens n connections in the client's pool, so that no cell pays
+// for dialling.
+func warmPool(ctx context.Context, rdb *redis.Client, n int) error {
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { errs[i] = rdb.Ping(ctx).Err() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// cell measures one implementation on one workload and limit, on a
+// database holding exactly the workload's unrelated keys.
+func (r *runner) cell(ctx context.Context, w workload, limit int, im impl) (row, error) {
+	rdb := r.clients[im.user]
+	lim, err := im.make(rdb, limit, r.cfg.window)
+	if err != nil {
+		return row{}, err
+	}
+	// Warm up: connections, and the Lua scripts into the server's cache.
+	if err := warmPool(ctx, rdb, w.Goroutines); err != nil {
+		return row{}, err
+	}
+	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
+		return row{}, fmt.Errorf("warm-up call: %w", err)
+	}
+	if err := r.admin.FlushDB(ctx).Err(); err != nil {
+		return row{}, err
+	}
+	if w.Unrelated > 0 {
+		if err := r.admin.Do(ctx, "debug", "populate", w.Unrelated, "unrelated", 16).Err(); err != nil {
+			return row{}, fmt.Errorf("DEBUG POPULATE: %w", err)
+		}
+	}
+	if n, err := r.admin.DBSize(ctx).Result(); err != nil {
+		return row{}, err
+	} else if n != int64(w.Unrelated) {
+		return row{}, fmt.Errorf("the database holds %d keys before the cell, want the %d unrelated ones", n, w.Unrelated)
+	}
+
+	var res loadResult
+	if w.Procs <= 1 {
+		res = runLoad(ctx, w, lim, r.trips[im.user], time.Now(), r.cfg.cell, r.cfg.timeout)
+	} else {
+		pw := ""
+		if im.user == lbUser {
+			pw = lbPassword
+		}
+		res, err = runChildren(ctx, childSpec{Addr: r.srv.addr, User: im.user, Password: pw, Impl: im.name,
+			Limit: limit, Window: r.cfg.window, Workload: w, Duration: r.cfg.cell, Timeout: r.cfg.timeout})
+		if err != nil {
+			return row{}, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return row{}, err
+	}
+	if res.Decisions == 0 {
+		return row{}, errors.New("no decision was made")
+	}
+	if im.user == lbUser && res.Scripts > 0 {
+		return row{}, fmt.Errorf("%d script commands were sent by the scripting-denied client", res.Scripts)
+	}
+	out := summarise(w, limit, im, r.cfg.window, res)
+	if im.bound == nil { // the floor wrote one key per distinct key it was given
+		n, err := r.admin.DBSize(ctx).Result()
+		if err != nil {
+			return row{}, err
+		}
+		touched := int64(0)
+		for _, d := range res.Decided {
+			if d > 0 {
+				touched++
+			}
+		}
+		if n != int64(w.Unrelated)+touched {
+			return row{}, fmt.Errorf("the floor called %d distinct keys, but the database holds %d keys besides the %d unrelated ones: keys collide",
+				touched, n-int64(w.Unrelated), w.Unrelated)
+		}
+		out.Check = fmt.Sprintf("%d distinct keys written", touched)
+	}
+	return out, nil
+}
+
+// summarise computes a row and checks the admissions against the limit.
+func summarise(w workload, limit int, im impl, window time.Duration, res loadResult) row {
+	lat := sortedDurations(res.Latencies)
+	out := row{
+		Workload: w, Limit: limit, Impl: im.name,
+		Decisions: res.Decisions, Errors: res.Errors, FirstErr: res.FirstErr,
+		Rate:  float64(res.Decisions) / res.Elapsed.Seconds(),
+		P50:   percentile(lat, 50),
+		P99:   percentile(lat, 99),
+		Trips: float64(res.Trips) / float64(res.Decisions),
+	}
+	for _, a := range res.Admitted {
+		out.MaxAdmitted = max(out.MaxAdmitted, a)
+		out.TotalAdmitted += a
+	}
+	if im.bound == nil {
+		return out
+	}
+	out.Bound = im.bound(limit, window, res.Elapsed)
+	var over, under []string
+	for k, a := range res.Admitted {
+		if a > out.Bound {
+			over = append(over, fmt.Sprintf("%s/%s admitted %d > %d", w.Resource, w.client(k), a, out.Bound))
+		}
+		if want := min(res.Decided[k], int64(limit)); im.exact && res.Elapsed < window && a < want {
+			under = append(under, fmt.Sprintf("%s/%s admitted %d of the %d it asked within the limit", w.Resource, w.client(k), a, want))
+		}
+	}
+	switch {
+	case len(over) > 0:
+		out.Violation = true
+		out.Check = fmt.Sprintf("OVER-ADMITTED at %d keys, e.g. %s", len(over), over[0])
+	case len(under) > 0:
+		out.Check = fmt.Sprintf("ok, but under-admitted at %d keys, e.g. %s", len(under), under[0])
+	case im.exact && res.Elapsed < window:
+		out.Check = "ok, exact"
+	default:
+		out.Check = "ok"
+	}
+	return out
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	default:
+		return d.Round(time.Microsecond)
+	}
+}
+
+func shortDur(d time.Duration) string {
+	switch d {
+	case time.Second:
+		return "s"
+	case time.Minute:
+		return "min"
+	case time.Hour:
+		return "h"
+	}
+	return d.String()
+}
+
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := s[0] == '-'
+	if neg {
+		s = s[1:]
+	}
+	var out []byte
+	for i := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ' ')
+		}
+		out = append(out, s[i])
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}

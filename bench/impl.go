@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/leakybucket/leakybucket"
+	"github.com/redis/go-redis/v9"
+)
+
+// A limiter decides one call of (resource, client): admitted or not. An
+// error may come with allowed true when the admission was written but
+// something after it failed (the naive baseline's Release).
+type limiter interface {
+	Allow(ctx context.Context, resource, client string) (allowed bool, err error)
+}
+
+// strategies are this library's entries, one per strategy: adding one is a
+// line here.
+var strategies = []struct {
+	name string
+	opts []leakybucket.Option
+}{
+	{"leakybucket Logs", nil}, // the default strategy
+	{"leakybucket SortedSet", []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}},
+	{"leakybucket Windows(1s)", []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(time.Second))}},
+}
+
+// An impl is one implementation under test.
+type impl struct {
+	name string
+	// user is the Redis user it runs as: lbUser (scripting denied) or ""
+	// (the default user, which may run scripts).
+	user string
+	// bound is the most admissions one key may get in elapsed time under a
+	// limit of limit calls per window; nil for the floor, which limits
+	// nothing.
+	bound func(limit int, window, elapsed time.Duration) int64
+	// exact: with no errors, a key asked n times in less than one window
+	// gets exactly min(n, limit) admissions.
+	exact bool
+	make  func(rdb *redis.Client, limit int, window time.Duration) (limiter, error)
+}
+
+// windowBound: in any span of length elapsed, a sliding window of
+// limit per window admits at most limit per started window.
+func windowBound(limit int, window, elapsed time.Duration) int64 {
+	return int64(limit) * (int64(elapsed/window) + 1)
+}
+
+// gcraBound: redis_rate's GCRA with burst = rate = limit per period admits
+// the burst at once and then one call every period/limit, so in a span of
+// length elapsed at most limit + elapsed*limit/period (+1 for rounding).
+func gcraBound(limit int, window, elapsed time.Duration) int64 {
+	return int64(limit) + int64(float64(limit)*elapsed.Seconds()/window.Seconds()) + 1
+}
+
+// Names of the implementations that the ratios refer to.
+const (
+	redisRateName = "redis_rate (Lua GCRA)"
+	floorName     = "floor: 1 pipelined SET"
+	naiveName     = "naive: redislock + SCAN"
+)
+
+func implementations() []impl {
+	var all []impl
+	for _, s := range strategies {
+		opts := s.opts
+		all = append(all, impl{
+			name: s.name, user: lbUser, bound: windowBound, exact: true,
+			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
+				b, err := leakybucket.New(rdb, append([]leakybucket.Option{
+					leakybucket.WithPrefix("lb"),
+					leakybucket.PerClient(leakybucket.Per(limit, window)),
+				}, opts...)...)
+				if err != nil {
+					return nil, err
+				}
+				return libLimiter{b}, nil
+			},
+		})
+	}
+	return append(all,
+		impl{
+			name: redisRateName, bound: gcraBound,
+			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
+				return rateLimiter{redis_rate.NewLimiter(rdb), redis_rate.Limit{Rate: limit, Burst: limit, Period: window}}, nil
+			},
+		},
+		impl{
+			name: naiveName, bound: windowBound, exact: true,
+			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
+				return newNaive(rdb, limit, window), nil
+			},
+		},
+		impl{
+			name: floorName,
+			make: func(rdb *redis.Client, _ int, window time.Duration) (limiter, error) {
+				return floor{rdb, window}, nil
+			},
+		},
+	)
+}
+
+func implByName(name string) (impl, error) {
+	for _, im := range implementations() {
+		if im.name == name {
+			return im, nil
+		}
+	}
+	return impl{}, fmt.Errorf("no implementation %q", name)
+}
+
+type libLimiter struct{ b *leakybucket.Bucket }
+
+func (l libLimiter) Allow(ctx context.Context, resource, client string) (bool, error) {
+	res, err := l.b.Allow(ctx, resource, client)
+	return res.Allowed, err
+}
+
+type rateLimiter struct {
+	l     *redis_rate.Limiter
+	limit redis_rate.Limit
+}
+
+func (r rateLimiter) Allow(ctx context.Context, resource, client string) (bool, error) {
+	res, err := r.l.Allow(ctx, resource+":"+client, r.limit)
+	if err != nil {
+		return false, err
+	}
+	return res.Allowed > 0, nil
+}
+
+// floor is the least a decision can cost: one round trip carrying one
+// write, sent as a pipeline as the library sends its commands. It admits
+// everything.
+type floor struct {
+	rdb    *redis.Client
+	window time.Duration
+}
+
+func (f floor) Allow(ctx context.Context, resource, client string) (bool, error) {
+	_, err := f.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "floor:"+resource+":"+client, "", f.window)
+		return nil
+	})
+	return err == nil, err
+}
