@@ -31,8 +31,16 @@ import (
 const (
 	endpoint = "POST /v1/items:batch" // the resource
 	tenant   = "tenant-7"             // the client
-	burst    = 15 * time.Second       // 4 batches a second of 2 to 5 items
-	duration = 3 * time.Minute        // then a batch of 1 to 5 every 2 seconds
+	duration = 3 * time.Minute        // of sending
+)
+
+// The tenant's pace: a burst of batches of 3 to 7 items, then a trickle of
+// batches of 1 to 5. No batch is due within 100ms of the end of another's
+// window (1s, 1m, 1h), so on a real server, where calls land a few ms late,
+// the answers are those of the simulated clock.
+const (
+	burst, burstEvery     = 18 * time.Second, 400 * time.Millisecond
+	trickle, trickleEvery = 18100 * time.Millisecond, 2200 * time.Millisecond
 )
 
 // rules are the tenant's limits, all per-client, with their names.
@@ -98,16 +106,11 @@ func run(ctx context.Context, env demo.Env) ([]demo.Call, error) {
 func schedule() []demo.Call {
 	rng := rand.New(rand.NewPCG(7, 42))
 	var calls []demo.Call
-	for at := time.Duration(0); at < duration; {
-		c := demo.Call{At: at, Client: tenant}
-		if at < burst {
-			c.Weight = 2 + rng.IntN(4)
-			at += 250 * time.Millisecond
-		} else {
-			c.Weight = 1 + rng.IntN(5)
-			at += 2 * time.Second
-		}
-		calls = append(calls, c)
+	for at := time.Duration(0); at < burst; at += burstEvery {
+		calls = append(calls, demo.Call{At: at, Client: tenant, Weight: 3 + rng.IntN(5)})
+	}
+	for at := trickle; at < duration; at += trickleEvery {
+		calls = append(calls, demo.Call{At: at, Client: tenant, Weight: 1 + rng.IntN(5)})
 	}
 	return calls
 }

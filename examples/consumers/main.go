@@ -40,11 +40,14 @@ type consumer struct {
 	first, every time.Duration
 }
 
+// Their paces keep every call at least 200ms away from the edge of
+// another's window, so on a real server, where calls land a few ms late,
+// the answers are those of the simulated clock.
 var consumers = []consumer{
-	{"mobile-app", 0, time.Second}, // chatty: its own limit stops it
-	{"web", 500 * time.Millisecond, 5 * time.Second},
-	{"batch-job", 2 * time.Second, 8 * time.Second},
-	{"partner", 4500 * time.Millisecond, 8 * time.Second},
+	{"mobile-app", 0, 1400 * time.Millisecond}, // chatty: its own limit stops it
+	{"web", time.Second, 5500 * time.Millisecond},
+	{"batch-job", 3500 * time.Millisecond, 7 * time.Second},
+	{"partner", 3 * time.Second, 9 * time.Second},
 }
 
 func main() {
