@@ -250,6 +250,24 @@ func (tc *testCluster) cleanPrefix(prefix string) {
 	}
 }
 
+// eachStrategy runs test once per strategy, one after another, with a
+// Bucket on cc made with opts under a prefix of its own, whose keys are
+// deleted afterwards.
+func (tc *testCluster) eachStrategy(t *testing.T, cc *redis.ClusterClient, opts []Option, test func(t *testing.T, s Strategy, b *Bucket, prefix string)) {
+	t.Helper()
+	for _, s := range strategies {
+		t.Run(s.String(), func(t *testing.T) {
+			prefix := uniquePrefix(t)
+			defer tc.cleanPrefix(prefix)
+			b, err := New(cc, append([]Option{WithStrategy(s), WithPrefix(prefix)}, opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			test(t, s, b, prefix)
+		})
+	}
+}
+
 // awkward are resource and client strings with hash-tag, glob and key
 // separator characters.
 var awkward = []string{"*", "{x}", "}", ":", `\`}
@@ -289,75 +307,67 @@ func TestClusterSlots(t *testing.T) {
 		}
 	}
 
-	for _, s := range strategies {
-		t.Run(s.String(), func(t *testing.T) {
-			prefix := uniquePrefix(t)
-			defer tc.cleanPrefix(prefix)
-			b, err := New(cc, WithStrategy(s), WithPrefix(prefix),
-				PerResource(Per(5, time.Minute)), PerClient(Per(2, time.Minute)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range resources {
-				m := newModel(5, 2)
-				for _, c := range awkward {
-					for range 3 {
-						wantAllowed, wantRemaining := m.allow(c)
-						res, err := b.Allow(ctx, r, c)
-						if err != nil || res.Allowed != wantAllowed || res.Remaining != wantRemaining {
-							t.Fatalf("Allow(%q, %q) = %+v, %v; want Allowed %v, Remaining %d", r, c, res, err, wantAllowed, wantRemaining)
-						}
-					}
-				}
-				if err := b.Flush(ctx, r, awkward[0]); err != nil {
-					t.Fatalf("Flush(%q, %q): %v", r, awkward[0], err)
-				}
-				m.flush(awkward[0])
-				for _, c := range awkward {
-					wantAllowed, wantRemaining := m.peek(c)
-					res, err := b.Peek(ctx, r, c)
+	rules := []Option{PerResource(Per(5, time.Minute)), PerClient(Per(2, time.Minute))}
+	tc.eachStrategy(t, cc, rules, func(t *testing.T, _ Strategy, b *Bucket, prefix string) {
+		for _, r := range resources {
+			m := newModel(5, 2)
+			for _, c := range awkward {
+				for range 3 {
+					wantAllowed, wantRemaining := m.allow(c)
+					res, err := b.Allow(ctx, r, c)
 					if err != nil || res.Allowed != wantAllowed || res.Remaining != wantRemaining {
-						t.Fatalf("Peek(%q, %q) after Flush = %+v, %v; want Allowed %v, Remaining %d", r, c, res, err, wantAllowed, wantRemaining)
+						t.Fatalf("Allow(%q, %q) = %+v, %v; want Allowed %v, Remaining %d", r, c, res, err, wantAllowed, wantRemaining)
 					}
 				}
 			}
+			if err := b.Flush(ctx, r, awkward[0]); err != nil {
+				t.Fatalf("Flush(%q, %q): %v", r, awkward[0], err)
+			}
+			m.flush(awkward[0])
+			for _, c := range awkward {
+				wantAllowed, wantRemaining := m.peek(c)
+				res, err := b.Peek(ctx, r, c)
+				if err != nil || res.Allowed != wantAllowed || res.Remaining != wantRemaining {
+					t.Fatalf("Peek(%q, %q) after Flush = %+v, %v; want Allowed %v, Remaining %d", r, c, res, err, wantAllowed, wantRemaining)
+				}
+			}
+		}
 
-			// Every key lives in its resource's slot, on the slot's owner.
-			found := map[string]int{}
-			for _, m := range tc.masters {
-				for _, key := range m.keysOn(t, prefix) {
-					enc, _, _ := strings.Cut(strings.TrimPrefix(key, prefix+":{"), "}")
-					want, ok := slotOf[enc]
-					if got := tc.slot(t, key); !ok || got != want {
-						t.Errorf("key %q is in slot %d; its resource's slot is %d (known: %v)", key, got, want, ok)
-					}
-					if owner := tc.owner(t, want); owner != m {
-						t.Errorf("key %q is on %s; its slot's owner is %s", key, m.addr, owner.addr)
-					}
-					found[enc]++
+		// Every key lives in its resource's slot, on the slot's owner.
+		found := map[string]int{}
+		for _, m := range tc.masters {
+			for _, key := range m.keysOn(t, prefix) {
+				enc, _, _ := strings.Cut(strings.TrimPrefix(key, prefix+":{"), "}")
+				want, ok := slotOf[enc]
+				if got := tc.slot(t, key); !ok || got != want {
+					t.Errorf("key %q is in slot %d; its resource's slot is %d (known: %v)", key, got, want, ok)
 				}
-			}
-			for _, r := range resources {
-				if found[encode(r)] == 0 {
-					t.Errorf("no key of resource %q found", r)
+				if owner := tc.owner(t, want); owner != m {
+					t.Errorf("key %q is on %s; its slot's owner is %s", key, m.addr, owner.addr)
 				}
+				found[enc]++
 			}
+		}
+		for _, r := range resources {
+			if found[encode(r)] == 0 {
+				t.Errorf("no key of resource %q found", r)
+			}
+		}
 
-			for _, r := range resources {
-				if err := b.FlushAll(ctx, r); err != nil {
-					t.Fatalf("FlushAll(%q): %v", r, err)
-				}
-				if res, err := b.Peek(ctx, r, awkward[1]); err != nil || !res.Allowed || res.Remaining != 1 {
-					t.Errorf("Peek(%q) after FlushAll = %+v, %v; want admitted with 1 left", r, res, err)
-				}
+		for _, r := range resources {
+			if err := b.FlushAll(ctx, r); err != nil {
+				t.Fatalf("FlushAll(%q): %v", r, err)
 			}
-			for _, m := range tc.masters {
-				if keys := m.keysOn(t, prefix); len(keys) > 0 {
-					t.Errorf("%s still holds %d keys after FlushAll, as %q", m.addr, len(keys), keys[0])
-				}
+			if res, err := b.Peek(ctx, r, awkward[1]); err != nil || !res.Allowed || res.Remaining != 1 {
+				t.Errorf("Peek(%q) after FlushAll = %+v, %v; want admitted with 1 left", r, res, err)
 			}
-		})
-	}
+		}
+		for _, m := range tc.masters {
+			if keys := m.keysOn(t, prefix); len(keys) > 0 {
+				t.Errorf("%s still holds %d keys after FlushAll, as %q", m.addr, len(keys), keys[0])
+			}
+		}
+	})
 }
 
 // model is what one resource's rules admit: a per-resource and a
@@ -419,55 +429,47 @@ func (tc *testCluster) scanCalls(t *testing.T) []int64 {
 func TestClusterScanOwnMaster(t *testing.T) {
 	tc, cc := newTestCluster(t)
 	ctx := context.Background()
-	for _, s := range strategies {
-		t.Run(s.String(), func(t *testing.T) {
-			prefix := uniquePrefix(t)
-			defer tc.cleanPrefix(prefix)
-			// A small COUNT and other keys on each master, so that each
-			// Logs SCAN takes several pages.
-			const others, count = 50, 10
-			b, err := New(cc, WithStrategy(s), WithPrefix(prefix), WithScanCount(count),
-				PerResource(Per(5, time.Minute)), PerClient(Per(3, time.Minute)))
-			if err != nil {
+	// A small COUNT and other keys on each master, so that each Logs SCAN
+	// takes several pages.
+	const others, count = 50, 10
+	opts := []Option{WithScanCount(count), PerResource(Per(5, time.Minute)), PerClient(Per(3, time.Minute))}
+	tc.eachStrategy(t, cc, opts, func(t *testing.T, s Strategy, b *Bucket, prefix string) {
+		for i, owner := range tc.masters {
+			r := tc.resourceOn(t, owner, func(j int) string { return "scan-" + strconv.Itoa(j) })
+			for j := range others { // in the resource's slot, so on its master
+				if err := cc.Set(ctx, fmt.Sprintf("%s:other:{%s}:%d", prefix, encode(r), j), "", time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := tc.scanCalls(t)
+			for range 3 {
+				if _, err := b.Allow(ctx, r, "c"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := b.Peek(ctx, r, "c"); err != nil {
 				t.Fatal(err)
 			}
-			for i, owner := range tc.masters {
-				r := tc.resourceOn(t, owner, func(j int) string { return "scan-" + strconv.Itoa(j) })
-				for j := range others { // in the resource's slot, so on its master
-					if err := cc.Set(ctx, fmt.Sprintf("%s:other:{%s}:%d", prefix, encode(r), j), "", time.Minute).Err(); err != nil {
-						t.Fatal(err)
-					}
-				}
-				before := tc.scanCalls(t)
-				for range 3 {
-					if _, err := b.Allow(ctx, r, "c"); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if _, err := b.Peek(ctx, r, "c"); err != nil {
-					t.Fatal(err)
-				}
-				if err := b.Flush(ctx, r, "c"); err != nil {
-					t.Fatal(err)
-				}
-				if err := b.FlushAll(ctx, r); err != nil {
-					t.Fatal(err)
-				}
-				after := tc.scanCalls(t)
-				for j, m := range tc.masters {
-					n := after[j] - before[j]
-					switch {
-					case j != i && n != 0:
-						t.Errorf("resource %q on %s: %s served %d SCAN calls, want 0", r, owner.addr, m.addr, n)
-					case j == i && s == Logs && n < 6*others/count:
-						t.Errorf("resource %q: its master %s served %d SCAN calls, want at least %d (6 calls of %d pages)", r, m.addr, n, 6*others/count, others/count)
-					case j == i:
-						t.Logf("resource %q: %d SCAN calls on its master %s, 0 on the others", r, n, m.addr)
-					}
+			if err := b.Flush(ctx, r, "c"); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.FlushAll(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			after := tc.scanCalls(t)
+			for j, m := range tc.masters {
+				n := after[j] - before[j]
+				switch {
+				case j != i && n != 0:
+					t.Errorf("resource %q on %s: %s served %d SCAN calls, want 0", r, owner.addr, m.addr, n)
+				case j == i && s == Logs && n < 6*others/count:
+					t.Errorf("resource %q: its master %s served %d SCAN calls, want at least %d (6 calls of %d pages)", r, m.addr, n, 6*others/count, others/count)
+				case j == i:
+					t.Logf("resource %q: %d SCAN calls on its master %s, 0 on the others", r, n, m.addr)
 				}
 			}
-		})
-	}
+		}
+	})
 }
 
 // migrate moves slot from one master to another by hand, as redis-cli
@@ -723,75 +725,68 @@ func pausedMaster(t *testing.T, m *clusterMaster) (resume func()) {
 func TestClusterNodeStop(t *testing.T) {
 	tc, cc := newTestCluster(t)
 	ctx := context.Background()
-	for _, s := range strategies {
-		t.Run(s.String(), func(t *testing.T) {
-			prefix := uniquePrefix(t)
-			defer tc.cleanPrefix(prefix)
-			const lockTTL = 500 * time.Millisecond
-			b, err := New(cc, WithStrategy(s), WithPrefix(prefix), WithLockTTL(lockTTL), PerResource(Per(10, time.Minute)))
-			if err != nil {
-				t.Fatal(err)
+	const lockTTL = 500 * time.Millisecond
+	opts := []Option{WithLockTTL(lockTTL), PerResource(Per(10, time.Minute))}
+	tc.eachStrategy(t, cc, opts, func(t *testing.T, s Strategy, b *Bucket, _ string) {
+		stopped, running := tc.masters[1], tc.masters[2]
+		rStopped := tc.resourceOn(t, stopped, func(i int) string { return "stopped-" + strconv.Itoa(i) })
+		rRunning := tc.resourceOn(t, running, func(i int) string { return "running-" + strconv.Itoa(i) })
+		for _, r := range []string{rStopped, rRunning} {
+			if res, err := b.Allow(ctx, r, "c"); err != nil || !res.Allowed {
+				t.Fatalf("Allow(%q) = %+v, %v", r, res, err)
 			}
-			stopped, running := tc.masters[1], tc.masters[2]
-			rStopped := tc.resourceOn(t, stopped, func(i int) string { return "stopped-" + strconv.Itoa(i) })
-			rRunning := tc.resourceOn(t, running, func(i int) string { return "running-" + strconv.Itoa(i) })
-			for _, r := range []string{rStopped, rRunning} {
-				if res, err := b.Allow(ctx, r, "c"); err != nil || !res.Allowed {
-					t.Fatalf("Allow(%q) = %+v, %v", r, res, err)
-				}
-			}
+		}
 
-			resume := pausedMaster(t, stopped)
-			paused := time.Now()
-			const deadline = 500 * time.Millisecond
-			for i := range 2 {
-				cctx, cancel := context.WithTimeout(ctx, deadline)
-				start := time.Now()
-				_, err := b.Allow(cctx, rStopped, "c")
-				took := time.Since(start)
-				cancel()
-				t.Logf("%s: Allow on the stopped master: %v after %v: %v", s, errClass(err), took.Round(time.Millisecond), err)
-				if err == nil {
-					t.Fatalf("call %d: Allow(%q) on the stopped master succeeded", i, rStopped)
-				}
-				if !strings.HasPrefix(err.Error(), "leakybucket: ") {
-					t.Errorf("error %q is not wrapped by the package", err)
-				}
-				if c := errClass(err); c != "context deadline" && c != "net timeout" && c != "lock not obtained" {
-					t.Errorf("error %q is of class %q, want a deadline or network timeout", err, c)
-				}
-				if took > deadline+200*time.Millisecond {
-					t.Errorf("Allow on the stopped master took %v, want about the %v deadline", took, deadline)
-				}
-				cctx, cancel = context.WithTimeout(ctx, deadline)
-				start = time.Now()
-				res, err := b.Allow(cctx, rRunning, "c")
-				took = time.Since(start)
-				cancel()
-				if err != nil || !res.Allowed || took > 200*time.Millisecond {
-					t.Errorf("Allow(%q) on a running master while another is stopped = %+v, %v after %v", rRunning, res, err, took)
-				}
-			}
-			resume()
-			t.Logf("%s: master paused for %v", s, time.Since(paused).Round(time.Millisecond))
-
-			// The stopped master runs, once resumed, the SET NX of the calls
-			// that gave up: the lock stays taken until its TTL ends, and no
-			// call was counted.
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
+		resume := pausedMaster(t, stopped)
+		paused := time.Now()
+		const deadline = 500 * time.Millisecond
+		for i := range 2 {
+			cctx, cancel := context.WithTimeout(ctx, deadline)
 			start := time.Now()
-			res, err := b.Allow(cctx, rStopped, "c")
+			_, err := b.Allow(cctx, rStopped, "c")
 			took := time.Since(start)
-			if err != nil || !res.Allowed || res.Rules[0].Used != 2 {
-				t.Fatalf("Allow(%q) after SIGCONT = %+v, %v; want admitted, 2 used", rStopped, res, err)
+			cancel()
+			t.Logf("%s: Allow on the stopped master: %v after %v: %v", s, errClass(err), took.Round(time.Millisecond), err)
+			if err == nil {
+				t.Fatalf("call %d: Allow(%q) on the stopped master succeeded", i, rStopped)
 			}
-			if took > lockTTL+200*time.Millisecond {
-				t.Errorf("Allow after SIGCONT took %v, want at most the lock TTL %v", took, lockTTL)
+			if !strings.HasPrefix(err.Error(), "leakybucket: ") {
+				t.Errorf("error %q is not wrapped by the package", err)
 			}
-			t.Logf("%s: works again %v after SIGCONT", s, took.Round(time.Millisecond))
-		})
-	}
+			if c := errClass(err); c != "context deadline" && c != "net timeout" && c != "lock not obtained" {
+				t.Errorf("error %q is of class %q, want a deadline or network timeout", err, c)
+			}
+			if took > deadline+200*time.Millisecond {
+				t.Errorf("Allow on the stopped master took %v, want about the %v deadline", took, deadline)
+			}
+			cctx, cancel = context.WithTimeout(ctx, deadline)
+			start = time.Now()
+			res, err := b.Allow(cctx, rRunning, "c")
+			took = time.Since(start)
+			cancel()
+			if err != nil || !res.Allowed || took > 200*time.Millisecond {
+				t.Errorf("Allow(%q) on a running master while another is stopped = %+v, %v after %v", rRunning, res, err, took)
+			}
+		}
+		resume()
+		t.Logf("%s: master paused for %v", s, time.Since(paused).Round(time.Millisecond))
+
+		// The stopped master runs, once resumed, the SET NX of the calls
+		// that gave up: the lock stays taken until its TTL ends, and no
+		// call was counted.
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		res, err := b.Allow(cctx, rStopped, "c")
+		took := time.Since(start)
+		if err != nil || !res.Allowed || res.Rules[0].Used != 2 {
+			t.Fatalf("Allow(%q) after SIGCONT = %+v, %v; want admitted, 2 used", rStopped, res, err)
+		}
+		if took > lockTTL+200*time.Millisecond {
+			t.Errorf("Allow after SIGCONT took %v, want at most the lock TTL %v", took, lockTTL)
+		}
+		t.Logf("%s: works again %v after SIGCONT", s, took.Round(time.Millisecond))
+	})
 }
 
 // redirecting is a miniredis that the cluster client sees as a cluster of
