@@ -16,6 +16,7 @@ type Bucket struct {
 	plan  plan
 	store store
 	node  func(ctx context.Context, key string) (*redis.Client, error)
+	route *clusterRoute // nil unless a *redis.ClusterClient: see cluster.go
 
 	hasClientRule bool
 	maxN          int // the smallest Requests of the rules
@@ -45,7 +46,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Bucket{cfg: cfg, plan: p, store: st, node: node, maxN: cfg.rules[0].Limit.Requests}
+	b := &Bucket{cfg: cfg, plan: p, store: st, node: node, route: clusterRouteOf(rdb), maxN: cfg.rules[0].Limit.Requests}
 	for _, r := range cfg.rules {
 		b.hasClientRule = b.hasClientRule || r.Scope == ScopeClient
 		b.maxN = min(b.maxN, r.Limit.Requests)
@@ -131,7 +132,7 @@ func (b *Bucket) locked(ctx context.Context, resource string, clients []string, 
 		}
 		return l.release(ctx, tx, func(pipe redis.Pipeliner) { write(pipe, keys, r.tally()) })
 	})
-	return wrap(err)
+	return wrap(b.route.redirected(err))
 }
 
 // Peek is shorthand for PeekN(ctx, resource, client, 1).
@@ -152,8 +153,8 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 		return Result{}, err
 	}
 	r := b.store.read(keys, []string{client})
-	if err := r.finish(ctx, node); err != nil {
-		return Result{}, wrap(err)
+	if err := r.finish(ctx, b.route.conn(node, keys)); err != nil {
+		return Result{}, wrap(b.route.redirected(err))
 	}
 	t := r.tally()
 	t.sort()
@@ -184,7 +185,11 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
 	if err != nil {
 		return err
 	}
-	return wrap(b.store.forgetAll(ctx, node, keys))
+	err = b.store.forgetAll(ctx, node, keys)
+	if err == nil {
+		err = b.route.owns(ctx, node, keys)
+	}
+	return wrap(b.route.redirected(err))
 }
 
 // locate names the resource's keys and finds the node that owns them.

@@ -229,10 +229,13 @@ func (h *helperT) Fatal(args ...any) {
 }
 
 // cleanPrefix deletes every key that starts with prefix.
-func cleanPrefix(rdb *redis.Client, prefix string) {
+func cleanPrefix(rdb redis.UniversalClient, prefix string) {
 	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, matchPrefix(prefix), 1000).Iterator()
-	for iter.Next(ctx) {
-		rdb.Del(ctx, iter.Val())
-	}
+	_ = forEachNode(rdb, func(node *redis.Client) error {
+		iter := node.Scan(ctx, 0, matchPrefix(prefix), 1000).Iterator()
+		for iter.Next(ctx) {
+			node.Del(ctx, iter.Val())
+		}
+		return iter.Err()
+	})
 }

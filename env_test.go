@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -37,7 +38,7 @@ var scriptCommands = []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall
 
 type env struct {
 	strategy Strategy
-	rdb      *redis.Client
+	rdb      redis.UniversalClient // a *redis.Client, or a *redis.ClusterClient
 	prefix   string        // unique to the test; every key it writes starts with it
 	real     bool          // a real Redis, on the real clock
 	slack    time.Duration // how much later than the test's model the real clock may be
@@ -59,14 +60,45 @@ func (e *env) bucket(t *testing.T, opts ...Option) *Bucket {
 func (e *env) keys(t *testing.T) []string {
 	t.Helper()
 	var all []string
-	iter := e.rdb.Scan(context.Background(), 0, matchPrefix(e.prefix), 1000).Iterator()
-	for iter.Next(context.Background()) {
-		all = append(all, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
+	err := forEachNode(e.rdb, func(node *redis.Client) error {
+		iter := node.Scan(context.Background(), 0, matchPrefix(e.prefix), 1000).Iterator()
+		for iter.Next(context.Background()) {
+			all = append(all, iter.Val())
+		}
+		return iter.Err()
+	})
+	if err != nil {
 		t.Fatalf("scan: %v", err)
 	}
 	return all
+}
+
+// addHook adds h to the client, and on a cluster to every master's client,
+// which is where a Bucket sends its commands.
+func (e *env) addHook(h redis.Hook) {
+	if cc, ok := e.rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(context.Background(), func(_ context.Context, node *redis.Client) error {
+			node.AddHook(h)
+			return nil
+		})
+		return
+	}
+	e.rdb.AddHook(h)
+}
+
+// forEachNode calls f with rdb, or on a cluster with each master's client,
+// one at a time.
+func forEachNode(rdb redis.UniversalClient, f func(*redis.Client) error) error {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return f(rdb.(*redis.Client))
+	}
+	var mu sync.Mutex
+	return cc.ForEachMaster(context.Background(), func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return f(node)
+	})
 }
 
 // strategies are the strategies every behaviour test runs with. Windows
@@ -87,8 +119,8 @@ func (e *env) fillUnrelated(t *testing.T, n int) {
 	}
 }
 
-// each runs test with every strategy, against miniredis on fake time and
-// against the real Redis.
+// each runs test with every strategy, against miniredis on fake time, the
+// real Redis, and the real 3-master cluster.
 func each(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Helper()
 	t.Parallel()
@@ -105,6 +137,12 @@ func each(t *testing.T, test func(t *testing.T, e *env)) {
 			t.Run("redis", func(t *testing.T) {
 				t.Parallel()
 				e := newRealEnv(t)
+				e.strategy = s
+				test(t, e)
+			})
+			t.Run("cluster", func(t *testing.T) {
+				t.Parallel()
+				e := newClusterEnv(t)
 				e.strategy = s
 				test(t, e)
 			})
@@ -166,6 +204,17 @@ func newRealEnv(t *testing.T) *env {
 		cleanPrefix(rdb, e.prefix)
 		rdb.Close()
 	})
+	return e
+}
+
+// newClusterEnv returns an env on the real cluster, with a prefix of its
+// own whose keys are deleted afterwards.
+func newClusterEnv(t *testing.T) *env {
+	t.Helper()
+	cc := clusterClient(t)
+	e := &env{strategy: Logs, rdb: cc, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: &roundTrips{}}
+	e.addHook(e.trips)
+	t.Cleanup(func() { cleanPrefix(cc, e.prefix) })
 	return e
 }
 

@@ -63,6 +63,11 @@ func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipelin
 	var wait *time.Timer
 	for first := true; ; first = false {
 		ok, err := l.try(ctx, tx, first, read)
+		if err != nil && ctx.Err() != nil {
+			// The context ended while we waited for the lock, during a round
+			// trip (with ContextTimeoutEnabled, as an I/O timeout).
+			return fmt.Errorf("%w: %w: %w", ErrLockNotObtained, context.Cause(ctx), err)
+		}
 		if err != nil || ok {
 			return err
 		}

@@ -34,7 +34,7 @@ func (p pauseBeforeExec) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 func TestLockExpiredWritesNothing(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)), WithLockTTL(50*time.Millisecond))
-		e.rdb.AddHook(pauseBeforeExec{100 * time.Millisecond})
+		e.addHook(pauseBeforeExec{100 * time.Millisecond})
 		_, err := b.Allow(context.Background(), "r", "a")
 		if !errors.Is(err, ErrLockExpired) {
 			t.Fatalf("Allow with the lock expired before EXEC: error %v, want ErrLockExpired", err)
@@ -164,7 +164,7 @@ func TestUnreachableServer(t *testing.T) {
 // before its EXEC, and whose transaction Redis then discards (EXECABORT, as
 // when a queued write is refused for memory or by ACL).
 type takeOverAndAbort struct {
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	lockKey string
 }
 
@@ -191,7 +191,7 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 		ctx := context.Background()
 		lockKey := resourceKeys(e.prefix, "r").resourceLock()
 		b := e.bucket(t, PerResource(PerMinute(5)))
-		e.rdb.AddHook(takeOverAndAbort{e.rdb, lockKey})
+		e.addHook(takeOverAndAbort{e.rdb, lockKey})
 		// Redis reports EXECABORT; miniredis checks the WATCH first.
 		if _, err := b.Allow(ctx, "r", "a"); !redis.IsExecAbortError(errors.Unwrap(err)) && !errors.Is(err, ErrLockExpired) {
 			t.Fatalf("Allow with a discarded EXEC: error %v, want a wrapped EXECABORT or ErrLockExpired", err)

@@ -218,7 +218,7 @@ func (duplicateScans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 func TestScanDuplicatesCountOnce(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
-		e.rdb.AddHook(duplicateScans{})
+		e.addHook(duplicateScans{})
 		b := e.bucket(t, PerResource(Per(4, time.Minute)))
 		deny := []Rule{{ScopeResource, Per(4, time.Minute)}}
 		e.run(t, b, "r", []step{

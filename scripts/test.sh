@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of the module: go vet, then the whole suite under -race
-# against miniredis and against a real Redis whose default user is denied
-# scripting (-@scripting), which this script installs if missing, starts on
-# a free loopback port, and stops on exit, also when tests fail.
+# against miniredis, against a real Redis and against a real 3-master Redis
+# Cluster (scripts/cluster.sh), whose default users are denied scripting
+# (-@scripting). This script installs redis-server if missing, starts both on
+# free loopback ports, and stops them on exit, also when tests fail.
 #
 # Usage: scripts/test.sh [extra go test flags]   (make test runs it)
 set -euo pipefail
@@ -43,12 +44,22 @@ install_redis
 work=$(mktemp -d)
 cleanup() {
   [ -f "$work/redis.pid" ] && kill "$(cat "$work/redis.pid")" 2>/dev/null || true
+  scripts/cluster.sh stop "$work/cluster" || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 port=$(start_redis "$work")
 echo "test.sh: $(redis-server --version | cut -d' ' -f1-3) on 127.0.0.1:$port, scripting denied" >&2
+scripts/cluster.sh start "$work/cluster" >/dev/null
+echo "test.sh: a 3-master cluster on $(cat "$work/cluster/addrs"), scripting denied" >&2
 
 export LEAKYBUCKET_REDIS_ADDR="127.0.0.1:$port"
+# The cluster tests pause a master by its pid (SIGSTOP) to test node loss.
+export LEAKYBUCKET_CLUSTER_ADDRS LEAKYBUCKET_CLUSTER_PIDS
+LEAKYBUCKET_CLUSTER_ADDRS=$(cat "$work/cluster/addrs")
+LEAKYBUCKET_CLUSTER_PIDS=$(cat "$work/cluster/pids")
 go vet ./...
 go test -race -shuffle=on -count=1 "$@" ./...
+# The benchmark module (bench/, a module of its own): vet it, and run its
+# quick mode, which starts a Redis of its own.
+(cd bench && go vet ./... && go test -count=1 ./...)

@@ -1,0 +1,105 @@
+package leakybucket
+
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// On a Redis Cluster a Bucket runs each decision on the *redis.Client of the
+// master that owns the resource's slot, as the ClusterClient's slot map says
+// (MasterForKey), and not through the ClusterClient, because the lock needs
+// one connection. That client follows no redirect, and the ClusterClient
+// refreshes its map only when its own commands are redirected, or every
+// ClusterStateReloadInterval (a minute by default). So after a slot moves to
+// another master (resharding, failover), the old owner answers MOVED to
+// every keyed command until the map is refreshed, and answers SCAN and TIME,
+// which carry no key, from a database that no longer holds the slot's keys.
+//
+// clusterRoute closes both gaps:
+//
+//   - redirected asks the ClusterClient to reload its map when a call was
+//     answered MOVED, so that later calls go to the new owner within a
+//     round trip or so. The call itself returns the error: nothing was
+//     written (a MOVED command is not run, and a MOVED or ASK inside
+//     MULTI aborts the EXEC), so the caller may retry it.
+//   - conn adds EXISTS on a key of the resource's slot to every pipeline of
+//     reads that would otherwise carry no key (a Logs Peek's SCAN and
+//     TIME), and owns checks the slot after a FlushAll that found its keys
+//     with SCAN. On a master that does not own the slot they fail with
+//     MOVED, and with ASK while the slot is being migrated away, where part
+//     of the keys are already on the target; so those reads fail rather
+//     than answer from missing keys.
+//
+// A decision under the lock needs neither guard: its first round trip sends
+// SET NX on the lock key, and its write is a MULTI/EXEC fenced by WATCH on
+// that key, which a MIGRATE of the key, or a MOVED or ASK on any queued
+// command (a new key in a slot being migrated is refused with ASK), aborts.
+// So a decision during a migration either completes on the slot's owner or
+// writes nothing and returns an error; it never counts from half the keys.
+//
+// A nil *clusterRoute (any other client) does nothing.
+type clusterRoute struct {
+	cc *redis.ClusterClient
+}
+
+// clusterRouteOf returns the route of rdb: nil unless it is a cluster client.
+func clusterRouteOf(rdb redis.UniversalClient) *clusterRoute {
+	if cc, ok := rdb.(*redis.ClusterClient); ok && cc != nil {
+		return &clusterRoute{cc: cc}
+	}
+	return nil
+}
+
+// redirected returns err, after asking the cluster client to reload its slot
+// map (in the background) if err is a MOVED redirect. An ASK needs no
+// reload: the slot is being migrated and its owner has not changed yet.
+func (c *clusterRoute) redirected(err error) error {
+	if c == nil || err == nil {
+		return err
+	}
+	if _, moved := redis.IsMovedError(err); moved {
+		c.cc.ReloadState(context.Background())
+	}
+	return err
+}
+
+// conn returns node as the connection of a read of keys' resource: on a
+// cluster, one whose every pipeline also checks that node owns the slot.
+func (c *clusterRoute) conn(node *redis.Client, keys keyspace) pipeliner {
+	if c == nil {
+		return node
+	}
+	return slotGuarded{node: node, key: keys.slotKey()}
+}
+
+// owns returns nil if node owns keys' slot, and is not migrating it away;
+// else the MOVED or ASK error (or the error of the round trip).
+func (c *clusterRoute) owns(ctx context.Context, node *redis.Client, keys keyspace) error {
+	if c == nil {
+		return nil
+	}
+	return node.Exists(ctx, keys.slotKey()).Err()
+}
+
+// slotGuarded is a node whose every pipeline starts with EXISTS key. If that
+// fails, every command of the pipeline reports its error.
+type slotGuarded struct {
+	node *redis.Client
+	key  string // a key in the slot, held or not
+}
+
+func (g slotGuarded) Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error) {
+	var guard *redis.IntCmd
+	cmds, err := g.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		guard = pipe.Exists(ctx, g.key)
+		return fn(pipe)
+	})
+	if guard != nil && guard.Err() != nil {
+		err = guard.Err()
+		for _, cmd := range cmds {
+			cmd.SetErr(err)
+		}
+	}
+	return cmds, err
+}
