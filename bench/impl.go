@@ -23,10 +23,18 @@ var strategies = []struct {
 	name string
 	opts []leakybucket.Option
 }{
-	{"leakybucket Logs", nil}, // the default strategy
-	{"leakybucket SortedSet", []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}},
-	{"leakybucket Windows(1s)", []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(time.Second))}},
+	{logsName, nil}, // the default strategy
+	{sortedSetName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}},
+	{windowsName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(windowsPrecision))}},
 }
+
+// Names of this library's rows, which the report's prose refers to.
+const (
+	logsName         = "leakybucket Logs"
+	sortedSetName    = "leakybucket SortedSet"
+	windowsName      = "leakybucket Windows(1s)"
+	windowsPrecision = time.Second
+)
 
 // An impl is one implementation under test.
 type impl struct {
