@@ -39,9 +39,9 @@ var scriptCommands = []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall
 type env struct {
 	strategy Strategy
 	rdb      redis.UniversalClient // a *redis.Client, or a *redis.ClusterClient
-	prefix   string        // unique to the test; every key it writes starts with it
-	real     bool          // a real Redis, on the real clock
-	slack    time.Duration // how much later than the test's model the real clock may be
+	prefix   string                // unique to the test; every key it writes starts with it
+	real     bool                  // a real Redis, on the real clock
+	slack    time.Duration         // how much later than the test's model the real clock may be
 	trips    *roundTrips
 	mini     *miniredis.Miniredis // nil on a real Redis
 }
