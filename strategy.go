@@ -164,14 +164,17 @@ type logEntry struct {
 	weight int
 }
 
-// dead returns the ids of entries that no rule counts any more.
-func (t *tally) dead(entries []logEntry, longest int64) []string {
+// prune removes from *entries those no rule counts any more, which changes
+// no count, and returns their ids: so a batch of calls deletes them once.
+func (t *tally) prune(entries *[]logEntry, longest int64) []string {
 	var ids []string
-	for _, e := range entries {
-		if e.at+longest <= t.now {
-			ids = append(ids, e.id)
+	*entries = slices.DeleteFunc(*entries, func(e logEntry) bool {
+		if e.at+longest > t.now {
+			return false
 		}
-	}
+		ids = append(ids, e.id)
+		return true
+	})
 	return ids
 }
 

@@ -55,20 +55,22 @@ func (s windowsStore) stamp(now int64) int64 { return (now/s.precision+1)*s.prec
 func (s windowsStore) record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int) {
 	field := strconv.FormatInt(t.now/s.precision, 10)
 	expireAt := time.UnixMilli(s.stamp(t.now) + s.longest)
-	add := func(key string, entries []logEntry) {
-		if dead := t.dead(entries, s.longest); len(dead) > 0 {
+	add := func(key string, entries *[]logEntry) {
+		if dead := t.prune(entries, s.longest); len(dead) > 0 {
 			pipe.HDel(ctx, key, dead...)
 		}
-		if s.weightAt(entries, t.now) > math.MaxInt64-int64(n) {
+		if s.weightAt(*entries, t.now) > math.MaxInt64-int64(n) {
 			pipe.HSet(ctx, key, field, int64(math.MaxInt64)) // HINCRBY would fail
 		} else {
 			pipe.HIncrBy(ctx, key, field, int64(n))
 		}
 		pipe.PExpireAt(ctx, key, expireAt)
 	}
-	add(keys.clientHash(client), t.of(client))
+	mine := t.of(client)
+	add(keys.clientHash(client), &mine)
+	t.mine[encode(client)] = mine
 	if !s.clientScoped {
-		add(keys.hash(), t.all)
+		add(keys.hash(), &t.all)
 	}
 }
 
