@@ -2,7 +2,6 @@ package leakybucket
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -21,7 +20,9 @@ type Bucket struct {
 	hasClientRule bool
 	maxN          int // the smallest Requests of the rules
 
-	co coalescer
+	keyPrefix string // the prefix and the tag of the strategy's key layout
+	clocks    clocks
+	co        coalescer
 }
 
 // New returns a Bucket that applies the rules among opts (PerResource,
@@ -47,6 +48,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 		return nil, err
 	}
 	b := &Bucket{cfg: cfg, plan: p, store: st, node: node, route: clusterRouteOf(rdb), maxN: cfg.rules[0].Limit.Requests}
+	b.keyPrefix = cfg.prefix + ":" + st.tag()
 	for _, r := range cfg.rules {
 		b.hasClientRule = b.hasClientRule || r.Scope == ScopeClient
 		b.maxN = min(b.maxN, r.Limit.Requests)
@@ -84,21 +86,26 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 // Result with Allowed false, not an error. The client may be empty only if
 // every rule is per-resource.
 //
-// Concurrent calls of one Bucket that need the same lock are coalesced: one
-// leader takes the lock and decides them all in arrival order, each with
-// its own Result, in one read and one write (see coalesce.go).
+// Concurrent calls of one Bucket that need the same lock are coalesced: a
+// worker takes the lock and decides them all in arrival order, each with
+// its own Result, in one read and one write (see coalesce.go). AllowN
+// returns by ctx's deadline whatever Redis does; what it left under way
+// (the batch, the release of a lock) finishes in the background.
 //
-// Errors: ErrEmptyResource, ErrEmptyClient or ErrInvalidWeight for bad input
-// (nothing is sent to Redis); ErrLockNotObtained if another decision held the
-// lock until ctx ended or the retry strategy gave up; ErrLockExpired if the
-// lock expired before the decision was written; or a Redis error, wrapped.
-// With any error, nothing was recorded, except that a connection lost during
-// the final write leaves it unknown whether the write was applied.
+// Errors, to match with errors.Is: ErrEmptyResource, ErrEmptyClient or
+// ErrInvalidWeight for bad input (nothing is sent to Redis);
+// ErrLockNotObtained if another holder held the lock until ctx ended or the
+// retry strategy gave up; ErrUnavailable, with its cause, if Redis could
+// not be reached; ErrLockExpired if the lock expired before the decision
+// was written; ctx's error if it ended while Redis was slow to answer; or
+// a Redis error, wrapped. With any error nothing was recorded, except that
+// a call whose final write was under way when the error came may have been
+// counted (never admitted uncounted).
 func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (Result, error) {
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	return b.decide(resource, b.lockKey(resourceKeys(b.cfg.prefix, resource), client), &call{ctx: ctx, client: client, n: n})
+	return b.decide(resource, b.lockKey(b.keysOf(resource), client), &call{ctx: ctx, client: client, n: n})
 }
 
 // lockKey names the lock of client's decisions at a resource: the
@@ -110,29 +117,34 @@ func (b *Bucket) lockKey(keys keyspace, client string) string {
 	return keys.resourceLock()
 }
 
-// locked runs a read-then-write for clients on one connection, under the
-// lock they share: take the lock and read the counts (one round trip, more
-// if a Logs SCAN needs more pages), then queue write's commands and release
-// the lock in one MULTI/EXEC (one more).
-func (b *Bucket) locked(ctx context.Context, resource string, clients []string, write func(redis.Pipeliner, keyspace, *tally)) error {
-	keys, node, err := b.locate(ctx, resource)
+// keysOf names the keys of resource.
+func (b *Bucket) keysOf(resource string) keyspace {
+	return resourceKeys(b.keyPrefix, resource)
+}
+
+// locked runs a read-then-write under the lock lockKey, on one connection
+// of the node that owns keys: take the lock and queue r's reads (one round
+// trip, more if a Logs SCAN needs more pages), then queue write's commands
+// and release the lock in one MULTI/EXEC (one more). busy, if not nil,
+// learns whether the lock is held by another holder.
+func (b *Bucket) locked(ctx context.Context, keys keyspace, lockKey string, r reader, busy func(bool), write func(redis.Pipeliner, *tally)) error {
+	node, err := b.node(ctx, keys.slotKey())
 	if err != nil {
-		return err
+		return classify(err)
 	}
-	lockKey := b.lockKey(keys, clients[0])
 	err = node.Watch(ctx, func(tx *redis.Tx) error {
-		l := newLock(lockKey, b.cfg.lockTTL, b.cfg.lockRetry())
+		l := newLock(lockKey, b.cfg.lockTTL, b.cfg.lockRetry(), node, b.clocks.of(node.Options().Addr))
+		l.busy = busy
 		defer l.cleanup(ctx, tx)
-		r := b.store.read(keys, clients)
 		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { r.queue(ctx, pipe) }); err != nil {
 			return err
 		}
 		if err := r.finish(ctx, tx); err != nil {
 			return err
 		}
-		return l.release(ctx, tx, func(pipe redis.Pipeliner) { write(pipe, keys, r.tally()) })
+		return l.release(ctx, tx, func(pipe redis.Pipeliner) { write(pipe, r.tally()) })
 	})
-	return wrap(b.route.redirected(err))
+	return classify(b.route.redirected(err))
 }
 
 // Peek is shorthand for PeekN(ctx, resource, client, 1).
@@ -148,17 +160,23 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	keys, node, err := b.locate(ctx, resource)
-	if err != nil {
-		return Result{}, err
-	}
-	r := b.store.read(keys, []string{client})
-	if err := r.finish(ctx, b.route.conn(node, keys)); err != nil {
-		return Result{}, wrap(b.route.redirected(err))
-	}
-	t := r.tally()
-	t.sort()
-	return evaluate(b.plan.rules, t, client, b.store.stamp(t.now), n, b.cfg.recordDenied), nil
+	var res Result
+	err := bounded(ctx, func(ctx context.Context, _ func(bool)) error {
+		keys := b.keysOf(resource)
+		node, err := b.node(ctx, keys.slotKey())
+		if err != nil {
+			return classify(err)
+		}
+		r := b.store.read(keys, []string{client})
+		if err := r.finish(ctx, b.route.conn(node, keys)); err != nil {
+			return classify(b.route.redirected(err))
+		}
+		t := r.tally()
+		t.sort()
+		res = evaluate(b.plan.rules, t, client, b.store.stamp(t.now), n, b.cfg.recordDenied)
+		return nil
+	})
+	return res, err
 }
 
 // Flush forgets the counts of client at resource: its own, and its share of
@@ -168,35 +186,50 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	return b.locked(ctx, resource, []string{client}, func(pipe redis.Pipeliner, keys keyspace, t *tally) {
-		b.store.forget(ctx, pipe, keys, client, t)
+	return bounded(ctx, func(ctx context.Context, busy func(bool)) error {
+		keys := b.keysOf(resource)
+		return b.locked(ctx, keys, b.lockKey(keys, client), b.store.read(keys, []string{client}), busy, func(pipe redis.Pipeliner, t *tally) {
+			b.store.forget(ctx, pipe, keys, client, t)
+		})
 	})
 }
 
-// FlushAll forgets every count of resource, for all clients and rules. It
-// takes no lock: the call of a decision running at the same time may
-// survive. Unless the strategy is SortedSet with a per-resource rule, it
+// FlushAll forgets every count of resource, for all clients and rules. When
+// a rule is per-resource it takes the resource's lock, as a decision does,
+// so that it never races a decision or a Flush: their writes happen wholly
+// before or wholly after it. When every rule is per-client there is no
+// lock to take: a decision running at the same time may be counted after
+// the flush. Unless the strategy is SortedSet with a per-resource rule, it
 // finds the keys with SCAN, which walks the whole database.
 func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
 	if resource == "" {
 		return ErrEmptyResource
 	}
-	keys, node, err := b.locate(ctx, resource)
+	return bounded(ctx, func(ctx context.Context, busy func(bool)) error {
+		keys := b.keysOf(resource)
+		if b.plan.clientScoped {
+			return b.flushUnlocked(ctx, keys)
+		}
+		r := b.store.readAll(keys)
+		return b.locked(ctx, keys, keys.resourceLock(), r, busy, func(pipe redis.Pipeliner, _ *tally) {
+			if found := r.keys(); len(found) > 0 {
+				pipe.Del(ctx, found...)
+			}
+		})
+	})
+}
+
+// flushUnlocked deletes every key of the resource's counts, found with SCAN.
+func (b *Bucket) flushUnlocked(ctx context.Context, keys keyspace) error {
+	node, err := b.node(ctx, keys.slotKey())
 	if err != nil {
-		return err
+		return classify(err)
 	}
-	err = b.store.forgetAll(ctx, node, keys)
+	err = deleteKeys(ctx, node, b.store.countsPrefix(keys), b.cfg.scanCount)
 	if err == nil {
 		err = b.route.owns(ctx, node, keys)
 	}
-	return wrap(b.route.redirected(err))
-}
-
-// locate names the resource's keys and finds the node that owns them.
-func (b *Bucket) locate(ctx context.Context, resource string) (keyspace, *redis.Client, error) {
-	keys := resourceKeys(b.cfg.prefix, resource)
-	node, err := b.node(ctx, keys.slotKey())
-	return keys, node, wrap(err)
+	return classify(b.route.redirected(err))
 }
 
 // check refuses bad input before anything is sent.
@@ -212,13 +245,4 @@ func (b *Bucket) check(resource, client string, n int) error {
 		return fmt.Errorf("%w: n = %d exceeds the %d requests of a rule, so it could never be admitted", ErrInvalidWeight, n, b.maxN)
 	}
 	return nil
-}
-
-// wrap prefixes a Redis error with the package name; the lock's errors
-// already carry it.
-func wrap(err error) error {
-	if err == nil || errors.Is(err, ErrLockNotObtained) || errors.Is(err, ErrLockExpired) {
-		return err
-	}
-	return fmt.Errorf("leakybucket: %w", err)
 }

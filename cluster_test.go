@@ -337,7 +337,8 @@ func TestClusterSlots(t *testing.T) {
 		found := map[string]int{}
 		for _, m := range tc.masters {
 			for _, key := range m.keysOn(t, prefix) {
-				enc, _, _ := strings.Cut(strings.TrimPrefix(key, prefix+":{"), "}")
+				_, tagged, _ := strings.Cut(strings.TrimPrefix(key, prefix), ":{")
+				enc, _, _ := strings.Cut(tagged, "}")
 				want, ok := slotOf[enc]
 				if got := tc.slot(t, key); !ok || got != want {
 					t.Errorf("key %q is in slot %d; its resource's slot is %d (known: %v)", key, got, want, ok)

@@ -2,27 +2,34 @@ package leakybucket
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // Coalescing. Concurrent AllowN calls of one process that need the same
-// lock queue behind one leader, which takes the lock once, reads the counts
-// once, decides the queued calls in arrival order (each sees the calls
-// admitted before it) and writes all their records in the one MULTI/EXEC
-// that releases the lock. A hot resource then costs the lock's round trips
-// once per batch instead of once per call, and the lock's holders across
-// processes keep every decision exact.
+// lock queue in one line. A worker goroutine, started by the first call of
+// an idle line and gone once the line is empty, takes the waiting calls in
+// batches: it takes the lock once, reads the counts once, decides the
+// batch's calls in arrival order (each sees the calls admitted before it)
+// and writes all their records in the one MULTI/EXEC that releases the
+// lock. A hot resource then costs the lock's round trips once per batch
+// instead of once per call, and the lock's holders across processes keep
+// every decision exact.
 //
-// The leader's context bounds the batch. A call still waiting when its own
-// context ends leaves the queue and returns ErrLockNotObtained; once its
-// batch reads the counts, it waits for the batch's write (one round trip).
-// If the leader's context ends before the counts are read, the calls it had
-// not decided go back to the head of the queue and the first of them leads
-// next; if it ends during the final write, the batch's calls share its
-// error, as they share the write.
+// A batch runs detached from its callers' contexts (it keeps the values of
+// the first one's, for tracing): its deadline is the latest of theirs, and
+// it is cancelled as soon as every one of its calls has given up. Each
+// caller waits on its own context only, so it returns by its own deadline,
+// with its own context's error, whatever the batch is doing; no caller ever
+// fails because another one's context ended. A call that gives up before
+// its batch decided it is recorded nowhere; one that gives up while its
+// batch writes may or may not have been counted (it can only have been
+// counted, never admitted uncounted).
 
 // maxBatch bounds the calls decided under one lock, and so the size of its
 // MULTI/EXEC.
@@ -31,9 +38,9 @@ const maxBatch = 1024
 type callState uint8
 
 const (
-	waiting   callState = iota // queued, may still leave
-	taken                      // being decided by a batch
-	abandoned                  // its context ended while waiting
+	waiting   callState = iota // queued, not yet decided
+	taken                      // decided by a batch whose write is under way
+	abandoned                  // its caller gave up
 	finished                   // res and err are final
 )
 
@@ -42,126 +49,187 @@ type call struct {
 	ctx    context.Context
 	client string
 	n      int
+	done   chan struct{} // closed once finished
 
-	// Guarded by the Bucket's mu.
-	state    callState
-	promoted bool          // it must lead the next batch
-	wake     chan struct{} // closed when finished or promoted, if not leading
-	res      Result
-	err      error
+	// Guarded by the coalescer's mu.
+	state callState
+	res   Result
+	err   error
 }
 
-// queue is the calls waiting for one lock. It exists while a leader runs.
-type queue struct{ calls []*call }
+// line is the calls waiting for one lock, and the batch under way.
+type line struct {
+	calls     []*call // waiting, in arrival order
+	running   []*call // the batch under way
+	cancel    context.CancelFunc
+	contended bool  // the lock was last seen held by another holder
+	lastErr   error // the error of the latest batch, nil if it succeeded
+}
 
-// coalescer holds the queues of one Bucket.
+// coalescer holds the lines of one Bucket.
 type coalescer struct {
-	mu     sync.Mutex
-	queues map[string]*queue // by lock key
+	mu    sync.Mutex
+	lines map[string]*line // by lock key
 }
 
 // decide queues c for the lock lockKey, and returns its result once a batch
-// decided it, leading a batch itself when it is first in line.
+// decided it, or its context's error once it ends.
 func (b *Bucket) decide(resource, lockKey string, c *call) (Result, error) {
-	q := &b.co
-	q.mu.Lock()
-	if q.queues == nil {
-		q.queues = map[string]*queue{}
+	co := &b.co
+	c.done = make(chan struct{})
+	co.mu.Lock()
+	if co.lines == nil {
+		co.lines = map[string]*line{}
 	}
-	line, busy := q.queues[lockKey]
+	l, busy := co.lines[lockKey]
 	if !busy {
-		line = &queue{}
-		q.queues[lockKey] = line
+		l = &line{}
+		co.lines[lockKey] = l
 	}
-	line.calls = append(line.calls, c)
-	c.wake = make(chan struct{})
-	q.mu.Unlock()
-
-	if busy && !b.await(c) {
+	l.calls = append(l.calls, c)
+	co.mu.Unlock()
+	if !busy {
+		go b.work(resource, lockKey, l)
+	}
+	select {
+	case <-c.done:
 		return c.res, c.err
+	case <-c.ctx.Done():
+		return b.abandon(l, c)
 	}
-	b.lead(resource, lockKey, line, c)
-	return c.res, c.err
 }
 
-// await waits until c is finished (it returns false) or must lead (true).
-func (b *Bucket) await(c *call) bool {
-	select {
-	case <-c.wake:
-	case <-c.ctx.Done():
-		b.co.mu.Lock()
-		if c.state == waiting && !c.promoted {
-			c.state = abandoned
-			c.err = fmt.Errorf("%w: %w", ErrLockNotObtained, context.Cause(c.ctx))
-			b.co.mu.Unlock()
-			return false
-		}
-		b.co.mu.Unlock()
-		<-c.wake
-	}
+// abandon gives c up after its context ended, and cancels the batch under
+// way if no call of it is left waiting for it.
+func (b *Bucket) abandon(l *line, c *call) (Result, error) {
 	b.co.mu.Lock()
 	defer b.co.mu.Unlock()
-	return c.state != finished
+	if c.state == finished {
+		return c.res, c.err
+	}
+	c.state = abandoned
+	if l.cancel != nil && allAbandoned(l.running) {
+		l.cancel()
+	}
+	return Result{}, givenUp(c.ctx, l.contended, l.lastErr)
 }
 
-// lead runs one batch of line, led by c, and hands the queue to the next
-// leader or closes it.
-func (b *Bucket) lead(resource, lockKey string, line *queue, c *call) {
-	q := &b.co
-	q.mu.Lock()
-	batch := make([]*call, 0, min(len(line.calls), maxBatch))
-	rest := line.calls[:0]
-	for _, w := range line.calls {
+func allAbandoned(calls []*call) bool {
+	for _, c := range calls {
+		if c.state != abandoned {
+			return false
+		}
+	}
+	return true
+}
+
+// givenUp is the error of a call whose context ended before its decision:
+// ErrLockNotObtained if the lock was then held by another holder (real
+// contention); else the context's error, with the latest batch's error if
+// it failed to reach Redis (ErrUnavailable and its cause).
+func givenUp(ctx context.Context, contended bool, lastErr error) error {
+	cause := context.Cause(ctx)
+	switch {
+	case contended:
+		return fmt.Errorf("%w: %w", ErrLockNotObtained, cause)
+	case errors.Is(lastErr, ErrUnavailable):
+		return &waitError{cause: cause, last: lastErr}
+	}
+	return fmt.Errorf("leakybucket: %w while waiting for Redis", cause)
+}
+
+// waitError is a context's error that ended a wait for a Redis that had
+// just failed: errors.Is matches both.
+type waitError struct{ cause, last error }
+
+func (e *waitError) Error() string {
+	return "leakybucket: " + e.cause.Error() + " while waiting for Redis, after: " + strings.TrimPrefix(e.last.Error(), "leakybucket: ")
+}
+
+func (e *waitError) Unwrap() []error { return []error{e.cause, e.last} }
+
+// work runs the batches of line l until it is empty.
+func (b *Bucket) work(resource, lockKey string, l *line) {
+	for {
+		batch, ctx, cancel := b.nextBatch(lockKey, l)
+		if batch == nil {
+			return
+		}
+		err := b.runBatch(ctx, resource, l, batch)
+		b.finish(l, batch, ctx, err)
+		cancel()
+	}
+}
+
+// nextBatch takes the next batch of l, with its context; nil once l is
+// empty, which it then removes.
+func (b *Bucket) nextBatch(lockKey string, l *line) ([]*call, context.Context, context.CancelFunc) {
+	b.co.mu.Lock()
+	defer b.co.mu.Unlock()
+	batch := make([]*call, 0, min(len(l.calls), maxBatch))
+	rest := l.calls[:0]
+	for _, c := range l.calls {
 		switch {
-		case w.state != waiting:
+		case c.state != waiting:
 		case len(batch) < maxBatch:
-			batch = append(batch, w)
+			batch = append(batch, c)
 		default:
-			rest = append(rest, w)
+			rest = append(rest, c)
 		}
 	}
-	line.calls = rest
-	q.mu.Unlock()
+	l.calls = rest
+	if len(batch) == 0 {
+		delete(b.co.lines, lockKey)
+		return nil, nil, nil
+	}
+	ctx, cancel := batchContext(batch)
+	l.running, l.cancel = batch, cancel
+	return batch, ctx, cancel
+}
 
-	err := b.runBatch(c.ctx, resource, batch)
+// batchContext is detached from the calls' contexts, with the latest of
+// their deadlines, or none if one of them has none.
+func batchContext(batch []*call) (context.Context, context.CancelFunc) {
+	detached := context.WithoutCancel(batch[0].ctx)
+	var latest time.Time
+	for _, c := range batch {
+		d, ok := c.ctx.Deadline()
+		if !ok {
+			return context.WithCancel(detached)
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(detached, latest)
+}
 
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var retry []*call
-	for _, w := range batch {
-		switch {
-		case w.state == waiting && err != nil && c.ctx.Err() != nil && w != c:
-			// Only the leader's context ended: not this call's error.
-			retry = append(retry, w)
+// finish hands the outcome of batch to its calls. If the batch's context
+// ended, every call's deadline has passed (the batch has the latest), or
+// every call gave up: each gets the error it would have got by giving up.
+func (b *Bucket) finish(l *line, batch []*call, ctx context.Context, err error) {
+	b.co.mu.Lock()
+	defer b.co.mu.Unlock()
+	if err != nil && ctx.Err() != nil {
+		err = givenUp(ctx, l.contended, err)
+	}
+	l.running, l.cancel, l.lastErr = nil, nil, err
+	for _, c := range batch {
+		if c.state == abandoned {
 			continue
-		case w.state == waiting || w.state == taken:
-			w.state, w.err = finished, err
-			if err != nil {
-				w.res = Result{}
-			}
-		default:
-			continue // abandoned: it already returned
 		}
-		if w != c {
-			close(w.wake)
+		if err != nil {
+			c.res, c.err = Result{}, err
 		}
+		c.state = finished
+		close(c.done)
 	}
-	line.calls = append(retry, line.calls...)
-	for len(line.calls) > 0 && line.calls[0].state != waiting {
-		line.calls = line.calls[1:]
-	}
-	if len(line.calls) == 0 {
-		delete(q.queues, lockKey)
-		return
-	}
-	next := line.calls[0]
-	next.promoted = true
-	close(next.wake)
 }
 
 // runBatch decides the calls of batch under one lock, all of them for the
-// same lock, and records the admitted ones in its release.
-func (b *Bucket) runBatch(ctx context.Context, resource string, batch []*call) error {
+// same lock, and records the admitted ones in its release: one record per
+// client, carrying the weight of all its admitted calls.
+func (b *Bucket) runBatch(ctx context.Context, resource string, l *line, batch []*call) error {
 	clients := make([]string, 0, len(batch))
 	seen := map[string]bool{}
 	for _, c := range batch {
@@ -170,25 +238,38 @@ func (b *Bucket) runBatch(ctx context.Context, resource string, batch []*call) e
 			clients = append(clients, c.client)
 		}
 	}
-	return b.locked(ctx, resource, clients, func(pipe redis.Pipeliner, keys keyspace, t *tally) {
+	keys := b.keysOf(resource)
+	busy := func(busy bool) {
 		b.co.mu.Lock()
-		for _, c := range batch {
-			if c.state == waiting {
-				c.state = taken
-			}
-		}
+		l.contended = busy
 		b.co.mu.Unlock()
+	}
+	return b.locked(ctx, keys, b.lockKey(keys, clients[0]), b.store.read(keys, clients), busy, func(pipe redis.Pipeliner, t *tally) {
 		t.sort()
 		at := b.store.stamp(t.now)
-		for _, c := range batch {
-			if c.state != taken {
-				continue
-			}
-			c.res = evaluate(b.plan.rules, t, c.client, at, c.n, b.cfg.recordDenied)
-			if c.res.Allowed || b.cfg.recordDenied {
-				b.store.record(ctx, pipe, keys, c.client, t, c.n)
-				t.add(c.client, logEntry{at: at, weight: c.n})
-			}
+		for client, weight := range b.evaluateBatch(batch, t, at) {
+			b.store.record(ctx, pipe, keys, client, t, weight)
 		}
 	})
+}
+
+// evaluateBatch decides the calls of batch still waiting, in order, each
+// seeing the ones counted before it, and returns the weight to record per
+// client.
+func (b *Bucket) evaluateBatch(batch []*call, t *tally, at int64) map[string]int {
+	b.co.mu.Lock()
+	defer b.co.mu.Unlock()
+	counted := map[string]int{}
+	for _, c := range batch {
+		if c.state != waiting {
+			continue
+		}
+		c.state = taken
+		c.res = evaluate(b.plan.rules, t, c.client, at, c.n, b.cfg.recordDenied)
+		if c.res.Allowed || b.cfg.recordDenied {
+			t.add(c.client, logEntry{at: at, weight: c.n})
+			counted[c.client] = addCapped(counted[c.client], c.n)
+		}
+	}
+	return counted
 }

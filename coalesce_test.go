@@ -12,7 +12,7 @@ import (
 // would, and returns a function that frees it.
 func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() {
 	t.Helper()
-	key := b.lockKey(resourceKeys(e.prefix, resource), client)
+	key := b.lockKey(b.keysOf(resource), client)
 	if err := e.rdb.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestCoalescedLeaderLeavesFollowersDecided(t *testing.T) {
 			followers = append(followers, allowAsync(context.Background(), b, "r", "a"))
 		}
 		if o := <-leader; !errors.Is(o.err, ErrLockNotObtained) {
-			t.Errorf("leader past its deadline: %+v, want ErrLockNotObtained", o)
+			t.Errorf("leader past its deadline: %+v (%v), want ErrLockNotObtained", o, o.err)
 		}
 		time.Sleep(100 * ms)
 		release()

@@ -38,10 +38,20 @@ var (
 	// per-client rule.
 	ErrEmptyClient = errors.New("leakybucket: empty client with a per-client rule")
 
-	// ErrLockNotObtained: the lock guarding the decision was held by others
-	// until the context ended or the retry strategy gave up. Nothing was
-	// recorded.
+	// ErrLockNotObtained: real contention. The lock guarding the decision
+	// was seen held by another holder until the context ended or the retry
+	// strategy gave up. Nothing was recorded. (A call whose context ends
+	// while Redis is slow or unreachable gets its context's error, or
+	// ErrUnavailable, not this one.)
 	ErrLockNotObtained = errors.New("leakybucket: lock not obtained")
+
+	// ErrUnavailable: Redis could not be reached or did not answer: a
+	// connection refused or reset, an I/O timeout, a pool that cannot
+	// connect. The cause stays in the chain, so errors.Is(err,
+	// syscall.ECONNREFUSED) and the like hold, and the text names it. Whether
+	// a write sent before the failure was applied is unknown; it can only
+	// have counted a call, never let one through uncounted.
+	ErrUnavailable = errors.New("leakybucket: redis unavailable")
 
 	// ErrLockExpired: the lock expired (or changed hands) before the decision
 	// was written, so the write was refused and nothing was recorded. It

@@ -9,25 +9,35 @@ import (
 )
 
 // Key layout. For prefix P, resource r and client c, with R and C their
-// unpadded base64url encodings:
+// unpadded base64url encodings, and T the Bucket's tag (w<longest window in
+// ms>, and p<precision in ms> under Windows: w60000, w3600000p60000):
 //
-//	P:{R}:lock                    the lock of a Bucket with a per-resource rule
-//	P:{R}:lock:C                  the lock of a Bucket whose rules are all per-client
+//	P:T:{R}:lock                  the lock of a Bucket with a per-resource rule
+//	P:T:{R}:lock:C                the lock of a Bucket whose rules are all per-client
 //
 //	Logs:
-//	P:{R}:log:C:<ms>:<n>:<uuid>   one call of weight n, made at Redis time
-//	                              <ms>; it expires (PXAT) when the longest
-//	                              window has passed
+//	P:T:{R}:log:C:<ms>:<n>:<uuid> calls of total weight n (one batch's),
+//	                              made at Redis time <ms>; it expires (PXAT)
+//	                              when the longest window has passed
 //	SortedSet:
-//	P:{R}:zset                    the resource's calls, when a rule is per-resource
-//	P:{R}:zset:C                  the client's calls, when every rule is per-client
+//	P:T:{R}:zset                  the resource's calls, when a rule is per-resource
+//	P:T:{R}:zset:C                the client's calls, when every rule is per-client
 //	                              (members C:<n>:<uuid>, scored by Redis time, ms)
 //	Windows:
-//	P:{R}:hash                    the resource's weight per interval, when a rule
+//	P:T:{R}:hash                  the resource's weight per interval, when a rule
 //	                              is per-resource (field: Redis time / precision)
-//	P:{R}:hash:C                  the client's weight per interval
+//	P:T:{R}:hash:C                the client's weight per interval
 //
 // Why this shape:
+//   - The tag keeps apart Buckets that would corrupt each other's counts if
+//     they shared them: one that trims or expires calls after its longest
+//     window would delete calls that one with a longer window still counts,
+//     and hashes of different precisions number their intervals
+//     differently. Buckets with the same tag share counts safely: each
+//     decides from all of them under the same lock, so each of their rules
+//     holds. Changing a rule's Requests keeps the counts; changing the
+//     longest window or the precision starts new ones (the old keys expire
+//     on their own).
 //   - The hash tag {R} puts every key of a resource in one cluster slot, so
 //     the lock, the counts, WATCH and MULTI/EXEC of a decision never cross
 //     slots.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -19,7 +20,9 @@ import (
 //
 // The protocol, on one connection (a *redis.Tx):
 //
-//  1. SET key token NX PX ttl takes the lock.
+//  1. SET key token NX PXAT deadline takes the lock, until an absolute
+//     deadline in the server's clock (see redisClock), so that a SET that
+//     Redis runs late, after a pause, ends when it was meant to.
 //  2. WATCH key, then GET key: the GET proves the watched value is our token,
 //     so from here on any change to the key, including its expiry (Redis >= 7.0
 //     aborts EXEC when a watched key expired), aborts step 3.
@@ -31,6 +34,14 @@ import (
 // WATCH must come after SET: a connection's own write to a key it watches
 // aborts its EXEC too.
 //
+// Whenever a SET of ours may have taken the lock (it was sent, whatever the
+// reply) and step 3 did not confirm the release, free runs in the
+// background: compare-and-delete (WATCH, GET, MULTI DEL EXEC) on another
+// connection, retried until the key is deleted or the lock's deadline has
+// passed in Redis's own clock. So a caller that gives up, a lost reply or a
+// dropped connection never leaves a lock behind for longer than Redis takes
+// to answer again.
+//
 // An uncontended holder pays one round trip for steps 1 and 2 together with
 // the caller's first reads, and one for step 3.
 type lock struct {
@@ -38,39 +49,56 @@ type lock struct {
 	token string
 	ttl   time.Duration
 	retry redislock.RetryStrategy
+	node  *redis.Client // where free runs
+	clock *redisClock   // the node's clock
 
-	watching bool // a WATCH of ours is active on the connection
-	held     bool // taken by us and not yet released
+	// busy, if set, is told whether the lock was last seen held by another
+	// holder (true) or not (false).
+	busy func(bool)
+
+	deadline  int64     // Redis ms at which our latest SET expires; 0 if sent with PX
+	sent      time.Time // when our latest SET was sent
+	lifetime  time.Duration
+	maybeHeld bool // a SET of ours may hold the lock, and no release confirmed it is gone
+	ran       bool // the reply to our latest SET arrived: it ran
+	watching  bool // a WATCH of ours is active on the connection
 }
 
-// newLock returns a lock on key; a nil retry strategy means NoRetry.
-func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy) *lock {
+// newLock returns a lock on key of node; a nil retry strategy means
+// NoRetry.
+func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node *redis.Client, clock *redisClock) *lock {
 	if retry == nil {
 		retry = redislock.NoRetry()
 	}
-	return &lock{key: key, token: uuid.NewString(), ttl: ttl, retry: retry}
+	return &lock{key: key, token: uuid.NewString(), ttl: ttl, retry: retry, node: node, clock: clock}
 }
 
-// cleanupTimeout bounds the cleanup after an error, which runs even when
-// the caller's context has ended: a lock left behind expires on its own.
-const cleanupTimeout = 100 * time.Millisecond
+// lockGrace is how long a lock outlives the deadline of the calls it
+// decides, at most: time for the holder to finish the round trip under way.
+const lockGrace = 50 * time.Millisecond
+
+// unwatchTimeout bounds the UNWATCH that cleans a connection before it goes
+// back to the pool, after an error.
+const unwatchTimeout = 100 * time.Millisecond
 
 // obtain takes the lock on tx's connection and runs the commands queued by
 // read after it is taken and watched, in the same round trip when the lock is
 // free. While the lock is busy it waits as the retry strategy says, until the
-// context ends.
+// context ends; then it returns ErrLockNotObtained joined with the context's
+// error. A Redis or I/O error ends it at once.
 func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipeliner)) error {
 	var wait *time.Timer
 	for first := true; ; first = false {
 		ok, err := l.try(ctx, tx, first, read)
-		if err != nil && ctx.Err() != nil {
-			// The context ended while we waited for the lock, during a round
-			// trip (with ContextTimeoutEnabled, as an I/O timeout).
+		if err != nil && !first && ctx.Err() != nil {
+			// The context ended during a poll of the busy lock.
 			return fmt.Errorf("%w: %w: %w", ErrLockNotObtained, context.Cause(ctx), err)
 		}
 		if err != nil || ok {
+			l.report(false)
 			return err
 		}
+		l.report(true)
 		backoff := l.retry.NextBackoff()
 		if backoff <= 0 {
 			return ErrLockNotObtained
@@ -83,9 +111,15 @@ func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipelin
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", ErrLockNotObtained, context.Cause(ctx))
+			return errors.Join(ErrLockNotObtained, context.Cause(ctx))
 		case <-wait.C:
 		}
+	}
+}
+
+func (l *lock) report(busy bool) {
+	if l.busy != nil {
+		l.busy(busy)
 	}
 }
 
@@ -95,25 +129,32 @@ func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipelin
 // Every attempt starts with UNWATCH: a failed attempt's WATCH would see the
 // holder's release and abort our EXEC.
 func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redis.Pipeliner)) (bool, error) {
-	var set *redis.BoolCmd
+	var set *redis.Cmd
+	var clock *redis.TimeCmd
 	var watch *redis.Cmd
 	var get *redis.StringCmd
+	l.maybeHeld, l.ran, l.sent = true, false, time.Now()
 	_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Do(ctx, "unwatch")
-		set = pipe.SetNX(ctx, l.key, l.token, l.ttl)
+		set = pipe.Do(ctx, l.setArgs(ctx)...)
+		clock = pipe.Time(ctx)
 		if first {
 			watch, get = l.watch(ctx, pipe, read)
 		}
 		return nil
 	})
 	l.watching = watch != nil && watch.Err() == nil
-	if err := set.Err(); err != nil {
+	if err := set.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return false, err
 	}
-	if !set.Val() {
+	l.ran = true
+	if now, err := clock.Result(); err == nil {
+		l.clock.observe(now.UnixMilli(), l.sent, time.Now())
+	}
+	if errors.Is(set.Err(), redis.Nil) {
+		l.maybeHeld = false // held by another: our SET ran and set nothing
 		return false, nil
 	}
-	l.held = true // from here on, cleanup frees the lock on any error
 	if watch == nil {
 		_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			watch, get = l.watch(ctx, pipe, read)
@@ -129,11 +170,33 @@ func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redi
 		return false, err
 	}
 	if token != l.token {
-		// Our lock expired between SET and WATCH: not ours any more.
-		l.held = false
+		// Our lock expired before WATCH: not ours any more. Should it have
+		// been born expired, the clock estimate was off: start it again
+		// from this attempt.
+		l.maybeHeld = false
+		if now, err := clock.Result(); err == nil && l.deadline != 0 && now.UnixMilli() >= l.deadline {
+			l.clock.reset()
+		}
 		return false, nil
 	}
 	return true, nil
+}
+
+// setArgs is SET key token NX with the lock's deadline: the lock TTL, or
+// less when ctx ends sooner (plus lockGrace), as an absolute PXAT in the
+// server's clock once it is known, else as a relative PX.
+func (l *lock) setArgs(ctx context.Context) []any {
+	l.lifetime = l.ttl
+	if d, ok := ctx.Deadline(); ok {
+		l.lifetime = max(min(l.ttl, time.Until(d)+lockGrace), time.Millisecond)
+	}
+	now, ok := l.clock.now()
+	if !ok {
+		l.deadline = 0
+		return []any{"set", l.key, l.token, "nx", "px", l.lifetime.Milliseconds()}
+	}
+	l.deadline = now + l.lifetime.Milliseconds()
+	return []any{"set", l.key, l.token, "nx", "pxat", strconv.FormatInt(l.deadline, 10)}
 }
 
 func (l *lock) watch(ctx context.Context, pipe redis.Pipeliner, read func(redis.Pipeliner)) (*redis.Cmd, *redis.StringCmd) {
@@ -154,45 +217,100 @@ func (l *lock) release(ctx context.Context, tx *redis.Tx, write func(redis.Pipel
 	})
 	switch {
 	case err == nil:
-		l.held, l.watching = false, false
+		l.maybeHeld, l.watching = false, false
 	case errors.Is(err, redis.TxFailedErr):
-		l.held, l.watching = false, false
+		// The watched key changed after our token was read: the lock is not
+		// ours any more.
+		l.maybeHeld, l.watching = false, false
 		err = ErrLockExpired
 	case redis.IsExecAbortError(err):
-		// EXEC ran and dropped the WATCH, but applied nothing: the lock may
-		// still be ours, and cleanup must check before deleting it.
+		// EXEC ran and dropped the WATCH, but applied nothing: the lock is
+		// still ours, and free must delete it.
 		l.watching = false
 	}
 	return err
 }
 
-// cleanup runs after every decision. On success it has nothing to do. After
-// an error it frees the lock if it is still ours, by compare-and-delete
-// (WATCH, GET, MULTI DEL EXEC), and clears any WATCH, so that the connection
-// goes back to the pool clean. It runs even when ctx has ended, for at most
-// cleanupTimeout; if Redis cannot be reached, the lock expires on its own.
+// cleanup runs after every decision. On success it has nothing to do.
+// After an error it clears our WATCH from the connection, so that it goes
+// back to the pool clean, and, if a SET of ours may hold the lock, starts
+// free in the background: the caller returns at once.
 func (l *lock) cleanup(ctx context.Context, tx *redis.Tx) {
-	if !l.held && !l.watching {
-		return
+	if l.watching {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unwatchTimeout)
+		_ = tx.Unwatch(ctx).Err()
+		cancel()
+		l.watching = false
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(l.ttl, cleanupTimeout))
+	if l.maybeHeld {
+		l.maybeHeld = false
+		go l.free()
+	}
+}
+
+// Backoff of free's attempts while the key is not (or not yet) ours.
+const (
+	freeFirstBackoff = 2 * time.Millisecond
+	freeMaxBackoff   = 50 * time.Millisecond
+)
+
+// free deletes the lock if it is ours, by compare-and-delete, on a
+// connection of its own, detached from any caller's context. It stops once
+// it deleted our token, or once the lock cannot be ours any more: our SET
+// ran (its reply came back) and the key holds something else, or its
+// deadline passed in the server's clock. Until then it retries, backing off
+// up to freeMaxBackoff: a SET whose reply was lost may still be queued in
+// Redis (a paused server runs it when it resumes), and the lock it takes
+// must not outlive its caller by more than about one backoff.
+//
+// It gives up at the host's estimate of that deadline plus a grace period;
+// with a relative PX (no clock sample yet), a SET that Redis runs after
+// that can block others for up to the lock's lifetime.
+func (l *lock) free() {
+	ctx, cancel := context.WithDeadline(context.Background(), l.sent.Add(l.lifetime+time.Second))
 	defer cancel()
-	if l.held {
-		l.held = false
-		var get *redis.StringCmd
-		_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			pipe.Do(ctx, "watch", l.key)
-			get = pipe.Get(ctx, l.key)
-			return nil
-		})
-		if get.Val() == l.token {
-			// EXEC also drops the WATCH.
-			_, _ = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-				pipe.Del(ctx, l.key)
-				return nil
-			})
+	backoff := freeFirstBackoff
+	for {
+		done := l.compareAndDelete(ctx)
+		if done || ctx.Err() != nil {
 			return
 		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(2*backoff, freeMaxBackoff)
 	}
-	_ = tx.Unwatch(ctx).Err()
+}
+
+// compareAndDelete makes one attempt of free, and reports whether it is
+// over.
+func (l *lock) compareAndDelete(ctx context.Context) bool {
+	over := false
+	err := l.node.Watch(ctx, func(tx *redis.Tx) error {
+		var get *redis.StringCmd
+		var clock *redis.TimeCmd
+		if _, err := tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			get = pipe.Get(ctx, l.key)
+			clock = pipe.Time(ctx)
+			return nil
+		}); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if get.Val() != l.token {
+			now := clock.Val().UnixMilli()
+			over = l.ran || (l.deadline != 0 && now >= l.deadline)
+			return nil
+		}
+		_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+			pipe.Del(ctx, l.key)
+			return nil
+		})
+		over = err == nil
+		return err
+	}, l.key)
+	_ = err // a failed attempt is retried; a lock we cannot reach expires on its own
+	return over
 }

@@ -49,10 +49,9 @@ func TestLockExpiredWritesNothing(t *testing.T) {
 // ends, or gives up at once with NoRetry, and writes nothing.
 func TestLockBusy(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
-		lockKey := resourceKeys(e.prefix, "r").clientLock("a")
-		e.rdb.Set(context.Background(), lockKey, "someone else", time.Minute)
-
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
+		lockKey := b.keysOf("r").clientLock("a")
+		e.rdb.Set(context.Background(), lockKey, "someone else", time.Minute)
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		_, err := b.Allow(ctx, "r", "a")
@@ -88,7 +87,7 @@ func TestLockReleasedWhileWaiting(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(Per(5, time.Minute)))
-		lockKey := resourceKeys(e.prefix, "r").resourceLock()
+		lockKey := b.keysOf("r").resourceLock()
 		e.rdb.Set(ctx, lockKey, "someone else", time.Minute)
 		done := make(chan struct{})
 		go func() {
@@ -189,8 +188,8 @@ func (h takeOverAndAbort) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		lockKey := resourceKeys(e.prefix, "r").resourceLock()
 		b := e.bucket(t, PerResource(PerMinute(5)))
+		lockKey := b.keysOf("r").resourceLock()
 		e.addHook(takeOverAndAbort{e.rdb, lockKey})
 		// Redis reports EXECABORT; miniredis checks the WATCH first.
 		if _, err := b.Allow(ctx, "r", "a"); !redis.IsExecAbortError(errors.Unwrap(err)) && !errors.Is(err, ErrLockExpired) {

@@ -67,9 +67,13 @@ func (logsStore) forget(ctx context.Context, pipe redis.Pipeliner, _ keyspace, c
 	}
 }
 
-func (s logsStore) forgetAll(ctx context.Context, node *redis.Client, keys keyspace) error {
-	return deleteKeys(ctx, node, keys.logs(), s.scanCount)
+func (s logsStore) readAll(keys keyspace) keysReader {
+	return newKeyScan(s.countsPrefix(keys), s.scanCount)
 }
+
+func (logsStore) countsPrefix(keys keyspace) string { return keys.logs() }
+
+func (s logsStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }
 
 // logScan counts the logs under one prefix with SCAN MATCH. SCAN walks the
 // whole database COUNT keys at a time and may return a key twice, so it runs
@@ -175,3 +179,59 @@ func deleteKeys(ctx context.Context, node *redis.Client, prefix string, count in
 	}
 	return node.Del(ctx, found...).Err()
 }
+
+// keyScan finds every key under a prefix with SCAN, page by page, each key
+// once.
+type keyScan struct {
+	match string
+	count int64
+
+	cursor uint64
+	page   *redis.ScanCmd
+	found  []string
+	seen   map[string]struct{}
+	t      tally
+}
+
+func newKeyScan(prefix string, count int) *keyScan {
+	return &keyScan{match: matchPrefix(prefix), count: int64(count), seen: map[string]struct{}{}, t: newTally()}
+}
+
+func (s *keyScan) queue(ctx context.Context, pipe redis.Pipeliner) {
+	s.page = pipe.Scan(ctx, s.cursor, s.match, s.count)
+}
+
+func (s *keyScan) finish(ctx context.Context, conn pipeliner) error {
+	sendQueued(ctx, conn, s, s.page != nil)
+	for {
+		keys, cursor, err := s.page.Result()
+		if err != nil {
+			return err
+		}
+		for _, key := range keys {
+			if _, dup := s.seen[key]; !dup {
+				s.seen[key] = struct{}{}
+				s.found = append(s.found, key)
+			}
+		}
+		if s.cursor = cursor; cursor == 0 {
+			return nil
+		}
+		sendQueued(ctx, conn, s, false)
+	}
+}
+
+func (s *keyScan) tally() *tally { return &s.t }
+
+func (s *keyScan) keys() []string { return s.found }
+
+// fixedKeys is a keysReader of keys known without a read.
+type fixedKeys []string
+
+func (fixedKeys) queue(context.Context, redis.Pipeliner) {}
+
+func (fixedKeys) finish(context.Context, pipeliner) error { return nil }
+
+func (fixedKeys) tally() *tally { return &tally{mine: map[string][]logEntry{}} }
+
+func (k fixedKeys) keys() []string { return k }

@@ -190,7 +190,7 @@ func FuzzAllowInput(f *testing.F) {
 		if !res.Allowed || res.Remaining != 3-n || len(keys) != 1 {
 			t.Fatalf("AllowN(%q, %q, %d) = %+v with keys %q, want admitted, one log", resource, client, n, res, keys)
 		}
-		if e, ok := parseLog(keys[0], resourceKeys(DefaultPrefix, resource).logs()); !ok || e.client != encode(client) || e.weight != n {
+		if e, ok := parseLog(keys[0], b.keysOf(resource).logs()); !ok || e.client != encode(client) || e.weight != n {
 			t.Fatalf("log %q does not name (%q, %q, %d)", keys[0], resource, client, n)
 		}
 	})

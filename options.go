@@ -68,8 +68,9 @@ func PerClient(l Limit) Option {
 }
 
 // WithStrategy sets how the Bucket keeps its counts in Redis: Logs (the
-// default), SortedSet or Windows(precision). Buckets that share a prefix
-// must use the same strategy and rules.
+// default), SortedSet or Windows(precision). Buckets on one prefix with
+// different strategies, longest windows or precisions keep their counts
+// apart (see WithPrefix).
 func WithStrategy(s Strategy) Option {
 	return func(c *config) { c.strategy = s }
 }
@@ -83,8 +84,11 @@ func WithRecordDenied() Option {
 }
 
 // WithPrefix sets the text that starts every key of the Bucket (default
-// DefaultPrefix). Buckets with different rules must not share a prefix: they
-// would count each other's requests under different locks. The prefix must
+// DefaultPrefix). Buckets may share a prefix: their keys carry a tag of
+// their strategy, longest window and precision, so that Buckets that
+// differ in those keep their counts apart (one would otherwise trim calls
+// that the other still counts), and Buckets that agree share counts and
+// locks, each applying its own rules to them. The prefix must
 // not be empty nor contain '{' or '}', which would move the hash tag that
 // keeps a resource's keys in one cluster slot.
 func WithPrefix(prefix string) Option {

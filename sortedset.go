@@ -56,13 +56,15 @@ func (s sortedSetStore) forget(ctx context.Context, pipe redis.Pipeliner, keys k
 	}
 }
 
-func (s sortedSetStore) forgetAll(ctx context.Context, node *redis.Client, keys keyspace) error {
-	if s.clientScoped {
-		// One set per client: find them all.
-		return deleteKeys(ctx, node, keys.clientSortedSet(""), s.scanCount)
-	}
-	return node.Del(ctx, keys.sortedSet()).Err()
-}
+// readAll needs no SCAN: with a per-resource rule, the resource's one set
+// holds every count.
+func (sortedSetStore) readAll(keys keyspace) keysReader { return fixedKeys{keys.sortedSet()} }
+
+// countsPrefix is that of the clients' sets, one per client when every
+// rule is per-client.
+func (sortedSetStore) countsPrefix(keys keyspace) string { return keys.clientSortedSet("") }
+
+func (s sortedSetStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }
 
 // sortedSetRead reads a whole set and TIME in one round trip.
 type sortedSetRead struct {

@@ -98,14 +98,30 @@ type store interface {
 	// stamp returns the time (ms) at which a call made at Redis time now is
 	// counted: when it starts to leave the windows, less each window.
 	stamp(now int64) int64
-	// record queues the writes that count a call of weight n by client,
-	// given what read found and the calls added to t since.
+	// record queues the writes that count calls of total weight n by
+	// client, given what read found and the calls added to t since, these
+	// ones included.
 	record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int)
 	// forget queues the writes that forget every count of client: its own,
 	// and its share of the resource's.
 	forget(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally)
-	// forgetAll deletes every count of the resource.
-	forgetAll(ctx context.Context, node *redis.Client, keys keyspace) error
+	// readAll returns the read of every key of the resource's counts, for
+	// FlushAll under the resource's lock (a rule is per-resource).
+	readAll(keys keyspace) keysReader
+	// countsPrefix is what every key of the resource's counts starts with,
+	// for FlushAll without a lock (every rule is per-client).
+	countsPrefix(keys keyspace) string
+	// tag names the key layout: what a Bucket's counts depend on beyond
+	// the strategy (the longest window, a precision). Buckets whose tags
+	// differ never share a key, so that one never trims or expires counts
+	// that the other still needs.
+	tag() string
+}
+
+// A keysReader finds keys to delete.
+type keysReader interface {
+	reader
+	keys() []string
 }
 
 // A reader reads the counts of one decision.

@@ -89,7 +89,7 @@ func TestWindowsPrecision(t *testing.T) {
 			}
 			time.Sleep(time.Minute)
 		}
-		if n := e.rdb.HLen(context.Background(), resourceKeys("hourly", "r").hash()).Val(); n > 61 {
+		if n := e.rdb.HLen(context.Background(), hourly.keysOf("r").hash()).Val(); n > 61 {
 			t.Errorf("the resource's hash has %d fields, want at most 61", n)
 		}
 	})

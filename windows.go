@@ -59,8 +59,10 @@ func (s windowsStore) record(ctx context.Context, pipe redis.Pipeliner, keys key
 		if dead := t.prune(entries, s.longest); len(dead) > 0 {
 			pipe.HDel(ctx, key, dead...)
 		}
-		if s.weightAt(*entries, t.now) > math.MaxInt64-int64(n) {
-			pipe.HSet(ctx, key, field, int64(math.MaxInt64)) // HINCRBY would fail
+		// The entries hold this call already (see store.record): a sum
+		// capped at MaxInt64 means HINCRBY would overflow and fail.
+		if s.weightAt(*entries, t.now) == math.MaxInt64 {
+			pipe.HSet(ctx, key, field, int64(math.MaxInt64))
 		} else {
 			pipe.HIncrBy(ctx, key, field, int64(n))
 		}
@@ -88,14 +90,21 @@ func (s windowsStore) forget(ctx context.Context, pipe redis.Pipeliner, keys key
 			pipe.HIncrBy(ctx, keys.hash(), e.id, -int64(e.weight))
 		}
 	}
-	// Should FlushAll have deleted the hash meanwhile, HINCRBY made a new
-	// one: let it expire no later than the old one did.
-	pipe.PExpireAt(ctx, keys.hash(), time.UnixMilli(s.stamp(t.now)+s.longest))
+	// FlushAll takes the same lock, so the hash read is the hash written:
+	// HINCRBY never makes a new one with a negative count.
 }
 
-func (s windowsStore) forgetAll(ctx context.Context, node *redis.Client, keys keyspace) error {
-	// The resource's hash and every client's.
-	return deleteKeys(ctx, node, keys.hash(), s.scanCount)
+func (s windowsStore) readAll(keys keyspace) keysReader {
+	return newKeyScan(s.countsPrefix(keys), s.scanCount)
+}
+
+// countsPrefix is that of the resource's hash and of every client's.
+func (windowsStore) countsPrefix(keys keyspace) string { return keys.hash() }
+
+// tag carries the precision too: hashes of different precisions number
+// their intervals differently.
+func (s windowsStore) tag() string {
+	return "w" + strconv.FormatInt(s.longest, 10) + "p" + strconv.FormatInt(s.precision, 10)
 }
 
 // weight returns the weight of the interval field among entries as read.

@@ -1,0 +1,71 @@
+package leakybucket
+
+import (
+	"sync"
+	"time"
+)
+
+// redisClock estimates the time of one Redis server from this host, so that
+// a lock can be given an absolute deadline in the server's clock (SET ...
+// PXAT). A relative PX counts from when Redis runs the SET, which after a
+// pause (SIGSTOP, a long fork, a failover) can be long after the caller
+// gave up; an absolute deadline ends the lock when it was meant to end,
+// however late the SET runs.
+//
+// Each sample is a TIME reply together with the host's monotonic clock
+// before the request and after the reply: the server's time was read
+// somewhere in between, so the estimate at the midpoint is off by at most
+// half the round trip. The sample with the shortest round trip is kept,
+// and replaced by a newer one with a round trip at most about four times
+// as long once it is older than clockSampleAge (clock drift is parts per
+// million, so minutes-old samples would do too); a reply delayed by a pause
+// is not taken unless there is nothing better. The
+// host's wall clock is never used: a skewed host clock changes nothing.
+type redisClock struct {
+	mu     sync.Mutex
+	valid  bool
+	server int64         // Redis time, ms, at the midpoint of the sample
+	at     time.Time     // the host's monotonic reading at that midpoint
+	rtt    time.Duration // the sample's round trip: the estimate's error is at most half of it
+}
+
+const clockSampleAge = 10 * time.Second
+
+// observe records a TIME reply (serverMs) read between sent and received.
+func (c *redisClock) observe(serverMs int64, sent, received time.Time) {
+	rtt := received.Sub(sent)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.valid && rtt > c.rtt && !(time.Since(c.at) > clockSampleAge && rtt <= 4*c.rtt+time.Millisecond) {
+		return // a worse sample: a round trip slowed by load or a pause
+	}
+	c.valid, c.server, c.at, c.rtt = true, serverMs, sent.Add(rtt/2), rtt
+}
+
+// now returns the server's estimated time in ms, and false until a sample
+// was observed.
+func (c *redisClock) now() (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.valid {
+		return 0, false
+	}
+	return c.server + time.Since(c.at).Milliseconds(), true
+}
+
+// clocks holds one redisClock per server address (a cluster's masters may
+// disagree).
+type clocks struct{ m sync.Map }
+
+func (cs *clocks) of(addr string) *redisClock {
+	c, _ := cs.m.LoadOrStore(addr, &redisClock{})
+	return c.(*redisClock)
+}
+
+// reset forgets the sample, after the server's clock was seen to disagree
+// with the estimate: the next reply is taken as the new sample.
+func (c *redisClock) reset() {
+	c.mu.Lock()
+	c.valid = false
+	c.mu.Unlock()
+}

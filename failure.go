@@ -1,0 +1,73 @@
+package leakybucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// classify turns an error of a Redis call into what the caller is told:
+// nil stays nil; the lock's own errors and ErrUnavailable pass as they are;
+// a failure to reach Redis becomes ErrUnavailable with its cause; any other
+// Redis error (NOPERM, LOADING, MOVED...) is wrapped with the package
+// prefix, its cause kept.
+func classify(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrLockNotObtained), errors.Is(err, ErrLockExpired), errors.Is(err, ErrUnavailable):
+		return err
+	case unreachable(err):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return fmt.Errorf("leakybucket: %w", err)
+}
+
+// unreachable reports whether err says that Redis could not be reached or
+// did not answer, rather than that it answered with an error.
+func unreachable(err error) bool {
+	var netErr net.Error
+	var redisErr redis.Error
+	switch {
+	case errors.As(err, &redisErr):
+		return false // Redis answered
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		// The caller's own deadline, unless the I/O layer reports it as a
+		// timeout too (ContextTimeoutEnabled): then the server was slow.
+		return errors.As(err, &netErr) && netErr.Timeout()
+	case errors.As(err, &netErr),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted):
+		return true
+	}
+	return false
+}
+
+// bounded runs f and returns its error or, if ctx ends first, ctx's error
+// at once (ErrLockNotObtained if f last saw the lock held by another
+// holder): f then goes on in the background until it notices, so a call
+// never overruns its deadline while Redis is slow or a lock is released.
+func bounded(ctx context.Context, f func(ctx context.Context, busy func(bool)) error) error {
+	var contended atomic.Bool
+	done := make(chan error, 1)
+	go func() { done <- f(ctx, contended.Store) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		select {
+		case err := <-done:
+			return err
+		default:
+			return givenUp(ctx, contended.Load(), nil)
+		}
+	}
+}
