@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -263,7 +264,9 @@ const (
 // Redis (a paused server runs it when it resumes), and the lock it takes
 // must not outlive its caller by more than about one backoff.
 //
-// It gives up at the host's estimate of that deadline plus a grace period;
+// It gives up once the server refuses connections (it is down, and its
+// queued commands with it), or at the host's estimate of the lock's
+// deadline plus a grace period;
 // with a relative PX (no clock sample yet), a SET that Redis runs after
 // that can block others for up to the lock's lifetime.
 func (l *lock) free() {
@@ -311,6 +314,8 @@ func (l *lock) compareAndDelete(ctx context.Context) bool {
 		over = err == nil
 		return err
 	}, l.key)
-	_ = err // a failed attempt is retried; a lock we cannot reach expires on its own
-	return over
+	// A refused connection means no server runs there: whatever it held,
+	// queued SETs included, is gone with it. Other errors are retried.
+	// A closed client can send nothing more.
+	return over || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed)
 }
