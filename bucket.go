@@ -126,7 +126,9 @@ func (b *Bucket) keysOf(resource string) keyspace {
 // of the node that owns keys: take the lock and queue r's reads (one round
 // trip, more if a Logs SCAN needs more pages), then queue write's commands
 // and release the lock in one MULTI/EXEC (one more). busy, if not nil,
-// learns whether the lock is held by another holder.
+// learns whether the lock is held by another holder. ctx bounds the wait
+// for the lock; once a SET is sent, the round trips are bounded by the
+// lock's deadline instead.
 func (b *Bucket) locked(ctx context.Context, keys keyspace, lockKey string, r reader, busy func(bool), write func(redis.Pipeliner, *tally)) error {
 	node, err := b.node(ctx, keys.slotKey())
 	if err != nil {
@@ -139,10 +141,14 @@ func (b *Bucket) locked(ctx context.Context, keys keyspace, lockKey string, r re
 		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { r.queue(ctx, pipe) }); err != nil {
 			return err
 		}
-		if err := r.finish(ctx, tx); err != nil {
+		// Callers who give up from here on end nothing: the decision
+		// completes and releases the lock at once (see lock.holding).
+		hold, cancel := l.holding(ctx)
+		defer cancel()
+		if err := r.finish(hold, tx); err != nil {
 			return err
 		}
-		return l.release(ctx, tx, func(pipe redis.Pipeliner) { write(pipe, r.tally()) })
+		return l.release(hold, tx, func(pipe redis.Pipeliner) { write(pipe, r.tally()) })
 	})
 	return classify(b.route.redirected(err))
 }

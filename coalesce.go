@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,6 +71,55 @@ type line struct {
 type coalescer struct {
 	mu    sync.Mutex
 	lines map[string]*line // by lock key
+
+	// decision is a moving average of how long an uncontended batch takes
+	// (ns), to refuse at once a batch that could not finish before the
+	// latest deadline of its calls; tried is when a batch last ran (ns
+	// since an arbitrary start), so that one runs at least every
+	// probeEvery and the average never goes stale.
+	decision atomic.Int64
+	tried    atomic.Int64
+}
+
+// probeEvery is how often a batch runs even when the average says it
+// cannot finish in time.
+const probeEvery = 10 * time.Millisecond
+
+// epoch is the start of the monotonic readings of coalescer.tried.
+var epoch = time.Now()
+
+// took records the duration of an uncontended batch.
+func (co *coalescer) took(d time.Duration) {
+	old := co.decision.Load()
+	if old == 0 {
+		co.decision.Store(int64(d))
+		return
+	}
+	co.decision.Store(old + (int64(d)-old)/8)
+}
+
+// hopeless returns an error if ctx ends sooner than a decision takes: the
+// batch would only hold the lock while others wait, for callers who will
+// be gone. Its calls get the error at once, before their deadlines. One
+// batch in probeEvery runs all the same, to measure again.
+func (co *coalescer) hopeless(ctx context.Context) error {
+	deadline, ok := ctx.Deadline()
+	typical := time.Duration(co.decision.Load())
+	now := time.Since(epoch)
+	left := time.Until(deadline)
+	if ok && left < typical && now-time.Duration(co.tried.Load()) < probeEvery {
+		return fmt.Errorf("leakybucket: %w: %v left, and a decision takes about %v",
+			context.DeadlineExceeded, left.Round(time.Microsecond), typical.Round(time.Microsecond))
+	}
+	co.tried.Store(int64(now))
+	return nil
+}
+
+// seenBusy reports whether l's lock was last seen held by another holder.
+func (co *coalescer) seenBusy(l *line) bool {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	return l.contended
 }
 
 // decide queues c for the lock lockKey, and returns its result once a batch
@@ -155,7 +205,14 @@ func (b *Bucket) work(resource, lockKey string, l *line) {
 		if batch == nil {
 			return
 		}
-		err := b.runBatch(ctx, resource, l, batch)
+		err := b.co.hopeless(ctx)
+		if err == nil {
+			start := time.Now()
+			err = b.runBatch(ctx, resource, l, batch)
+			if err == nil && !b.co.seenBusy(l) {
+				b.co.took(time.Since(start))
+			}
+		}
 		b.finish(l, batch, ctx, err)
 		cancel()
 	}

@@ -61,6 +61,7 @@ type lock struct {
 	sent      time.Time // when our latest SET was sent
 	lifetime  time.Duration
 	maybeHeld bool // a SET of ours may hold the lock, and no release confirmed it is gone
+	queued    bool // we are next in line (see queueing)
 	ran       bool // the reply to our latest SET arrived: it ran
 	watching  bool // a WATCH of ours is active on the connection
 }
@@ -104,6 +105,9 @@ func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipelin
 		if backoff <= 0 {
 			return ErrLockNotObtained
 		}
+		if l.queued {
+			backoff = min(backoff, queuePoll)
+		}
 		if wait == nil {
 			wait = time.NewTimer(backoff)
 			defer wait.Stop()
@@ -128,45 +132,75 @@ func (l *lock) report(busy bool) {
 // in one round trip. Later ones send SET NX alone, so that polling a busy
 // lock costs the server little, and watch and read only once it is taken.
 // Every attempt starts with UNWATCH: a failed attempt's WATCH would see the
-// holder's release and abort our EXEC.
+// holder's release and abort our EXEC. Every attempt also reads who is
+// next in line (see queueing), and later ones ask to be.
 func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redis.Pipeliner)) (bool, error) {
-	var set *redis.Cmd
-	var clock *redis.TimeCmd
-	var watch *redis.Cmd
-	var get *redis.StringCmd
+	args := l.setArgs(ctx)
 	l.maybeHeld, l.ran, l.sent = true, false, time.Now()
-	_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.Do(ctx, "unwatch")
-		set = pipe.Do(ctx, l.setArgs(ctx)...)
-		clock = pipe.Time(ctx)
-		if first {
-			watch, get = l.watch(ctx, pipe, read)
-		}
-		return nil
-	})
-	l.watching = watch != nil && watch.Err() == nil
-	if err := set.Err(); err != nil && !errors.Is(err, redis.Nil) {
+	ctx, cancel := l.holding(ctx)
+	defer cancel()
+	a := l.send(ctx, tx, first, args, read)
+	l.watching = a.watch != nil && a.watch.Err() == nil
+	if err := a.set.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return false, err
 	}
 	l.ran = true
-	if now, err := clock.Result(); err == nil {
+	if now, err := a.clock.Result(); err == nil {
 		l.clock.observe(now.UnixMilli(), l.sent, time.Now())
 	}
-	if errors.Is(set.Err(), redis.Nil) {
+	next := a.next.Val()
+	l.queued = next == l.token
+	if errors.Is(a.set.Err(), redis.Nil) {
 		l.maybeHeld = false // held by another: our SET ran and set nothing
 		return false, nil
 	}
-	if watch == nil {
+	if next != "" && !l.queued {
+		return false, l.yield(ctx, tx)
+	}
+	return l.confirm(ctx, tx, a, read)
+}
+
+// attempt holds the replies of one try's first round trip.
+type attempt struct {
+	set   *redis.Cmd
+	clock *redis.TimeCmd
+	next  *redis.StringCmd // who is next in line
+	watch *redis.Cmd       // nil unless sent
+	get   *redis.StringCmd
+}
+
+func (l *lock) send(ctx context.Context, tx *redis.Tx, first bool, args []any, read func(redis.Pipeliner)) attempt {
+	var a attempt
+	_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Do(ctx, "unwatch")
+		a.set = pipe.Do(ctx, args...)
+		a.clock = pipe.Time(ctx)
+		if !first {
+			pipe.SetNX(ctx, l.nextKey(), l.token, l.queueFor(ctx))
+		}
+		a.next = pipe.Get(ctx, l.nextKey())
+		if first {
+			a.watch, a.get = l.watch(ctx, pipe, read)
+		}
+		return nil
+	})
+	return a
+}
+
+// confirm watches the lock that our SET took, if the attempt did not
+// already, and checks that it is still ours.
+func (l *lock) confirm(ctx context.Context, tx *redis.Tx, a attempt, read func(redis.Pipeliner)) (bool, error) {
+	if a.watch == nil {
 		_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			watch, get = l.watch(ctx, pipe, read)
+			a.watch, a.get = l.watch(ctx, pipe, read)
 			return nil
 		})
-		l.watching = watch.Err() == nil
+		l.watching = a.watch.Err() == nil
 	}
-	if err := watch.Err(); err != nil {
+	if err := a.watch.Err(); err != nil {
 		return false, err
 	}
-	token, err := get.Result()
+	token, err := a.get.Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return false, err
 	}
@@ -175,12 +209,73 @@ func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redi
 		// been born expired, the clock estimate was off: start it again
 		// from this attempt.
 		l.maybeHeld = false
-		if now, err := clock.Result(); err == nil && l.deadline != 0 && now.UnixMilli() >= l.deadline {
+		if now, err := a.clock.Result(); err == nil && l.deadline != 0 && now.UnixMilli() >= l.deadline {
 			l.clock.reset()
 		}
 		return false, nil
 	}
 	return true, nil
+}
+
+// Queueing. A plain SET NX lock is unfair: a holder that releases and
+// tries again at once, or a caller that just arrived, takes it before a
+// waiter that sleeps between polls, so callers with a steady stream of
+// calls can starve another process's waiter for as long as they keep
+// coming. So a waiter that found the lock busy asks to be next in line
+// (SET lock:next token NX PX 5ms, with each poll), and anyone who takes
+// the lock while another is next in line gives it back at once (yield)
+// and waits its turn. The next in line polls every millisecond at least,
+// and its claim lapses 5 ms after its last poll (sooner if its context
+// ends sooner), so a waiter that gave up holds nobody up for longer. The
+// holder that was next in line clears the claim with its release.
+// Safety does not depend on any of this: it is the SET NX and the WATCH.
+const (
+	queueTTL  = 5 * time.Millisecond
+	queuePoll = time.Millisecond
+)
+
+func (l *lock) nextKey() string { return l.key + ":next" }
+
+// queueFor is how long a claim to be next in line lasts.
+func (l *lock) queueFor(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(min(queueTTL, time.Until(d)), time.Millisecond)
+	}
+	return queueTTL
+}
+
+// yield gives back the lock that our SET just took, to the waiter next in
+// line: compare-and-delete on our connection.
+func (l *lock) yield(ctx context.Context, tx *redis.Tx) error {
+	if !l.watching {
+		var get *redis.StringCmd
+		_, err := tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			pipe.Do(ctx, "watch", l.key)
+			get = pipe.Get(ctx, l.key)
+			return nil
+		})
+		l.watching = err == nil || errors.Is(err, redis.Nil)
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if get.Val() != l.token {
+			l.maybeHeld = false
+			return nil // it expired meanwhile: nothing to give back
+		}
+	}
+	if err := l.release(ctx, tx, func(redis.Pipeliner) {}); err != nil && !errors.Is(err, ErrLockExpired) {
+		return err
+	}
+	return nil
+}
+
+// holding returns the context of the round trips made while the lock may
+// be ours: detached from the callers' (ctx keeps only its values), so that
+// a caller giving up never cuts one in the middle, which would leave the
+// lock to be freed in the background; and ending with the lock, after
+// which they are useless.
+func (l *lock) holding(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(context.WithoutCancel(ctx), l.sent.Add(l.lifetime))
 }
 
 // setArgs is SET key token NX with the lock's deadline: the lock TTL, or
@@ -214,6 +309,9 @@ func (l *lock) release(ctx context.Context, tx *redis.Tx, write func(redis.Pipel
 	_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		write(pipe)
 		pipe.Del(ctx, l.key)
+		if l.queued {
+			pipe.Del(ctx, l.nextKey())
+		}
 		return nil
 	})
 	switch {
@@ -289,31 +387,37 @@ func (l *lock) free() {
 }
 
 // compareAndDelete makes one attempt of free, and reports whether it is
-// over.
+// over: WATCH, GET and TIME in one round trip, then MULTI, DEL, EXEC if
+// the key is ours (EXEC also ends the WATCH), else UNWATCH.
 func (l *lock) compareAndDelete(ctx context.Context) bool {
 	over := false
 	err := l.node.Watch(ctx, func(tx *redis.Tx) error {
+		var watch *redis.Cmd
 		var get *redis.StringCmd
 		var clock *redis.TimeCmd
-		if _, err := tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		_, err := tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			watch = pipe.Do(ctx, "watch", l.key)
 			get = pipe.Get(ctx, l.key)
 			clock = pipe.Time(ctx)
 			return nil
-		}); err != nil && !errors.Is(err, redis.Nil) {
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			if watch.Err() == nil {
+				_ = tx.Unwatch(ctx).Err()
+			}
 			return err
 		}
 		if get.Val() != l.token {
-			now := clock.Val().UnixMilli()
-			over = l.ran || (l.deadline != 0 && now >= l.deadline)
-			return nil
+			over = l.ran || (l.deadline != 0 && clock.Val().UnixMilli() >= l.deadline)
+			return tx.Unwatch(ctx).Err()
 		}
-		_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 			pipe.Del(ctx, l.key)
 			return nil
 		})
 		over = err == nil
 		return err
-	}, l.key)
+	})
 	// A refused connection means no server runs there: whatever it held,
 	// queued SETs included, is gone with it. Other errors are retried.
 	// A closed client can send nothing more.

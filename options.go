@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -25,10 +26,22 @@ const (
 )
 
 // DefaultLockRetry is the retry strategy used while the lock is held by
-// another decision: waits of 4, 8, 16 and then 20 ms between attempts, until
-// the context ends.
+// another decision: waits of about 1, 2, 4, 8 and then 16 ms between
+// attempts, each drawn within ±25 % so that waiters do not poll in step,
+// until the context ends. The first waits are short because a decision
+// holds the lock for two round trips: a waiter that slept 20 ms would lose
+// every free moment of a busy lock to callers that just arrived.
 func DefaultLockRetry() redislock.RetryStrategy {
-	return redislock.ExponentialBackoff(0, 20*time.Millisecond)
+	return &jitteredBackoff{next: time.Millisecond, max: 16 * time.Millisecond}
+}
+
+// jitteredBackoff doubles its wait up to max, drawing each within ±25 %.
+type jitteredBackoff struct{ next, max time.Duration }
+
+func (b *jitteredBackoff) NextBackoff() time.Duration {
+	d := b.next
+	b.next = min(2*b.next, b.max)
+	return d - d/4 + rand.N(d/2+1)
 }
 
 // An Option configures a Bucket. Rules are options too: PerResource and
