@@ -58,9 +58,4 @@ var (
 	// means the lock TTL is shorter than a decision takes (a slow SCAN of a
 	// large database, a long pause of the process): raise WithLockTTL.
 	ErrLockExpired = errors.New("leakybucket: lock expired before the decision was written")
-
-	// ErrUnavailable: Redis could not be reached or did not answer: connection
-	// refused or reset, an I/O timeout, or a pool that cannot connect. The
-	// cause stays in the chain (errors.Is(err, syscall.ECONNREFUSED)).
-	ErrUnavailable = errors.New("leakybucket: redis unavailable")
 )

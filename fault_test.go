@@ -90,7 +90,7 @@ func (a *errorAudit) observe(_ int, o observed) {
 	}
 	a.violations++
 	if len(a.examples) < 3 {
-		a.examples = append(a.examples, fmt.Sprintf("%q (class %s, cause %q)", o.err, classify(o.err), rootCause(o.err)))
+		a.examples = append(a.examples, fmt.Sprintf("%q (class %s, cause %q)", o.err, errClassOf(o.err), rootCause(o.err)))
 	}
 }
 
@@ -161,9 +161,13 @@ func testStorm(t *testing.T, s Strategy, srv *redisProc) {
 	if alone.admitted == 0 {
 		t.Fatalf("the healthy caller alone was never admitted: %v", alone)
 	}
-	if during.rate() < alone.rate()/stormShare {
-		t.Errorf("during the storm the healthy caller was admitted %.0f/s, less than 1/%d of its %.0f/s alone",
-			during.rate(), stormShare, alone.rate())
+	// Undisturbed is the control: on this 2-core machine, under -race, the
+	// storm's 96 goroutines take the CPU whatever the lock does (the
+	// healthy caller falls to a third or less of its rate alone with the
+	// storm on another resource); what the lock must not add is more.
+	if during.rate() < beside.rate()/stormShare {
+		t.Errorf("during the storm the healthy caller was admitted %.0f/s, less than 1/%d of its %.0f/s beside the same storm on another resource (%.0f/s alone)",
+			during.rate(), stormShare, beside.rate(), alone.rate())
 	}
 	if !ok || recovery > stormRecovery {
 		t.Errorf("after the storm the healthy caller waited %v for an admission (ok %v, last error %v), want at most %v",
@@ -527,7 +531,9 @@ func testFlushInterleaved(t *testing.T, s Strategy, srv *redisProc) {
 			t.Errorf("FlushAll: %v", err)
 		}
 	}})
-	if err := b.Flush(ctx, "r", "c0"); err != nil {
+	// FlushAll waits for the lock that Flush holds, and takes it once it
+	// expires: then Flush's write is refused, which is safe.
+	if err := b.Flush(ctx, "r", "c0"); err != nil && !errors.Is(err, ErrLockExpired) {
 		t.Fatalf("Flush: %v", err)
 	}
 	used, admitted := drainResource(t, other)

@@ -483,7 +483,7 @@ const (
 	classOther           = "other"
 )
 
-func classify(err error) string {
+func errClassOf(err error) string {
 	switch {
 	case errors.Is(err, ErrLockNotObtained):
 		return classLockNotObtained
@@ -545,7 +545,7 @@ func (s *callStats) add(res Result, err error, took, timeout time.Duration) {
 	s.maxOverrun = max(s.maxOverrun, took-timeout)
 	switch {
 	case err != nil:
-		class := classify(err)
+		class := errClassOf(err)
 		s.errs[class]++
 		if _, ok := s.examples[class]; !ok {
 			s.examples[class] = err.Error()

@@ -272,11 +272,16 @@ func (l *lock) yield(ctx context.Context, tx *redis.Tx) error {
 // holding returns the context of the round trips made while the lock may
 // be ours: detached from the callers' (ctx keeps only its values), so that
 // a caller giving up never cuts one in the middle, which would leave the
-// lock to be freed in the background; and ending with the lock, after
-// which they are useless.
+// lock to be freed in the background; and ending holdGrace after the lock,
+// so that a decision that outlived its lock hears from Redis that its
+// write was refused (ErrLockExpired) rather than timing out.
 func (l *lock) holding(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithDeadline(context.WithoutCancel(ctx), l.sent.Add(l.lifetime))
+	return context.WithDeadline(context.WithoutCancel(ctx), l.sent.Add(l.lifetime+holdGrace))
 }
+
+// holdGrace is how long after the lock's deadline its holder's round trips
+// and the background release go on.
+const holdGrace = time.Second
 
 // setArgs is SET key token NX with the lock's deadline: the lock TTL, or
 // less when ctx ends sooner (plus lockGrace), as an absolute PXAT in the
@@ -368,7 +373,7 @@ const (
 // with a relative PX (no clock sample yet), a SET that Redis runs after
 // that can block others for up to the lock's lifetime.
 func (l *lock) free() {
-	ctx, cancel := context.WithDeadline(context.Background(), l.sent.Add(l.lifetime+time.Second))
+	ctx, cancel := context.WithDeadline(context.Background(), l.sent.Add(l.lifetime+holdGrace))
 	defer cancel()
 	backoff := freeFirstBackoff
 	for {

@@ -60,6 +60,7 @@ func TestLockBusy(t *testing.T) {
 		}
 
 		once := e.bucket(t, PerClient(Per(5, time.Minute)), WithLockRetry(redislock.NoRetry))
+		waitIdle(t, b) // its batch's last poll ends after the caller left
 		var trips int64
 		trips = e.trips.count(func() { _, err = once.Allow(context.Background(), "r", "a") })
 		if !errors.Is(err, ErrLockNotObtained) {
@@ -206,4 +207,21 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 			t.Errorf("Peek after the discarded EXEC = %+v, %v; want nothing recorded", res, err)
 		}
 	})
+}
+
+// waitIdle waits until no batch of b is under way: the work a caller left
+// when its context ended goes on in the background for up to a round trip.
+func waitIdle(t *testing.T, b *Bucket) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		b.co.mu.Lock()
+		busy := len(b.co.lines)
+		b.co.mu.Unlock()
+		if busy == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lines of b still busy after 5s", busy)
+		}
+	}
 }
