@@ -371,7 +371,7 @@ func TestHugeWeightsDoNotOverflow(t *testing.T) {
 // A retry factory that returns nil means: do not retry.
 func TestNilRetryStrategy(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
-		e.rdb.Set(context.Background(), resourceKeys(e.prefix, "r").clientLock("a"), "x", time.Minute)
+		e.admin.Set(context.Background(), resourceKeys(e.prefix, "r").clientLock("a"), "x", time.Minute)
 		b := e.bucket(t, PerClient(PerMinute(1)), WithLockRetry(func() redislock.RetryStrategy { return nil }))
 		if _, err := b.Allow(context.Background(), "r", "a"); !errors.Is(err, ErrLockNotObtained) {
 			t.Errorf("Allow on a held lock with a nil strategy: error %v, want ErrLockNotObtained", err)

@@ -13,10 +13,10 @@ import (
 func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() {
 	t.Helper()
 	key := b.lockKey(resourceKeys(e.prefix, resource), client)
-	if err := e.rdb.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
+	if err := e.admin.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	return func() { e.rdb.Del(context.Background(), key) }
+	return func() { e.admin.Del(context.Background(), key) }
 }
 
 // allowAsync starts Allow in a goroutine and returns where its outcome
@@ -108,7 +108,7 @@ func TestCoalescedLeaderLeavesFollowersDecided(t *testing.T) {
 			followers = append(followers, allowAsync(context.Background(), b, "r", "a"))
 		}
 		if o := <-leader; !errors.Is(o.err, ErrLockNotObtained) {
-			t.Errorf("leader past its deadline: %+v, want ErrLockNotObtained", o)
+			t.Errorf("leader past its deadline: %+v (%v), want ErrLockNotObtained", o, o.err)
 		}
 		time.Sleep(100 * ms)
 		release()

@@ -62,9 +62,7 @@ func TestConcurrentProcessesMiniredis(t *testing.T) {
 
 func TestConcurrentProcessesRedis(t *testing.T) {
 	t.Parallel()
-	rdb := realClient(t)
-	rdb.Close()
-	testConcurrency(t, rdb.Options().Addr, uniquePrefix(t))
+	testConcurrency(t, realAddrOrSkip(t), uniquePrefix(t))
 }
 
 func testConcurrency(t *testing.T, addr, prefix string) {
