@@ -69,14 +69,14 @@ func clusterAddrs(t *testing.T) []string {
 }
 
 // clusterClient returns a ClusterClient on the test cluster for a Bucket of
-// strategy s, or skips the test (fails it under CI). If log is not nil, it
-// logs what every node's client sends. Before the first test it checks that
-// every master denies scripting; after each test, that no script command
-// reached any master. Contexts bound network I/O (ContextTimeoutEnabled), as
-// the README tells users to set.
+// strategy s, as the ACL user of s (acl_test.go), or skips the test (fails
+// it under CI). If log is not nil, it logs what every node's client sends.
+// Before the first test it checks that every master denies scripting; after
+// each test, that no script command reached any master. Contexts bound
+// network I/O (ContextTimeoutEnabled), as the README tells users to set.
 func clusterClient(t *testing.T, s Strategy, log *commandLog) *redis.ClusterClient {
 	t.Helper()
-	cc := newClusterClient(t, "", "")
+	cc := newClusterClient(t, userOf(strategyName(s)), testUsers.password)
 	if log != nil {
 		cc.OnNewNode(func(node *redis.Client) { node.AddHook(log) })
 	}
@@ -270,8 +270,8 @@ func (tc *testCluster) cleanPrefix(prefix string) {
 
 // eachStrategy runs test once per strategy, one after another, with a
 // Bucket made with opts under a prefix of its own, whose keys are deleted
-// afterwards, on a ClusterClient of its own. The test fails if that client
-// sent a command commands_test.go does not list.
+// afterwards, on a ClusterClient of the strategy's ACL user. The test fails
+// if that client sent a command commands_test.go does not list.
 func (tc *testCluster) eachStrategy(t *testing.T, opts []Option, test func(t *testing.T, s Strategy, b *Bucket, prefix string)) {
 	t.Helper()
 	for _, s := range strategies {

@@ -18,6 +18,10 @@ import (
 //
 //   - Every behaviour test logs what its Bucket's client sends (commandLog)
 //     and fails on a command not listed for its strategy.
+//   - On the real Redis and the real cluster, that client authenticates as
+//     the ACL user of its strategy, which may run only these commands
+//     (acl_test.go): a command missing here fails the suite with NOPERM, or,
+//     where the library ignores the error, by the ACL LOG check of TestMain.
 //   - TestCommandsPerMethod drives each method down each of its paths and
 //     checks that it sends exactly its list.
 //

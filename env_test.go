@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -34,8 +35,9 @@ import (
 //
 // Each env has two clients. rdb is the Bucket's, and sends nothing else:
 // every command it sends is logged and must be listed for the strategy in
-// commands_test.go. admin is the test's own, for whatever a test writes or
-// inspects itself.
+// commands_test.go, and on the real servers it authenticates as an ACL user
+// that may run those commands only (acl_test.go). admin is the test's own,
+// as the default user, for whatever a test writes or inspects itself.
 
 const redisAddrVar = "LEAKYBUCKET_REDIS_ADDR"
 
@@ -210,7 +212,8 @@ func (e *env) checkSent(t *testing.T, cluster bool) {
 }
 
 // newRealEnv returns an env for strategy s on the real Redis, with a prefix
-// of its own whose keys are deleted afterwards.
+// of its own whose keys are deleted afterwards. Its Bucket's client is the
+// ACL user of s.
 func newRealEnv(t *testing.T, s Strategy) *env {
 	t.Helper()
 	rdb := realClient(t, s)
@@ -227,7 +230,8 @@ func newRealEnv(t *testing.T, s Strategy) *env {
 }
 
 // newClusterEnv returns an env for strategy s on the real cluster, with a
-// prefix of its own whose keys are deleted afterwards.
+// prefix of its own whose keys are deleted afterwards. Its Bucket's client
+// is the ACL user of s.
 func newClusterEnv(t *testing.T, s Strategy) *env {
 	t.Helper()
 	sent := &commandLog{}
@@ -241,6 +245,11 @@ func newClusterEnv(t *testing.T, s Strategy) *env {
 	})
 	return e
 }
+
+// realDB is the database of the tests on the real Redis. It is not 0, so
+// that go-redis sends SELECT, as for users who give the limiter a database
+// of its own: the ACL users prove that +select is enough.
+const realDB = 1
 
 func realAddr() string { return os.Getenv(redisAddrVar) }
 
@@ -258,18 +267,18 @@ func realAddrOrSkip(t *testing.T) string {
 	return addr
 }
 
-// realClient connects to the real Redis for a Bucket of strategy s, or
+// realClient connects to the real Redis as the ACL user of strategy s, or
 // skips (fails under CI).
 func realClient(t *testing.T, s Strategy) *redis.Client {
 	t.Helper()
-	return redis.NewClient(&redis.Options{Addr: realAddrOrSkip(t), PoolSize: 128})
+	return redis.NewClient(libraryOptions(realAddrOrSkip(t), strategyName(s), 128))
 }
 
 // realAdmin connects to the real Redis as the default user, or skips (fails
 // under CI); it is closed when the test ends.
 func realAdmin(t *testing.T) *redis.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: realAddrOrSkip(t), PoolSize: 128})
+	rdb := redis.NewClient(&redis.Options{Addr: realAddrOrSkip(t), DB: realDB, PoolSize: 128})
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
@@ -317,22 +326,39 @@ func (r *roundTrips) count(f func()) int64 {
 }
 
 // TestMain proves, on the real Redis, that its user cannot run scripts
-// before the tests and that no script command reached it after them.
+// before the tests and that no script command reached it after them. Around
+// the tests it creates and deletes the ACL users of acl_test.go, on the real
+// Redis and the real cluster, and fails if a command was refused to them.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(helperVar); spec != "" {
 		os.Exit(helperMain(spec))
 	}
+	ctx := context.Background()
+	teardown, err := testACLSetup(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", errors.Join(err, teardown()))
+		os.Exit(1)
+	}
 	addr := os.Getenv(redisAddrVar)
 	if addr == "" {
-		os.Exit(m.Run())
+		code := m.Run()
+		if err := teardown(); err != nil {
+			fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+			code = 1
+		}
+		os.Exit(code)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	if err := scriptingDenied(rdb); err != nil {
-		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", errors.Join(err, teardown()))
 		os.Exit(1)
 	}
 	code := m.Run()
 	if err := noScriptCalls(rdb); err != nil {
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+		code = 1
+	}
+	if err := teardown(); err != nil {
 		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
 		code = 1
 	}
