@@ -301,3 +301,62 @@ func testACLSetup(ctx context.Context) (teardown func() error, err error) {
 	}
 	return teardown, nil
 }
+
+// The README's ACL SETUSER lines are ready to paste: the real Redis accepts
+// each (renamed, so as not to touch a real user), and the user it makes may
+// run its strategy's commands on the default prefix and nothing else.
+func TestReadmeACLLinesWork(t *testing.T) {
+	t.Parallel()
+	realAddrOrSkip(t)
+	ctx := context.Background()
+	admin := realAdmin(t)
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for line := range strings.SplitSeq(string(readme), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 3 || fields[0] != "ACL" || fields[1] != "SETUSER" || !strings.HasPrefix(fields[2], "leakybucket-") {
+			continue
+		}
+		found++
+		s := strings.TrimPrefix(fields[2], "leakybucket-")
+		if _, ok := strategyCommands[s]; !ok {
+			t.Errorf("README line for an unknown strategy %q: %s", s, line)
+			continue
+		}
+		user := "lbreadme-" + testUsers.prefix + "-" + s
+		args := []any{"acl", "setuser", user}
+		for _, f := range fields[3:] {
+			args = append(args, f)
+		}
+		if err := admin.Do(ctx, args...).Err(); err != nil {
+			t.Errorf("the README's line for %s: %v", s, err)
+			continue
+		}
+		defer admin.Do(ctx, "acl", "deluser", user)
+		for _, c := range strategyCommandsAll(s, true) {
+			cmd, err := dryRunArgs(ctx, admin, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range cmd {
+				if cmd[i] == "lbtest:key" {
+					cmd[i] = DefaultPrefix + ":{r}:key"
+				}
+			}
+			if ok, err := admin.ACLDryRun(ctx, user, cmd...).Result(); err != nil || ok != "OK" {
+				t.Errorf("the README's user for %s may not run %v: %v, %v", s, cmd, ok, err)
+			}
+		}
+		for _, cmd := range append(dangerous, []any{"get", "lbtest:key"}) {
+			if ok, err := admin.ACLDryRun(ctx, user, cmd...).Result(); err != nil || ok == "OK" {
+				t.Errorf("the README's user for %s may run %v: %v, %v", s, cmd, ok, err)
+			}
+		}
+	}
+	if found != len(strategyNames) {
+		t.Errorf("the README has %d ACL SETUSER lines, want one per strategy (%d)", found, len(strategyNames))
+	}
+}

@@ -24,6 +24,8 @@ import (
 //     where the library ignores the error, by the ACL LOG check of TestMain.
 //   - TestCommandsPerMethod drives each method down each of its paths and
 //     checks that it sends exactly its list.
+//   - The README's least-privilege section is rendered from these lists, and
+//     TestReadmeLeastPrivilege fails until the README matches them.
 //
 // Names are as in ACL rules: lower case, "container|subcommand".
 
