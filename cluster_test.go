@@ -68,19 +68,36 @@ func clusterAddrs(t *testing.T) []string {
 	return strings.Split(addrs, ",")
 }
 
-// clusterClient returns a ClusterClient on the test cluster, or skips the
-// test (fails it under CI). Before the first test it checks that every
-// master denies scripting; after each test, that no script command reached
-// any master. Contexts bound network I/O (ContextTimeoutEnabled), as the
-// README tells users to set.
-func clusterClient(t *testing.T) *redis.ClusterClient {
+// clusterClient returns a ClusterClient on the test cluster for a Bucket of
+// strategy s, as the ACL user of s (acl_test.go), or skips the test (fails
+// it under CI). If log is not nil, it logs what every node's client sends.
+// Before the first test it checks that every master denies scripting; after
+// each test, that no script command reached any master. Contexts bound
+// network I/O (ContextTimeoutEnabled), as the README tells users to set.
+func clusterClient(t *testing.T, s Strategy, log *commandLog) *redis.ClusterClient {
+	t.Helper()
+	cc := newClusterClient(t, userOf(strategyName(s)), testUsers.password)
+	if log != nil {
+		cc.OnNewNode(func(node *redis.Client) { node.AddHook(log) })
+	}
+	return cc
+}
+
+// clusterAdmin returns a ClusterClient on the test cluster as the default
+// user, for the tests' own commands, as clusterClient does.
+func clusterAdmin(t *testing.T) *redis.ClusterClient {
+	t.Helper()
+	return newClusterClient(t, "", "")
+}
+
+func newClusterClient(t *testing.T, user, password string) *redis.ClusterClient {
 	t.Helper()
 	addrs := clusterAddrs(t)
 	clusterChecked.once.Do(func() { clusterChecked.err = clusterScriptingDenied(addrs) })
 	if clusterChecked.err != nil {
 		t.Fatal(clusterChecked.err)
 	}
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64, ContextTimeoutEnabled: true})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: user, Password: password, PoolSize: 64, ContextTimeoutEnabled: true})
 	t.Cleanup(func() {
 		cc.Close()
 		for _, addr := range addrs {
@@ -108,10 +125,11 @@ func clusterScriptingDenied(addrs []string) error {
 }
 
 // newTestCluster returns the masters, with a ClusterClient from
-// clusterClient. It fails if the cluster is not 3 masters in state ok.
+// clusterAdmin for the test's own commands. It fails if the cluster is not 3
+// masters in state ok.
 func newTestCluster(t *testing.T) (*testCluster, *redis.ClusterClient) {
 	t.Helper()
-	cc := clusterClient(t)
+	cc := clusterAdmin(t)
 	addrs := clusterAddrs(t)
 	var pids []string
 	if s := os.Getenv(clusterPidsVar); s != "" {
@@ -251,19 +269,24 @@ func (tc *testCluster) cleanPrefix(prefix string) {
 }
 
 // eachStrategy runs test once per strategy, one after another, with a
-// Bucket on cc made with opts under a prefix of its own, whose keys are
-// deleted afterwards.
-func (tc *testCluster) eachStrategy(t *testing.T, cc *redis.ClusterClient, opts []Option, test func(t *testing.T, s Strategy, b *Bucket, prefix string)) {
+// Bucket made with opts under a prefix of its own, whose keys are deleted
+// afterwards, on a ClusterClient of the strategy's ACL user. The test fails
+// if that client sent a command commands_test.go does not list.
+func (tc *testCluster) eachStrategy(t *testing.T, opts []Option, test func(t *testing.T, s Strategy, b *Bucket, prefix string)) {
 	t.Helper()
 	for _, s := range strategies {
 		t.Run(s.String(), func(t *testing.T) {
 			prefix := uniquePrefix(t)
 			defer tc.cleanPrefix(prefix)
-			b, err := New(cc, append([]Option{WithStrategy(s), WithPrefix(prefix)}, opts...)...)
+			log := &commandLog{}
+			b, err := New(clusterClient(t, s, log), append([]Option{WithStrategy(s), WithPrefix(prefix)}, opts...)...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			test(t, s, b, prefix)
+			if bad := log.unexpected(strategyName(s), true); len(bad) > 0 {
+				t.Errorf("strategy %v sent %q, which commands_test.go does not list for it", s, bad)
+			}
 		})
 	}
 }
@@ -308,7 +331,7 @@ func TestClusterSlots(t *testing.T) {
 	}
 
 	rules := []Option{PerResource(Per(5, time.Minute)), PerClient(Per(2, time.Minute))}
-	tc.eachStrategy(t, cc, rules, func(t *testing.T, _ Strategy, b *Bucket, prefix string) {
+	tc.eachStrategy(t, rules, func(t *testing.T, _ Strategy, b *Bucket, prefix string) {
 		for _, r := range resources {
 			m := newModel(5, 2)
 			for _, c := range awkward {
@@ -434,7 +457,7 @@ func TestClusterScanOwnMaster(t *testing.T) {
 	// takes several pages.
 	const others, count = 50, 10
 	opts := []Option{WithScanCount(count), PerResource(Per(5, time.Minute)), PerClient(Per(3, time.Minute))}
-	tc.eachStrategy(t, cc, opts, func(t *testing.T, s Strategy, b *Bucket, prefix string) {
+	tc.eachStrategy(t, opts, func(t *testing.T, s Strategy, b *Bucket, prefix string) {
 		for i, owner := range tc.masters {
 			r := tc.resourceOn(t, owner, func(j int) string { return "scan-" + strconv.Itoa(j) })
 			for j := range others { // in the resource's slot, so on its master
@@ -600,7 +623,7 @@ func testMigration(t *testing.T, tc *testCluster, s Strategy) {
 		limit   = 40
 		workers = 32
 	)
-	cc := clusterClient(t) // its own, so that its slot map is fresh
+	cc := clusterClient(t, s, nil) // its own, so that its slot map is fresh
 	prefix := uniquePrefix(t)
 	defer tc.cleanPrefix(prefix)
 	b, err := New(cc, WithStrategy(s), WithPrefix(prefix), PerResource(Per(limit, time.Minute)))
@@ -724,11 +747,11 @@ func pausedMaster(t *testing.T, m *clusterMaster) (resume func()) {
 // on, and once it resumes (SIGCONT) its resource works again, with its
 // counts intact.
 func TestClusterNodeStop(t *testing.T) {
-	tc, cc := newTestCluster(t)
+	tc, _ := newTestCluster(t)
 	ctx := context.Background()
 	const lockTTL = 500 * time.Millisecond
 	opts := []Option{WithLockTTL(lockTTL), PerResource(Per(10, time.Minute))}
-	tc.eachStrategy(t, cc, opts, func(t *testing.T, s Strategy, b *Bucket, _ string) {
+	tc.eachStrategy(t, opts, func(t *testing.T, s Strategy, b *Bucket, _ string) {
 		stopped, running := tc.masters[1], tc.masters[2]
 		rStopped := tc.resourceOn(t, stopped, func(i int) string { return "stopped-" + strconv.Itoa(i) })
 		rRunning := tc.resourceOn(t, running, func(i int) string { return "running-" + strconv.Itoa(i) })

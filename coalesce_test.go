@@ -13,10 +13,10 @@ import (
 func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() {
 	t.Helper()
 	key := b.lockKey(b.keysOf(resource), client)
-	if err := e.rdb.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
+	if err := e.admin.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	return func() { e.rdb.Del(context.Background(), key) }
+	return func() { e.admin.Del(context.Background(), key) }
 }
 
 // allowAsync starts Allow in a goroutine and returns where its outcome

@@ -28,6 +28,22 @@ const (
 
 type helperJob struct {
 	Addr, Prefix, Scenario, Strategy string
+
+	// On the real Redis: the database, and the ACL user of the strategy
+	// (acl_test.go) as whom the Buckets run; the test's own commands run as
+	// the default user.
+	DB             int
+	User, Password string
+}
+
+// admin returns a client for the test's own commands.
+func (job helperJob) admin() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: job.Addr, DB: job.DB})
+}
+
+// library returns a client for the Buckets, with a pool of n connections.
+func (job helperJob) library(n int) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: job.Addr, DB: job.DB, Username: job.User, Password: job.Password, PoolSize: n})
 }
 
 // concurrentStrategies are the strategies of the concurrency tests, by name.
@@ -57,21 +73,24 @@ var scenarios = map[string]struct {
 func TestConcurrentProcessesMiniredis(t *testing.T) {
 	t.Parallel()
 	m := miniredis.RunT(t) // a TCP server, so that child processes reach it
-	testConcurrency(t, m.Addr(), "t")
+	testConcurrency(t, m.Addr(), "t", false)
 }
 
 func TestConcurrentProcessesRedis(t *testing.T) {
 	t.Parallel()
-	rdb := realClient(t)
-	rdb.Close()
-	testConcurrency(t, rdb.Options().Addr, uniquePrefix(t))
+	testConcurrency(t, realAddrOrSkip(t), uniquePrefix(t), true)
 }
 
-func testConcurrency(t *testing.T, addr, prefix string) {
+func testConcurrency(t *testing.T, addr, prefix string, real bool) {
 	for strategy := range concurrentStrategies {
 		for _, name := range []string{"hot", "hierarchy"} {
 			t.Run(strategy+"/"+name, func(t *testing.T) {
-				testScenario(t, helperJob{addr, prefix + ":" + strategy + ":" + name, name, strategy})
+				job := helperJob{Addr: addr, Prefix: prefix + ":" + strategy + ":" + name, Scenario: name, Strategy: strategy}
+				if real {
+					opts := libraryOptions(addr, strategyName(concurrentStrategies[strategy]), 1)
+					job.DB, job.User, job.Password = opts.DB, opts.Username, opts.Password
+				}
+				testScenario(t, job)
 			})
 		}
 	}
@@ -80,7 +99,7 @@ func testConcurrency(t *testing.T, addr, prefix string) {
 // testScenario runs job in this process and in the child processes, and
 // checks what they admitted together.
 func testScenario(t *testing.T, job helperJob) {
-	rdb := redis.NewClient(&redis.Options{Addr: job.Addr, PoolSize: goroutines})
+	rdb := job.admin()
 	defer rdb.Close()
 	ctx := context.Background()
 	defer cleanPrefix(rdb, job.Prefix)
@@ -152,14 +171,16 @@ func checkAdmitted(t *testing.T, name string, admitted map[string]int) {
 // and returns how many each client had admitted.
 func runJob(t testing.TB, job helperJob, n int) map[string]int {
 	spec := scenarios[job.Scenario]
-	rdb := redis.NewClient(&redis.Options{Addr: job.Addr, PoolSize: n})
+	rdb := job.library(n)
 	defer rdb.Close()
+	admin := job.admin()
+	defer admin.Close()
 	b, err := New(rdb, append([]Option{WithStrategy(concurrentStrategies[job.Strategy]), WithPrefix(job.Prefix)}, spec.rules...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for rdb.Exists(ctx, job.Prefix+":go").Val() == 0 {
+	for admin.Exists(ctx, job.Prefix+":go").Val() == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	var mu sync.Mutex
@@ -196,7 +217,7 @@ func helperMain(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: job.Addr})
+	rdb := job.admin()
 	rdb.Incr(context.Background(), job.Prefix+":ready")
 	rdb.Close()
 	t := &helperT{}

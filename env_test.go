@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -26,10 +27,17 @@ import (
 //     returns at once, and every duration is exact to the millisecond;
 //   - a real Redis whose user is denied scripting, at $LEAKYBUCKET_REDIS_ADDR
 //     (`make test` starts one). There time is real, so durations are checked
-//     within env.slack.
+//     within env.slack;
+//   - the real 3-master cluster (cluster_test.go).
 //
 // Without the address the real half is skipped, except under CI, where it
 // fails: CI must never pass on miniredis alone.
+//
+// Each env has two clients. rdb is the Bucket's, and sends nothing else:
+// every command it sends is logged and must be listed for the strategy in
+// commands_test.go, and on the real servers it authenticates as an ACL user
+// that may run those commands only (acl_test.go). admin is the test's own,
+// as the default user, for whatever a test writes or inspects itself.
 
 const redisAddrVar = "LEAKYBUCKET_REDIS_ADDR"
 
@@ -38,7 +46,9 @@ var scriptCommands = []string{"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall
 
 type env struct {
 	strategy Strategy
-	rdb      redis.UniversalClient // a *redis.Client, or a *redis.ClusterClient
+	rdb      redis.UniversalClient // the Bucket's: a *redis.Client, or a *redis.ClusterClient
+	admin    redis.UniversalClient // the test's own, on the same server
+	sent     *commandLog           // what rdb sent
 	prefix   string                // unique to the test; every key it writes starts with it
 	real     bool                  // a real Redis, on the real clock
 	slack    time.Duration         // how much later than the test's model the real clock may be
@@ -60,7 +70,7 @@ func (e *env) bucket(t *testing.T, opts ...Option) *Bucket {
 func (e *env) keys(t *testing.T) []string {
 	t.Helper()
 	var all []string
-	err := forEachNode(e.rdb, func(node *redis.Client) error {
+	err := forEachNode(e.admin, func(node *redis.Client) error {
 		iter := node.Scan(context.Background(), 0, matchPrefix(e.prefix), 1000).Iterator()
 		for iter.Next(context.Background()) {
 			all = append(all, iter.Val())
@@ -110,7 +120,7 @@ var strategies = []Strategy{Logs, SortedSet, Windows(time.Millisecond)}
 func (e *env) fillUnrelated(t *testing.T, n int) {
 	t.Helper()
 	ctx := context.Background()
-	pipe := e.rdb.Pipeline()
+	pipe := e.admin.Pipeline()
 	for i := range n {
 		pipe.Set(ctx, fmt.Sprintf("%s:unrelated:%d", e.prefix, i), "x", time.Minute)
 	}
@@ -129,30 +139,25 @@ func each(t *testing.T, test func(t *testing.T, e *env)) {
 			t.Parallel()
 			t.Run("miniredis", func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					e := newMiniEnv(t)
-					e.strategy = s
-					test(t, e)
+					test(t, newMiniEnv(t, s))
 				})
 			})
 			t.Run("redis", func(t *testing.T) {
 				t.Parallel()
-				e := newRealEnv(t)
-				e.strategy = s
-				test(t, e)
+				test(t, newRealEnv(t, s))
 			})
 			t.Run("cluster", func(t *testing.T) {
 				t.Parallel()
-				e := newClusterEnv(t)
-				e.strategy = s
-				test(t, e)
+				test(t, newClusterEnv(t, s))
 			})
 		})
 	}
 }
 
-// newMiniEnv returns an env on a miniredis in the current synctest bubble.
-// The server refuses script commands and the test fails if any is sent.
-func newMiniEnv(t *testing.T) *env {
+// newMiniEnv returns an env for strategy s on a miniredis in the current
+// synctest bubble. The server refuses script commands and the test fails if
+// any is sent, or if the Bucket's client sends a command not listed for s.
+func newMiniEnv(t *testing.T, s Strategy) *env {
 	t.Helper()
 	m := miniredis.NewMiniRedis()
 	m.ClockTTL(true)
@@ -173,55 +178,84 @@ func newMiniEnv(t *testing.T) *env {
 		}
 		return false
 	})
-	trips := &roundTrips{}
-	rdb := redis.NewClient(&redis.Options{
-		Addr:   "miniredis",
-		Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
-		// Its endpoint detection would resolve the address with DNS,
-		// which cannot run inside a synctest bubble.
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	rdb.AddHook(trips)
+	client := func() *redis.Client {
+		return redis.NewClient(&redis.Options{
+			Addr:   "miniredis",
+			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+			// Its endpoint detection would resolve the address with DNS,
+			// which cannot run inside a synctest bubble.
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+	}
+	e := &env{strategy: s, rdb: client(), admin: client(), prefix: "t", trips: &roundTrips{}, sent: &commandLog{}, mini: m}
+	e.rdb.AddHook(e.sent)
+	e.rdb.AddHook(e.trips)
 	t.Cleanup(func() {
-		rdb.Close()
+		e.rdb.Close()
+		e.admin.Close()
 		m.Close()
 		if n := scripts.Load(); n > 0 {
 			t.Errorf("%d script commands were sent", n)
 		}
+		e.checkSent(t, false)
 	})
-	return &env{strategy: Logs, rdb: rdb, prefix: "t", trips: trips, mini: m}
+	return e
 }
 
-// newRealEnv returns an env on the real Redis, with a prefix of its own
-// whose keys are deleted afterwards.
-func newRealEnv(t *testing.T) *env {
+// checkSent fails the test if the Bucket's client sent a command that
+// commands_test.go does not list for the env's strategy.
+func (e *env) checkSent(t *testing.T, cluster bool) {
 	t.Helper()
-	rdb := realClient(t)
-	trips := &roundTrips{}
-	rdb.AddHook(trips)
-	e := &env{strategy: Logs, rdb: rdb, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: trips}
+	if bad := e.sent.unexpected(strategyName(e.strategy), cluster); len(bad) > 0 {
+		t.Errorf("strategy %v sent %q, which commands_test.go does not list for it", e.strategy, bad)
+	}
+}
+
+// newRealEnv returns an env for strategy s on the real Redis, with a prefix
+// of its own whose keys are deleted afterwards. Its Bucket's client is the
+// ACL user of s.
+func newRealEnv(t *testing.T, s Strategy) *env {
+	t.Helper()
+	rdb := realClient(t, s)
+	admin := realAdmin(t)
+	e := &env{strategy: s, rdb: rdb, admin: admin, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: &roundTrips{}, sent: &commandLog{}}
+	rdb.AddHook(e.sent)
+	rdb.AddHook(e.trips)
 	t.Cleanup(func() {
-		cleanPrefix(rdb, e.prefix)
+		cleanPrefix(admin, e.prefix)
 		rdb.Close()
+		e.checkSent(t, false)
 	})
 	return e
 }
 
-// newClusterEnv returns an env on the real cluster, with a prefix of its
-// own whose keys are deleted afterwards.
-func newClusterEnv(t *testing.T) *env {
+// newClusterEnv returns an env for strategy s on the real cluster, with a
+// prefix of its own whose keys are deleted afterwards. Its Bucket's client
+// is the ACL user of s.
+func newClusterEnv(t *testing.T, s Strategy) *env {
 	t.Helper()
-	cc := clusterClient(t)
-	e := &env{strategy: Logs, rdb: cc, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: &roundTrips{}}
+	sent := &commandLog{}
+	cc := clusterClient(t, s, sent)
+	admin := clusterAdmin(t)
+	e := &env{strategy: s, rdb: cc, admin: admin, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: &roundTrips{}, sent: sent}
 	e.addHook(e.trips)
-	t.Cleanup(func() { cleanPrefix(cc, e.prefix) })
+	t.Cleanup(func() {
+		cleanPrefix(admin, e.prefix)
+		e.checkSent(t, true)
+	})
 	return e
 }
+
+// realDB is the database of the tests on the real Redis. It is not 0, so
+// that go-redis sends SELECT, as for users who give the limiter a database
+// of its own: the ACL users prove that +select is enough.
+const realDB = 1
 
 func realAddr() string { return os.Getenv(redisAddrVar) }
 
-// realClient connects to the real Redis, or skips (fails under CI).
-func realClient(t *testing.T) *redis.Client {
+// realAddrOrSkip returns the real Redis's address, or skips the test (fails
+// it under CI).
+func realAddrOrSkip(t *testing.T) string {
 	t.Helper()
 	addr := realAddr()
 	if addr == "" {
@@ -230,7 +264,23 @@ func realClient(t *testing.T) *redis.Client {
 		}
 		t.Skipf("%s is not set; `make test` starts a scripting-denied Redis", redisAddrVar)
 	}
-	return redis.NewClient(&redis.Options{Addr: addr, PoolSize: 128})
+	return addr
+}
+
+// realClient connects to the real Redis as the ACL user of strategy s, or
+// skips (fails under CI).
+func realClient(t *testing.T, s Strategy) *redis.Client {
+	t.Helper()
+	return redis.NewClient(libraryOptions(realAddrOrSkip(t), strategyName(s), 128))
+}
+
+// realAdmin connects to the real Redis as the default user, or skips (fails
+// under CI); it is closed when the test ends.
+func realAdmin(t *testing.T) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: realAddrOrSkip(t), DB: realDB, PoolSize: 128})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }
 
 func uniquePrefix(t testing.TB) string {
@@ -242,10 +292,11 @@ func uniquePrefix(t testing.TB) string {
 
 // roundTrips counts what the client sends in one write: a command or a
 // pipeline (a MULTI/EXEC included). The handshake of a new pooled connection
-// (HELLO, CLIENT SETINFO) is not a decision's cost and is not counted.
+// (HELLO, SELECT, CLIENT SETINFO: connCommands) is not a decision's cost and
+// is not counted.
 type roundTrips struct{ n atomic.Int64 }
 
-func handshake(cmd redis.Cmder) bool { return cmd.Name() == "hello" || cmd.Name() == "client" }
+func handshake(cmd redis.Cmder) bool { return isConnCommand(commandName(cmd)) }
 
 func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -275,22 +326,39 @@ func (r *roundTrips) count(f func()) int64 {
 }
 
 // TestMain proves, on the real Redis, that its user cannot run scripts
-// before the tests and that no script command reached it after them.
+// before the tests and that no script command reached it after them. Around
+// the tests it creates and deletes the ACL users of acl_test.go, on the real
+// Redis and the real cluster, and fails if a command was refused to them.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(helperVar); spec != "" {
 		os.Exit(helperMain(spec))
 	}
+	ctx := context.Background()
+	teardown, err := testACLSetup(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", errors.Join(err, teardown()))
+		os.Exit(1)
+	}
 	addr := os.Getenv(redisAddrVar)
 	if addr == "" {
-		os.Exit(m.Run())
+		code := m.Run()
+		if err := teardown(); err != nil {
+			fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+			code = 1
+		}
+		os.Exit(code)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	if err := scriptingDenied(rdb); err != nil {
-		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", errors.Join(err, teardown()))
 		os.Exit(1)
 	}
 	code := m.Run()
 	if err := noScriptCalls(rdb); err != nil {
+		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
+		code = 1
+	}
+	if err := teardown(); err != nil {
 		fmt.Fprintln(os.Stderr, "leakybucket tests:", err)
 		code = 1
 	}

@@ -716,7 +716,7 @@ func TestFaultSharedPrefix(t *testing.T) {
 		for _, s := range strategies {
 			t.Run(s.String(), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					testSharedPrefix(t, newMiniEnv(t).rdb, s, 30*time.Second)
+					testSharedPrefix(t, newMiniEnv(t, s).rdb, s, 30*time.Second)
 				})
 			})
 		}

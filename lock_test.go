@@ -51,7 +51,7 @@ func TestLockBusy(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
 		lockKey := b.keysOf("r").clientLock("a")
-		e.rdb.Set(context.Background(), lockKey, "someone else", time.Minute)
+		e.admin.Set(context.Background(), lockKey, "someone else", time.Minute)
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		_, err := b.Allow(ctx, "r", "a")
@@ -69,7 +69,7 @@ func TestLockBusy(t *testing.T) {
 		if trips != 2 { // the attempt, then UNWATCH of the attempt's WATCH
 			t.Errorf("Allow on a held lock with NoRetry: %d round trips, want 2", trips)
 		}
-		if got := e.rdb.Get(context.Background(), lockKey).Val(); got != "someone else" {
+		if got := e.admin.Get(context.Background(), lockKey).Val(); got != "someone else" {
 			t.Errorf("the other holder's lock is now %q", got)
 		}
 		// The waiter's claim to be next in line lapses on its own.
@@ -91,12 +91,12 @@ func TestLockReleasedWhileWaiting(t *testing.T) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(Per(5, time.Minute)))
 		lockKey := b.keysOf("r").resourceLock()
-		e.rdb.Set(ctx, lockKey, "someone else", time.Minute)
+		e.admin.Set(ctx, lockKey, "someone else", time.Minute)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			time.Sleep(30 * time.Millisecond)
-			e.rdb.Del(ctx, lockKey)
+			e.admin.Del(ctx, lockKey)
 		}()
 		res, err := b.Allow(ctx, "r", "a")
 		<-done
@@ -193,15 +193,15 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(PerMinute(5)))
 		lockKey := b.keysOf("r").resourceLock()
-		e.addHook(takeOverAndAbort{e.rdb, lockKey})
+		e.addHook(takeOverAndAbort{e.admin, lockKey})
 		// Redis reports EXECABORT; miniredis checks the WATCH first.
 		if _, err := b.Allow(ctx, "r", "a"); !redis.IsExecAbortError(errors.Unwrap(err)) && !errors.Is(err, ErrLockExpired) {
 			t.Fatalf("Allow with a discarded EXEC: error %v, want a wrapped EXECABORT or ErrLockExpired", err)
 		}
-		if got := e.rdb.Get(ctx, lockKey).Val(); got != "the next holder" {
+		if got := e.admin.Get(ctx, lockKey).Val(); got != "the next holder" {
 			t.Fatalf("the next holder's lock is now %q", got)
 		}
-		e.rdb.Del(ctx, lockKey)
+		e.admin.Del(ctx, lockKey)
 		res, err := b.Peek(ctx, "r", "a")
 		if err != nil || res.Remaining != 4 {
 			t.Errorf("Peek after the discarded EXEC = %+v, %v; want nothing recorded", res, err)

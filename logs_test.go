@@ -234,7 +234,7 @@ func TestScanDuplicatesCountOnce(t *testing.T) {
 // than COUNT among thousands of unrelated keys are counted exactly.
 func TestScanPaging(t *testing.T) {
 	t.Parallel()
-	e := newRealEnv(t)
+	e := newRealEnv(t, Logs)
 	e.fillUnrelated(t, 3000)
 	ctx := context.Background()
 	const limit = 40

@@ -26,3 +26,105 @@ func TestReadmeQuickStartIsExampleNew(t *testing.T) {
 		t.Errorf("README.md's quick start is not the body of ExampleNew:\n%s", body)
 	}
 }
+
+// The README's least-privilege section is rendered from commands_test.go:
+// its table of commands, the lock's commands, go-redis's connection
+// commands and the ACL SETUSER lines. The test prints what to paste when
+// they differ.
+func TestReadmeLeastPrivilege(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, part := range []struct{ name, text string }{
+		{"table of commands", readmeCommandTable()},
+		{"list of the lock's commands", readmeLockCommands()},
+		{"table of connection commands", readmeConnTable()},
+		{"ACL SETUSER lines", readmeACLLines()},
+	} {
+		if !strings.Contains(string(readme), part.text) {
+			t.Errorf("README.md lacks the %s of commands_test.go:\n%s", part.name, part.text)
+		}
+	}
+}
+
+// readmeCommand writes a command as the README does: `CLIENT SETINFO`.
+func readmeCommand(name string) string {
+	return "`" + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + "`"
+}
+
+func readmeCommands(names []string) string {
+	var out []string
+	for _, n := range names {
+		out = append(out, readmeCommand(n))
+	}
+	return strings.Join(out, ", ")
+}
+
+var readmeStrategies = map[string]string{"logs": "`Logs`", "sortedset": "`SortedSet`", "windows": "`Windows(p)`"}
+
+var readmeMethods = map[method]string{
+	allowMethod:    "`Allow`, `AllowN`",
+	peekMethod:     "`Peek`, `PeekN`",
+	flushMethod:    "`Flush`",
+	flushAllMethod: "`FlushAll`",
+}
+
+func readmeCommandTable() string {
+	var b strings.Builder
+	b.WriteString("| |")
+	for _, s := range strategyNames {
+		b.WriteString(" " + readmeStrategies[s] + " |")
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(strategyNames)) + "\n")
+	for _, m := range methods {
+		b.WriteString("| " + readmeMethods[m] + " |")
+		for _, s := range strategyNames {
+			sent := strategyCommands[s][m]
+			cell := readmeCommands(sent.commands)
+			if sent.lock {
+				cell = "the lock, " + cell
+			}
+			if extra := clusterCommands[m]; len(extra) > 0 {
+				cell += "; on a cluster also " + readmeCommands(extra)
+			}
+			b.WriteString(" " + cell + " |")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func readmeLockCommands() string { return "The lock is " + readmeCommands(lockCommands) + "." }
+
+func readmeConnTable() string {
+	var b strings.Builder
+	b.WriteString("| go-redis sends | when | ACL rule |\n|---|---|---|\n")
+	for _, c := range connCommands {
+		rule := "none: every user may run it"
+		if c.grant {
+			rule = strings.TrimSuffix("`+"+strings.ReplaceAll(c.name, "|", `\|`)+"`, "+c.where, ", ")
+		}
+		b.WriteString("| " + readmeCommand(c.name) + " | " + c.when + " | " + rule + " |\n")
+	}
+	return b.String()
+}
+
+// readmeACLLines are one ACL SETUSER line per strategy, for the default
+// prefix, on a standalone server or a cluster.
+func readmeACLLines() string {
+	var b strings.Builder
+	b.WriteString("```\n")
+	for _, s := range strategyNames {
+		cmds := strategyCommandsAll(s, true)
+		for _, c := range connCommands {
+			if c.paste {
+				cmds = append(cmds, c.name)
+			}
+		}
+		b.WriteString("ACL SETUSER leakybucket-" + s + " on >change-this-password resetkeys ~" + DefaultPrefix + ":* resetchannels " +
+			strings.Join(aclRules(unique(cmds)), " ") + "\n")
+	}
+	b.WriteString("```\n")
+	return b.String()
+}

@@ -55,9 +55,8 @@ func takesLock(cmds []redis.Cmder) bool {
 // lock's TTL.
 func TestLostSetReplyIsReleased(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newMiniEnv(t)
 		for _, s := range strategies {
-			e.strategy = s
+			e := newMiniEnv(t, s)
 			b := e.bucket(t, PerResource(PerMinute(10)), WithPrefix("lost-"+s.String()))
 			lose := &loseSetReply{}
 			lose.n.Store(1)
@@ -98,7 +97,7 @@ func (h slowServer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // finishes in the background.
 func TestCallsEndAtTheirDeadline(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newMiniEnv(t)
+		e := newMiniEnv(t, Logs)
 		b := e.bucket(t, PerResource(PerMinute(10)))
 		e.rdb.AddHook(slowServer{time.Second})
 		const deadline = 200 * time.Millisecond

@@ -63,8 +63,7 @@ func TestRecordDenied(t *testing.T) {
 // later than under Logs.
 func TestWindowsPrecision(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newMiniEnv(t)
-		e.strategy = Windows(100 * ms)
+		e := newMiniEnv(t, Windows(100*ms))
 		limit := Per(3, time.Second)
 		b := e.bucket(t, PerClient(limit))
 		deny := []Rule{{ScopeClient, limit}}
@@ -89,7 +88,7 @@ func TestWindowsPrecision(t *testing.T) {
 			}
 			time.Sleep(time.Minute)
 		}
-		if n := e.rdb.HLen(context.Background(), hourly.keysOf("r").hash()).Val(); n > 61 {
+		if n := e.admin.HLen(context.Background(), hourly.keysOf("r").hash()).Val(); n > 61 {
 			t.Errorf("the resource's hash has %d fields, want at most 61", n)
 		}
 	})
@@ -103,9 +102,9 @@ func TestWindowsBound(t *testing.T) {
 	for _, precision := range []time.Duration{7 * ms, 50 * ms, 250 * ms} {
 		t.Run(precision.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				e := newMiniEnv(t)
+				e := newMiniEnv(t, Windows(precision))
 				short, long := Per(5, 300*ms), Per(12, 1500*ms)
-				b := e.bucket(t, WithStrategy(Windows(precision)), PerResource(long), PerClient(short))
+				b := e.bucket(t, PerResource(long), PerClient(short))
 				type call struct {
 					at     time.Time
 					client string
@@ -153,11 +152,11 @@ func TestWindowsBound(t *testing.T) {
 // trips, and Peek 1. (Real Redis only: miniredis ignores SCAN COUNT.)
 func TestCostIndependentOfDatabaseSize(t *testing.T) {
 	t.Parallel()
-	e := newRealEnv(t)
-	e.fillUnrelated(t, 3000)
 	ctx := context.Background()
 	for _, s := range []Strategy{SortedSet, Windows(time.Second)} {
-		b := e.bucket(t, WithStrategy(s), WithScanCount(10), PerResource(PerMinute(100)), PerClient(PerMinute(10)))
+		e := newRealEnv(t, s)
+		e.fillUnrelated(t, 3000)
+		b := e.bucket(t, WithScanCount(10), PerResource(PerMinute(100)), PerClient(PerMinute(10)))
 		for i := range 12 {
 			var res Result
 			var err error

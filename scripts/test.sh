@@ -2,8 +2,11 @@
 # Runs every test of the module: go vet, then the whole suite under -race
 # against miniredis, against a real Redis and against a real 3-master Redis
 # Cluster (scripts/cluster.sh), whose default users are denied scripting
-# (-@scripting). This script installs redis-server if missing, starts both on
-# free loopback ports, and stops them on exit, also when tests fail.
+# (-@scripting). On both, the tests (TestMain, acl_test.go) create ACL users
+# allowed only the commands each strategy sends (commands_test.go), run every
+# Bucket as one of them, and fail if ACL LOG shows a refusal. This script
+# installs redis-server if missing, starts both on free loopback ports, and
+# stops them on exit, also when tests fail.
 #
 # Usage: scripts/test.sh [extra go test flags]   (make test runs it)
 set -euo pipefail

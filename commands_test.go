@@ -1,0 +1,380 @@
+package leakybucket
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Redis commands a Bucket sends, by strategy and method: the one list
+// that everything about least privilege is checked against.
+//
+//   - Every behaviour test logs what its Bucket's client sends (commandLog)
+//     and fails on a command not listed for its strategy.
+//   - On the real Redis and the real cluster, that client authenticates as
+//     the ACL user of its strategy, which may run only these commands
+//     (acl_test.go): a command missing here fails the suite with NOPERM, or,
+//     where the library ignores the error, by the ACL LOG check of TestMain.
+//   - TestCommandsPerMethod drives each method down each of its paths and
+//     checks that it sends exactly its list.
+//   - The README's least-privilege section is rendered from these lists, and
+//     TestReadmeLeastPrivilege fails until the README matches them.
+//
+// Names are as in ACL rules: lower case, "container|subcommand".
+
+// A method of a Bucket, as the README's table names it.
+type method string
+
+const (
+	allowMethod    method = "Allow"
+	peekMethod     method = "Peek"
+	flushMethod    method = "Flush"
+	flushAllMethod method = "FlushAll"
+)
+
+var methods = []method{allowMethod, peekMethod, flushMethod, flushAllMethod}
+
+// lockCommands are what the lock sends (lock.go): SET NX PXAT takes it, with
+// TIME to keep the estimate of Redis's clock, UNWATCH starts each attempt,
+// WATCH and GET fence it, and MULTI ... DEL ... EXEC releases it with the
+// writes. A waiter claims to be next in line with SET NX PX and reads the
+// claim with GET; the holder that was next clears it with DEL. The
+// background release sends WATCH, GET, TIME, then MULTI, DEL, EXEC or
+// UNWATCH.
+var lockCommands = []string{"set", "unwatch", "watch", "get", "multi", "del", "exec", "time"}
+
+// sends is what one method of one strategy sends.
+type sends struct {
+	lock     bool     // the lock's commands too
+	commands []string // the strategy's reads (TIME included), then writes
+}
+
+// strategyCommands, by strategy (see strategyName) and method.
+var strategyCommands = map[string]map[method]sends{
+	"logs": {
+		allowMethod:    {true, []string{"scan", "time", "set"}},
+		peekMethod:     {false, []string{"scan", "time"}},
+		flushMethod:    {true, []string{"scan", "time", "del"}},
+		flushAllMethod: {true, []string{"scan", "del"}},
+	},
+	"sortedset": {
+		allowMethod:    {true, []string{"zrange", "time", "zremrangebyscore", "zadd", "pexpireat"}},
+		peekMethod:     {false, []string{"zrange", "time"}},
+		flushMethod:    {true, []string{"zrange", "time", "del", "zrem"}},
+		flushAllMethod: {true, []string{"del", "scan"}},
+	},
+	"windows": {
+		allowMethod:    {true, []string{"hgetall", "time", "hdel", "hincrby", "hset", "pexpireat"}},
+		peekMethod:     {false, []string{"hgetall", "time"}},
+		flushMethod:    {true, []string{"hgetall", "time", "del", "hdel", "hincrby"}},
+		flushAllMethod: {true, []string{"scan", "del"}},
+	},
+}
+
+// clusterCommands are what a method also sends on a *redis.ClusterClient:
+// the slot guard of reads that carry no key (cluster.go).
+var clusterCommands = map[method][]string{
+	peekMethod:     {"exists"},
+	flushAllMethod: {"exists"},
+}
+
+// connCommand is a command go-redis (v9.23) itself sends on each new
+// connection, before any of the library's.
+type connCommand struct {
+	name    string
+	when    string // for the README
+	grant   bool   // an ACL rule must allow it (HELLO, with AUTH, needs none)
+	where   string // for the README: on which servers the rule applies, if not all
+	cluster bool   // only on a *redis.ClusterClient
+	paste   bool   // in the README's ACL SETUSER lines, which Redis 7.0 must accept
+}
+
+var connCommands = []connCommand{
+	{"hello", "every new connection; it carries `AUTH`", false, "", false, false},
+	{"select", "`DB` in `redis.Options` is not 0", true, "", false, true},
+	{"client|maint_notifications", "every new connection, unless `MaintNotificationsConfig` disables it; once refused, go-redis stops sending it", true,
+		"where the server has it (open-source Redis 7 does not)", false, false},
+	{"client|setinfo", "every new connection, unless `DisableIdentity`; go-redis ignores a refusal", true,
+		"on Redis 7.2 and later (7.0 refuses the rule)", false, false},
+	{"cluster|slots", "a `*redis.ClusterClient`, to map the slots", true, "", true, true},
+}
+
+// isConnCommand reports whether name is among connCommands.
+func isConnCommand(name string) bool {
+	return slices.ContainsFunc(connCommands, func(c connCommand) bool { return c.name == name })
+}
+
+// strategyName names s as strategyCommands does.
+func strategyName(s Strategy) string {
+	switch s.(type) {
+	case logsStrategy:
+		return "logs"
+	case sortedSetStrategy:
+		return "sortedset"
+	case windowsStrategy:
+		return "windows"
+	}
+	panic(fmt.Sprintf("strategy %v is not in strategyCommands", s))
+}
+
+// strategyNames are the keys of strategyCommands, in the README's order.
+var strategyNames = []string{"logs", "sortedset", "windows"}
+
+// methodCommands returns what method m of strategy s sends, the lock's
+// commands first, on a cluster client or not.
+func methodCommands(s string, m method, cluster bool) []string {
+	sent := strategyCommands[s][m]
+	var cmds []string
+	if sent.lock {
+		cmds = append(cmds, lockCommands...)
+	}
+	cmds = append(cmds, sent.commands...)
+	if cluster {
+		cmds = append(cmds, clusterCommands[m]...)
+	}
+	return unique(cmds)
+}
+
+// strategyCommandsAll returns every command a Bucket of strategy s sends,
+// whatever the method.
+func strategyCommandsAll(s string, cluster bool) []string {
+	var cmds []string
+	for _, m := range methods {
+		cmds = append(cmds, methodCommands(s, m, cluster)...)
+	}
+	return unique(cmds)
+}
+
+// grants returns the connection commands a user needs rules for.
+func grants(cluster bool) []string {
+	var cmds []string
+	for _, c := range connCommands {
+		if c.grant && (cluster || !c.cluster) {
+			cmds = append(cmds, c.name)
+		}
+	}
+	return cmds
+}
+
+// allowed returns every command the client of a Bucket of strategy s may
+// send: the strategy's, and go-redis's own on connecting.
+func allowed(s string, cluster bool) map[string]bool {
+	set := map[string]bool{}
+	for _, c := range strategyCommandsAll(s, cluster) {
+		set[c] = true
+	}
+	for _, c := range connCommands {
+		if cluster || !c.cluster {
+			set[c.name] = true
+		}
+	}
+	return set
+}
+
+// aclRules returns the ACL rules that allow exactly cmds: every category
+// off, then each command on.
+func aclRules(cmds []string) []string {
+	rules := []string{"-@all"}
+	for _, c := range cmds {
+		rules = append(rules, "+"+c)
+	}
+	return rules
+}
+
+func unique(cmds []string) []string {
+	var out []string
+	for _, c := range cmds {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// commandName names a command as ACL rules do: a container command with
+// its subcommand, as "client|setinfo".
+func commandName(cmd redis.Cmder) string {
+	name := cmd.Name()
+	switch name {
+	case "acl", "client", "cluster", "command", "config", "function", "memory", "object", "script":
+		if args := cmd.Args(); len(args) > 1 {
+			if sub, ok := args[1].(string); ok {
+				return name + "|" + strings.ToLower(sub)
+			}
+		}
+	}
+	return name
+}
+
+// commandLog is a hook that logs every command its client sends, by name.
+type commandLog struct {
+	mu   sync.Mutex
+	sent []string
+}
+
+func (l *commandLog) add(cmds ...redis.Cmder) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, cmd := range cmds {
+		l.sent = append(l.sent, commandName(cmd))
+	}
+}
+
+func (l *commandLog) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (l *commandLog) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		l.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (l *commandLog) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		l.add(cmds...)
+		return next(ctx, cmds)
+	}
+}
+
+// during returns the distinct commands sent while f ran, leaving out those
+// of go-redis's connection handshake.
+func (l *commandLog) during(f func()) []string {
+	l.mu.Lock()
+	from := len(l.sent)
+	l.mu.Unlock()
+	f()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var cmds []string
+	for _, c := range l.sent[from:] {
+		if !isConnCommand(c) {
+			cmds = append(cmds, c)
+		}
+	}
+	return unique(cmds)
+}
+
+// unexpected returns the commands sent that strategy s may not send.
+func (l *commandLog) unexpected(s string, cluster bool) []string {
+	ok := allowed(s, cluster)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var bad []string
+	for _, c := range l.sent {
+		if !ok[c] {
+			bad = append(bad, c)
+		}
+	}
+	return unique(bad)
+}
+
+// all returns the distinct commands sent so far.
+func (l *commandLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return unique(l.sent)
+}
+
+// Each method sends exactly what commands_test.go lists for it. Every
+// method runs down each of its paths, for rules per resource, per client and
+// both: Allow with intervals to prune and a weight that saturates a Windows
+// interval, Flush of a client that shares an interval with another, FlushAll
+// of a resource with keys left. Each call may send only its method's
+// commands; on miniredis, whose fake time makes the paths certain, the calls
+// of a method must send all of them together. On the real servers, go-redis
+// must send the connection commands listed.
+func TestCommandsPerMethod(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		s := strategyName(e.strategy)
+		_, cluster := e.rdb.(*redis.ClusterClient)
+		sent := map[method][]string{}
+		record := func(m method, call string, f func() error) {
+			t.Helper()
+			var err error
+			cmds := e.sent.during(func() { err = f() })
+			if err != nil {
+				t.Fatalf("%s: %v", call, err)
+			}
+			want := methodCommands(s, m, cluster)
+			for _, c := range cmds {
+				if !slices.Contains(want, c) {
+					t.Errorf("%s sent %s, which is not listed for %s", call, strings.ToUpper(c), m)
+				}
+			}
+			sent[m] = unique(append(sent[m], cmds...))
+		}
+		allow := func(b *Bucket, client string, n int) {
+			t.Helper()
+			record(allowMethod, fmt.Sprintf("AllowN(%s, %d)", client, n), func() error {
+				_, err := b.AllowN(ctx, "r", client, n)
+				return err
+			})
+		}
+		limit := Per(math.MaxInt, 200*time.Millisecond)
+		for _, rules := range []struct {
+			name string
+			opts []Option
+		}{
+			{"per-resource", []Option{PerResource(limit)}},
+			{"per-client", []Option{PerClient(limit)}},
+			{"both", []Option{PerResource(limit), PerClient(limit)}},
+		} {
+			b := e.bucket(t, append(rules.opts, WithPrefix(e.prefix+":"+rules.name), WithRecordDenied())...)
+			allow(b, "a", 1)
+			allow(b, "b", 1)
+			time.Sleep(120 * time.Millisecond)
+			allow(b, "a", 1)
+			time.Sleep(120 * time.Millisecond) // the first calls left the window: Windows deletes their interval
+			allow(b, "a", math.MaxInt)         // denied and recorded: a full interval
+			allow(b, "a", math.MaxInt)         // saturates it: HSET, not HINCRBY
+			record(peekMethod, "Peek", func() error { _, err := b.Peek(ctx, "r", "a"); return err })
+			time.Sleep(250 * time.Millisecond) // all gone
+			allow(b, "a", 1)
+			time.Sleep(10 * time.Millisecond)
+			allow(b, "a", 1) // in one interval with b's
+			allow(b, "b", 1)
+			record(flushMethod, "Flush", func() error { return b.Flush(ctx, "r", "a") })
+			record(flushAllMethod, "FlushAll", func() error { return b.FlushAll(ctx, "r") })
+		}
+		// The slot guard guards what carries no key: every Peek, and a
+		// FlushAll without the lock (every rule per-client).
+		for m, cmds := range clusterCommands {
+			for _, c := range cmds {
+				if cluster && !slices.Contains(sent[m], c) {
+					t.Errorf("%s on a cluster never sent %s", m, strings.ToUpper(c))
+				}
+			}
+		}
+		if e.mini != nil {
+			for _, m := range methods {
+				for _, c := range methodCommands(s, m, false) {
+					if !slices.Contains(sent[m], c) {
+						t.Errorf("%s never sent %s, which is listed for it", m, strings.ToUpper(c))
+					}
+				}
+			}
+		}
+		if e.real {
+			db := 0
+			if rdb, ok := e.rdb.(*redis.Client); ok {
+				db = rdb.Options().DB
+			}
+			for _, c := range connCommands {
+				if c.name == "select" && db == 0 || c.cluster && !cluster {
+					continue
+				}
+				if !slices.Contains(e.sent.all(), c.name) {
+					t.Errorf("go-redis never sent %s, which is listed as sent on connecting", c.name)
+				}
+			}
+		}
+	})
+}
