@@ -67,7 +67,7 @@ func unlimited(window time.Duration) Option { return PerResource(Per(1<<30, wind
 // errorAudit checks each failed call of a fault test against what the test
 // allows, and tallies the errors' network causes.
 type errorAudit struct {
-	allowed func(err error) bool // nil: every error is a violation
+	allowed func(o observed) bool // nil: every error is a violation
 
 	mu         sync.Mutex
 	causes     map[string]int // rootCause, "" when none
@@ -85,7 +85,7 @@ func (a *errorAudit) observe(_ int, o observed) {
 		a.causes = map[string]int{}
 	}
 	a.causes[rootCause(o.err)]++
-	if a.allowed != nil && a.allowed(o.err) {
+	if a.allowed != nil && a.allowed(o) {
 		return
 	}
 	a.violations++
@@ -240,9 +240,9 @@ func testPause(t *testing.T, s Strategy, srv *redisProc, ctxTimeout bool) {
 	if stats.admitted == 0 {
 		t.Errorf("no call was admitted before the pause: %v", stats)
 	}
-	if n := late.Load(); n > 0 {
-		t.Errorf("%d calls returned more than %v after their %v deadline, the worst %v after",
-			n, pauseSlack, pauseDeadline, stats.maxOverrun.Round(time.Millisecond))
+	if stats.overrunBeyond(pauseSlack) {
+		t.Errorf("%d calls returned more than %v (plus the scheduler's lag) after their %v deadline, the worst %v after",
+			late.Load(), stats.allowedOverrun(pauseSlack), pauseDeadline, stats.maxOverrun.Round(time.Millisecond))
 	}
 	if !ok || recovery > pauseRecovery {
 		t.Errorf("after SIGCONT a new call waited %v for an admission (ok %v, last error %v), want at most %v",
@@ -271,17 +271,17 @@ const (
 var killClients = []struct {
 	name     string
 	opt      redis.Options
-	allowed  func(error) bool // what every error must be
+	allowed  func(observed) bool // what every error must be
 	want     string           // allowed, in words
 	recovery time.Duration    // admitted again this soon after the restart
 }{
 	{
-		"DefaultRetries", redis.Options{ContextTimeoutEnabled: true}, unavailableOrDeadline,
+		"DefaultRetries", redis.Options{ContextTimeoutEnabled: true}, func(o observed) bool { return unavailableOrDeadline(o.err) },
 		"ErrUnavailable or a context deadline", time.Second,
 	},
 	{
-		"FailFast", redis.Options{ContextTimeoutEnabled: true, DialerRetries: 1, MaxRetries: -1}, unavailableWithCause,
-		"ErrUnavailable with a network cause (refused, reset, EOF, i/o timeout)", 2 * time.Second,
+		"FailFast", redis.Options{ContextTimeoutEnabled: true, DialerRetries: 1, MaxRetries: -1}, failedFastWithCause,
+		"ErrUnavailable with a network cause (refused, reset, EOF, i/o timeout), or, at the deadline, the deadline", 2 * time.Second,
 	},
 }
 
@@ -303,6 +303,17 @@ func TestFaultKill(t *testing.T) {
 			})
 		})
 	}
+}
+
+// failedFastWithCause: a call that failed before its deadline says why,
+// with ErrUnavailable and the network error behind it; one that reached
+// its deadline first (a loaded scheduler can starve the decision under
+// way) may only say that.
+func failedFastWithCause(o observed) bool {
+	if o.took >= o.timeout {
+		return unavailableOrDeadline(o.err)
+	}
+	return unavailableWithCause(o.err)
 }
 
 // unavailableOrDeadline is what an error may be when the server is gone
@@ -338,8 +349,9 @@ func testKill(t *testing.T, s Strategy, srv *redisProc, opt redis.Options, audit
 	t.Logf("while the server was gone: %d of %d errors were ECONNREFUSED", gone.refused.Load(), gone.failed.Load())
 	t.Logf("admitted %v after the restart (ok %v, last error %v)", recovery.Round(time.Millisecond), ok, last)
 	audit.report(t, want)
-	if stats.maxOverrun > killSlack {
-		t.Errorf("a call returned %v after its %v deadline, want at most %v", stats.maxOverrun.Round(time.Millisecond), killDeadline, killSlack)
+	if stats.overrunBeyond(killSlack) {
+		t.Errorf("a call returned %v after its %v deadline, want at most %v (%v plus the scheduler's lag)",
+			stats.maxOverrun.Round(time.Millisecond), killDeadline, stats.allowedOverrun(killSlack), killSlack)
 	}
 	if !ok || recovery > bound {
 		t.Errorf("after the restart a call waited %v for an admission (ok %v, last error %v), want at most %v",
@@ -384,7 +396,7 @@ func TestFaultProxy(t *testing.T) { eachFaultStrategy(t, strategies, testProxy) 
 func testProxy(t *testing.T, s Strategy, srv *redisProc) {
 	px := startProxy(t, srv.Addr())
 	rules := []Option{WithStrategy(s), PerResource(PerMinute(proxyLimit))}
-	audit := &errorAudit{allowed: unavailableOrDeadline}
+	audit := &errorAudit{allowed: func(o observed) bool { return unavailableOrDeadline(o.err) }}
 	stopChaos := startChaos(px)
 	stats := runLoad(t, load{
 		buckets: buckets(t, proxyProcesses, px.Addr(), rules...), resource: "r",
