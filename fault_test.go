@@ -272,8 +272,8 @@ var killClients = []struct {
 	name     string
 	opt      redis.Options
 	allowed  func(observed) bool // what every error must be
-	want     string           // allowed, in words
-	recovery time.Duration    // admitted again this soon after the restart
+	want     string              // allowed, in words
+	recovery time.Duration       // admitted again this soon after the restart
 }{
 	{
 		"DefaultRetries", redis.Options{ContextTimeoutEnabled: true}, func(o observed) bool { return unavailableOrDeadline(o.err) },
