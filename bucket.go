@@ -125,18 +125,17 @@ func (b *Bucket) keysOf(resource string) keyspace {
 // locked runs a read-then-write under the lock lockKey, on one connection
 // of the node that owns keys: take the lock and queue r's reads (one round
 // trip, more if a Logs SCAN needs more pages), then queue write's commands
-// and release the lock in one MULTI/EXEC (one more). busy, if not nil,
-// learns whether the lock is held by another holder. ctx bounds the wait
+// and release the lock in one MULTI/EXEC (one more). view keeps what was
+// learned of the lock. ctx bounds the wait
 // for the lock; once a SET is sent, the round trips are bounded by the
 // lock's deadline instead.
-func (b *Bucket) locked(ctx context.Context, keys keyspace, lockKey string, r reader, busy func(bool), write func(redis.Pipeliner, *tally)) error {
+func (b *Bucket) locked(ctx context.Context, keys keyspace, lockKey string, r reader, view *lockView, write func(redis.Pipeliner, *tally)) error {
 	node, err := b.node(ctx, keys.slotKey())
 	if err != nil {
 		return classify(err)
 	}
 	err = node.Watch(ctx, func(tx *redis.Tx) error {
-		l := newLock(lockKey, b.cfg.lockTTL, b.cfg.lockRetry(), node, b.clocks.of(node.Options().Addr))
-		l.busy = busy
+		l := newLock(lockKey, b.cfg.lockTTL, b.cfg.lockRetry(), node, b.clocks.of(node.Options().Addr), view)
 		defer l.cleanup(ctx, tx)
 		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { r.queue(ctx, pipe) }); err != nil {
 			return err
@@ -167,7 +166,7 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 		return Result{}, err
 	}
 	var res Result
-	err := bounded(ctx, func(ctx context.Context, _ func(bool)) error {
+	err := bounded(ctx, func(ctx context.Context, _ *lockView) error {
 		keys := b.keysOf(resource)
 		node, err := b.node(ctx, keys.slotKey())
 		if err != nil {
@@ -192,9 +191,9 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	return bounded(ctx, func(ctx context.Context, busy func(bool)) error {
+	return bounded(ctx, func(ctx context.Context, view *lockView) error {
 		keys := b.keysOf(resource)
-		return b.locked(ctx, keys, b.lockKey(keys, client), b.store.read(keys, []string{client}), busy, func(pipe redis.Pipeliner, t *tally) {
+		return b.locked(ctx, keys, b.lockKey(keys, client), b.store.read(keys, []string{client}), view, func(pipe redis.Pipeliner, t *tally) {
 			b.store.forget(ctx, pipe, keys, client, t)
 		})
 	})
@@ -211,13 +210,13 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
 	if resource == "" {
 		return ErrEmptyResource
 	}
-	return bounded(ctx, func(ctx context.Context, busy func(bool)) error {
+	return bounded(ctx, func(ctx context.Context, view *lockView) error {
 		keys := b.keysOf(resource)
 		if b.plan.clientScoped {
 			return b.flushUnlocked(ctx, keys)
 		}
 		r := b.store.readAll(keys)
-		return b.locked(ctx, keys, keys.resourceLock(), r, busy, func(pipe redis.Pipeliner, _ *tally) {
+		return b.locked(ctx, keys, keys.resourceLock(), r, view, func(pipe redis.Pipeliner, _ *tally) {
 			if found := r.keys(); len(found) > 0 {
 				pipe.Del(ctx, found...)
 			}

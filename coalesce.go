@@ -60,11 +60,11 @@ type call struct {
 
 // line is the calls waiting for one lock, and the batch under way.
 type line struct {
-	calls     []*call // waiting, in arrival order
-	running   []*call // the batch under way
-	cancel    context.CancelFunc
-	contended bool  // the lock was last seen held by another holder
-	lastErr   error // the error of the latest batch, nil if it succeeded
+	calls   []*call // waiting, in arrival order
+	running []*call // the batch under way
+	cancel  context.CancelFunc
+	view    lockView // what this process knows of the lock
+	lastErr error    // the error of the latest batch, nil if it succeeded
 }
 
 // coalescer holds the lines of one Bucket.
@@ -115,13 +115,6 @@ func (co *coalescer) hopeless(ctx context.Context) error {
 	return nil
 }
 
-// seenBusy reports whether l's lock was last seen held by another holder.
-func (co *coalescer) seenBusy(l *line) bool {
-	co.mu.Lock()
-	defer co.mu.Unlock()
-	return l.contended
-}
-
 // decide queues c for the lock lockKey, and returns its result once a batch
 // decided it, or its context's error once it ends.
 func (b *Bucket) decide(resource, lockKey string, c *call) (Result, error) {
@@ -161,7 +154,7 @@ func (b *Bucket) abandon(l *line, c *call) (Result, error) {
 	if l.cancel != nil && allAbandoned(l.running) {
 		l.cancel()
 	}
-	return Result{}, givenUp(c.ctx, l.contended, l.lastErr)
+	return Result{}, givenUp(c.ctx, l.view.contended(), l.lastErr)
 }
 
 func allAbandoned(calls []*call) bool {
@@ -209,7 +202,7 @@ func (b *Bucket) work(resource, lockKey string, l *line) {
 		if err == nil {
 			start := time.Now()
 			err = b.runBatch(ctx, resource, l, batch)
-			if err == nil && !b.co.seenBusy(l) {
+			if err == nil && !l.view.contended() {
 				b.co.took(time.Since(start))
 			}
 		}
@@ -268,7 +261,7 @@ func (b *Bucket) finish(l *line, batch []*call, ctx context.Context, err error) 
 	b.co.mu.Lock()
 	defer b.co.mu.Unlock()
 	if err != nil && ctx.Err() != nil {
-		err = givenUp(ctx, l.contended, err)
+		err = givenUp(ctx, l.view.contended(), err)
 	}
 	l.running, l.cancel, l.lastErr = nil, nil, err
 	for _, c := range batch {
@@ -296,12 +289,7 @@ func (b *Bucket) runBatch(ctx context.Context, resource string, l *line, batch [
 		}
 	}
 	keys := b.keysOf(resource)
-	busy := func(busy bool) {
-		b.co.mu.Lock()
-		l.contended = busy
-		b.co.mu.Unlock()
-	}
-	return b.locked(ctx, keys, b.lockKey(keys, clients[0]), b.store.read(keys, clients), busy, func(pipe redis.Pipeliner, t *tally) {
+	return b.locked(ctx, keys, b.lockKey(keys, clients[0]), b.store.read(keys, clients), &l.view, func(pipe redis.Pipeliner, t *tally) {
 		t.sort()
 		at := b.store.stamp(t.now)
 		for client, weight := range b.evaluateBatch(batch, t, at) {

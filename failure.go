@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -55,10 +54,10 @@ func unreachable(err error) bool {
 // at once (ErrLockNotObtained if f last saw the lock held by another
 // holder): f then goes on in the background until it notices, so a call
 // never overruns its deadline while Redis is slow or a lock is released.
-func bounded(ctx context.Context, f func(ctx context.Context, busy func(bool)) error) error {
-	var contended atomic.Bool
+func bounded(ctx context.Context, f func(ctx context.Context, view *lockView) error) error {
+	view := &lockView{}
 	done := make(chan error, 1)
-	go func() { done <- f(ctx, contended.Store) }()
+	go func() { done <- f(ctx, view) }()
 	select {
 	case err := <-done:
 		return err
@@ -67,7 +66,7 @@ func bounded(ctx context.Context, f func(ctx context.Context, busy func(bool)) e
 		case err := <-done:
 			return err
 		default:
-			return givenUp(ctx, contended.Load(), nil)
+			return givenUp(ctx, view.contended(), nil)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,9 +54,8 @@ type lock struct {
 	node  *redis.Client // where free runs
 	clock *redisClock   // the node's clock
 
-	// busy, if set, is told whether the lock was last seen held by another
-	// holder (true) or not (false).
-	busy func(bool)
+	// view is what this process knows of the lock across attempts.
+	view *lockView
 
 	deadline  int64     // Redis ms at which our latest SET expires; 0 if sent with PX
 	sent      time.Time // when our latest SET was sent
@@ -68,11 +68,47 @@ type lock struct {
 
 // newLock returns a lock on key of node; a nil retry strategy means
 // NoRetry.
-func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node *redis.Client, clock *redisClock) *lock {
+func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node *redis.Client, clock *redisClock, view *lockView) *lock {
 	if retry == nil {
 		retry = redislock.NoRetry()
 	}
-	return &lock{key: key, token: uuid.NewString(), ttl: ttl, retry: retry, node: node, clock: clock}
+	return &lock{key: key, token: uuid.NewString(), ttl: ttl, retry: retry, node: node, clock: clock, view: view}
+}
+
+// lockView is what the callers of one lock in this process learned of it,
+// kept across attempts and batches: whether it was last seen held by
+// another holder, and when another waiter was last seen next in line.
+type lockView struct {
+	mu        sync.Mutex
+	busy      bool
+	claimSeen time.Time
+}
+
+func (v *lockView) setBusy(busy bool) {
+	v.mu.Lock()
+	v.busy = busy
+	v.mu.Unlock()
+}
+
+// contended reports whether the lock was last seen held by another holder.
+func (v *lockView) contended() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.busy
+}
+
+func (v *lockView) sawClaim() {
+	v.mu.Lock()
+	v.claimSeen = time.Now()
+	v.mu.Unlock()
+}
+
+// deferring reports whether another waiter was seen next in line within
+// queueTTL: then we do not even try to take the lock (see queueing).
+func (v *lockView) deferring() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return time.Since(v.claimSeen) < queueTTL
 }
 
 // lockGrace is how long a lock outlives the deadline of the calls it
@@ -89,44 +125,43 @@ const unwatchTimeout = 100 * time.Millisecond
 // context ends; then it returns ErrLockNotObtained joined with the context's
 // error. A Redis or I/O error ends it at once.
 func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipeliner)) error {
-	var wait *time.Timer
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
 	for first := true; ; first = false {
 		ok, err := l.try(ctx, tx, first, read)
-		if err != nil && !first && ctx.Err() != nil {
-			// The context ended during a poll of the busy lock.
-			return fmt.Errorf("%w: %w: %w", ErrLockNotObtained, context.Cause(ctx), err)
-		}
 		if err != nil || ok {
 			l.report(false)
 			return err
 		}
 		l.report(true)
-		backoff := l.retry.NextBackoff()
-		if backoff <= 0 {
-			return ErrLockNotObtained
-		}
-		if l.queued {
-			backoff = min(backoff, queuePoll)
-		}
-		if wait == nil {
-			wait = time.NewTimer(backoff)
-			defer wait.Stop()
-		} else {
-			wait.Reset(backoff)
-		}
-		select {
-		case <-ctx.Done():
-			return errors.Join(ErrLockNotObtained, context.Cause(ctx))
-		case <-wait.C:
+		if err := l.wait(ctx, timer); err != nil {
+			return err
 		}
 	}
 }
 
-func (l *lock) report(busy bool) {
-	if l.busy != nil {
-		l.busy(busy)
+// wait sleeps until the next attempt, as the retry strategy says (at most
+// queuePoll while we are next in line), and returns ErrLockNotObtained if
+// the strategy gives up or ctx ends first.
+func (l *lock) wait(ctx context.Context, timer *time.Timer) error {
+	backoff := l.retry.NextBackoff()
+	if backoff <= 0 {
+		return ErrLockNotObtained
+	}
+	if l.queued {
+		backoff = min(backoff, queuePoll)
+	}
+	timer.Reset(backoff)
+	select {
+	case <-ctx.Done():
+		timer.Stop()
+		return fmt.Errorf("%w: %w", ErrLockNotObtained, context.Cause(ctx))
+	case <-timer.C:
+		return nil
 	}
 }
+
+func (l *lock) report(busy bool) { l.view.setBusy(busy) }
 
 // try makes one attempt. The first sends SET NX with WATCH, GET and the reads
 // in one round trip. Later ones send SET NX alone, so that polling a busy
@@ -135,11 +170,17 @@ func (l *lock) report(busy bool) {
 // holder's release and abort our EXEC. Every attempt also reads who is
 // next in line (see queueing), and later ones ask to be.
 func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redis.Pipeliner)) (bool, error) {
+	if !l.queued && l.view.deferring() {
+		if waiting, err := l.othersWaiting(ctx, tx); waiting || err != nil {
+			return false, err
+		}
+	}
 	args := l.setArgs(ctx)
+	claim := !first && willWait(ctx)
 	l.maybeHeld, l.ran, l.sent = true, false, time.Now()
 	ctx, cancel := l.holding(ctx)
 	defer cancel()
-	a := l.send(ctx, tx, first, args, read)
+	a := l.send(ctx, tx, claim, first, args, read)
 	l.watching = a.watch != nil && a.watch.Err() == nil
 	if err := a.set.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return false, err
@@ -150,6 +191,9 @@ func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redi
 	}
 	next := a.next.Val()
 	l.queued = next == l.token
+	if next != "" && !l.queued {
+		l.view.sawClaim()
+	}
 	if errors.Is(a.set.Err(), redis.Nil) {
 		l.maybeHeld = false // held by another: our SET ran and set nothing
 		return false, nil
@@ -169,14 +213,14 @@ type attempt struct {
 	get   *redis.StringCmd
 }
 
-func (l *lock) send(ctx context.Context, tx *redis.Tx, first bool, args []any, read func(redis.Pipeliner)) attempt {
+func (l *lock) send(ctx context.Context, tx *redis.Tx, claim, first bool, args []any, read func(redis.Pipeliner)) attempt {
 	var a attempt
 	_, _ = tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Do(ctx, "unwatch")
 		a.set = pipe.Do(ctx, args...)
 		a.clock = pipe.Time(ctx)
-		if !first {
-			pipe.SetNX(ctx, l.nextKey(), l.token, l.queueFor(ctx))
+		if claim {
+			pipe.SetNX(ctx, l.nextKey(), l.token, queueTTL)
 		}
 		a.next = pipe.Get(ctx, l.nextKey())
 		if first {
@@ -222,11 +266,14 @@ func (l *lock) confirm(ctx context.Context, tx *redis.Tx, a attempt, read func(r
 // waiter that sleeps between polls, so callers with a steady stream of
 // calls can starve another process's waiter for as long as they keep
 // coming. So a waiter that found the lock busy asks to be next in line
-// (SET lock:next token NX PX 5ms, with each poll), and anyone who takes
-// the lock while another is next in line gives it back at once (yield)
-// and waits its turn. The next in line polls every millisecond at least,
-// and its claim lapses 5 ms after its last poll (sooner if its context
-// ends sooner), so a waiter that gave up holds nobody up for longer. The
+// (SET lock:next token NX PX 5ms, with each poll, if it has at least 5 ms
+// left to wait), anyone who takes the
+// lock while another is next in line gives it back at once (yield) and
+// waits its turn, and a process that saw another waiter next in line in
+// the last 5 ms only reads the claim (GET lock:next) until it is gone,
+// rather than take the lock only to give it back. The next in line polls every millisecond at least,
+// and its claim lapses 5 ms after its last poll, so a waiter that gave up
+// holds nobody up for longer. The
 // holder that was next in line clears the claim with its release.
 // Safety does not depend on any of this: it is the SET NX and the WATCH.
 const (
@@ -236,12 +283,26 @@ const (
 
 func (l *lock) nextKey() string { return l.key + ":next" }
 
-// queueFor is how long a claim to be next in line lasts.
-func (l *lock) queueFor(ctx context.Context) time.Duration {
-	if d, ok := ctx.Deadline(); ok {
-		return max(min(queueTTL, time.Until(d)), time.Millisecond)
+// willWait reports whether the callers of ctx can wait their turn: a claim
+// to be next in line asks everyone else to stand back for up to queueTTL,
+// so only a waiter with at least that long left makes one.
+func willWait(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return !ok || time.Until(d) >= queueTTL
+}
+
+// othersWaiting reads whether another waiter is next in line, without
+// trying to take the lock: how a caller that recently saw one defers to it.
+func (l *lock) othersWaiting(ctx context.Context, tx *redis.Tx) (bool, error) {
+	next, err := tx.Get(ctx, l.nextKey()).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return false, err
 	}
-	return queueTTL
+	if next != "" && next != l.token {
+		l.view.sawClaim()
+		return true, nil
+	}
+	return false, nil
 }
 
 // yield gives back the lock that our SET just took, to the waiter next in

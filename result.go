@@ -61,22 +61,17 @@ type RuleResult struct {
 // room for it; then, or also when denied if recordDenied, it counts under
 // every rule at once.
 func evaluate(rules []Rule, t *tally, client string, at int64, n int, recordDenied bool) Result {
-	all, mine := t.all, t.of(client)
 	entriesOf := func(rule Rule) []logEntry {
 		if rule.Scope == ScopeClient {
-			return mine
+			return t.of(client)
 		}
-		return all
+		return t.all
 	}
 	res := Result{Allowed: true, Rules: make([]RuleResult, len(rules))}
 	for i, rule := range rules {
 		rr := &res.Rules[i]
 		rr.Rule = rule
-		for _, e := range entriesOf(rule) {
-			if counts(rule, e, t.now) {
-				rr.Used = addCapped(rr.Used, e.weight)
-			}
-		}
+		rr.Used = used(rule, entriesOf(rule), t.now)
 		// Compared as room, not as Used+n, which could overflow.
 		if !hasRoom(rule, rr.Used, n) {
 			res.Allowed = false
@@ -86,22 +81,7 @@ func evaluate(rules []Rule, t *tally, client string, at int64, n int, recordDeni
 	recorded := res.Allowed || recordDenied
 	for i := range res.Rules {
 		rr := &res.Rules[i]
-		entries := entriesOf(rr.Rule)
-		if recorded {
-			// The call is the newest entry of every rule.
-			entries = append(entries[:len(entries):len(entries)], logEntry{at: at, weight: n})
-			rr.Used = addCapped(rr.Used, n)
-		}
-		if !res.Allowed {
-			rr.RetryAfter = millis(untilRoom(rr.Rule, entries, t.now, rr.Used, n))
-		}
-		for _, e := range slices.Backward(entries) {
-			if counts(rr.Rule, e, t.now) {
-				rr.ResetAfter = millis(e.at + rr.Rule.Limit.windowMillis() - t.now)
-				break
-			}
-		}
-		rr.Remaining = max(rr.Rule.Limit.Requests-rr.Used, 0)
+		rr.settle(entriesOf(rr.Rule), t.now, at, n, recorded, res.Allowed)
 		if i == 0 || rr.Remaining < res.Remaining {
 			res.Remaining = rr.Remaining
 		}
@@ -109,6 +89,38 @@ func evaluate(rules []Rule, t *tally, client string, at int64, n int, recordDeni
 		res.ResetAfter = max(res.ResetAfter, rr.ResetAfter)
 	}
 	return res
+}
+
+// used is the weight rule counts among entries at time now.
+func used(rule Rule, entries []logEntry, now int64) int {
+	sum := 0
+	for _, e := range entries {
+		if counts(rule, e, now) {
+			sum = addCapped(sum, e.weight)
+		}
+	}
+	return sum
+}
+
+// settle completes rr once the call is decided: counts the call stamped at
+// if it was recorded, and works out RetryAfter (if it was denied),
+// ResetAfter and Remaining.
+func (rr *RuleResult) settle(entries []logEntry, now, at int64, n int, recorded, allowed bool) {
+	if recorded {
+		// The call is the newest entry of every rule.
+		entries = append(entries[:len(entries):len(entries)], logEntry{at: at, weight: n})
+		rr.Used = addCapped(rr.Used, n)
+	}
+	if !allowed {
+		rr.RetryAfter = millis(untilRoom(rr.Rule, entries, now, rr.Used, n))
+	}
+	for _, e := range slices.Backward(entries) {
+		if counts(rr.Rule, e, now) {
+			rr.ResetAfter = millis(e.at + rr.Rule.Limit.windowMillis() - now)
+			break
+		}
+	}
+	rr.Remaining = max(rr.Rule.Limit.Requests-rr.Used, 0)
 }
 
 // counts reports whether rule counts entry e at time now.
