@@ -30,35 +30,170 @@ type want struct {
 	deniedBy   []Rule
 }
 
+// run makes the calls of steps in order, each after its wait, and checks
+// each Result against the model: a clock that starts when the env is made
+// and moves by the steps' waits, and nothing else.
+//
+// On fake time (miniredis in a synctest bubble) the model is the clock, and
+// every Result must be exactly the step's. On a real clock each call lands
+// late by lag: the real time since the env was made beyond the model's,
+// which a loaded machine can make as long as it likes. Since the waits are
+// real sleeps, a call is never closer to an earlier one than the model
+// says, so a call the model has left a window has left it for real too; but
+// lag can move a call out of a window the model still counts it in. So each
+// call is timed, before and after, and:
+//
+//   - if the time between an earlier recorded call and this one, measured
+//     at its widest, reaches within 1ms of a window the model still counts
+//     it in, the step is void: run panics with a *lateCall, and onTime runs
+//     the whole test again on a fresh prefix;
+//   - else the model counts exactly what Redis counts: Allowed, Remaining
+//     and DeniedBy must be the step's, and RetryAfter and ResetAfter, which
+//     are measured from the calls they wait for, lie between the step's
+//     value less the lag measured after the call (less 1ms for Redis time's
+//     whole milliseconds) and the step's value.
 func (e *env) run(t *testing.T, b *Bucket, resource string, steps []step) {
 	t.Helper()
-	ctx := context.Background()
 	for i, s := range steps {
 		time.Sleep(s.wait)
-		call, name := b.AllowN, "AllowN"
-		if s.peek {
-			call, name = b.PeekN, "PeekN"
-		}
-		got, err := call(ctx, resource, s.client, s.n)
+		e.clock.now += s.wait
+		before := time.Now()
+		got, err := s.call(b, resource)
+		after := time.Now()
+		desc := fmt.Sprintf("step %d: %s at %v", i, s, e.clock.now)
 		if err != nil {
-			t.Fatalf("step %d: %s(%q, n=%d): %v", i, name, s.client, s.n, err)
+			t.Fatalf("%s: %v", desc, err)
 		}
-		e.check(t, fmt.Sprintf("step %d: %s(%q, n=%d)", i, name, s.client, s.n), got, s.want)
+		e.check(t, desc, got, s.want, e.lag(t, b, desc, after))
+		if !s.peek && (s.want.allowed || b.cfg.recordDenied) {
+			e.clock.record(b, before)
+		}
 	}
 }
 
-// check compares a Result with the model. Durations are exact on fake time;
-// on a real clock they may be up to e.slack shorter, as real time runs ahead
-// of the sleeps.
-func (e *env) check(t *testing.T, call string, got Result, w want) {
+func (s step) call(b *Bucket, resource string) (Result, error) {
+	if s.peek {
+		return b.PeekN(context.Background(), resource, s.client, s.n)
+	}
+	return b.AllowN(context.Background(), resource, s.client, s.n)
+}
+
+func (s step) String() string {
+	if s.peek {
+		return fmt.Sprintf("PeekN(%q, n=%d)", s.client, s.n)
+	}
+	return fmt.Sprintf("AllowN(%q, n=%d)", s.client, s.n)
+}
+
+// lag returns how much shorter than the model's a duration in the Result
+// of the call of b described by desc, which ended at after, may be; it
+// voids the attempt if the call landed too late for the model (see run).
+func (e *env) lag(t *testing.T, b *Bucket, desc string, after time.Time) time.Duration {
 	t.Helper()
-	near := func(got, want time.Duration) bool { return got <= want && got >= want-e.slack }
+	late := e.clock.late(b, after)
+	switch {
+	case late != "" && e.real:
+		panic(&lateCall{desc + ": " + late})
+	case late != "":
+		t.Fatalf("%s on fake time: %s", desc, late)
+	case !e.real:
+		return 0
+	}
+	return after.Sub(e.clock.start) - e.clock.now + ms
+}
+
+// modelClock is the model time of an env's run steps, and the calls they
+// recorded. Calls made outside run are not tracked: a test that makes them
+// gives them windows far longer than it lasts.
+type modelClock struct {
+	start    time.Time     // before the env's first call
+	now      time.Duration // the model's time: the steps' waits so far
+	recorded []modelCall
+}
+
+// modelCall is a call recorded by a step: its Bucket, its model time, and
+// the real time before it was made.
+type modelCall struct {
+	b      *Bucket
+	at     time.Duration
+	before time.Time
+}
+
+func newModelClock() modelClock { return modelClock{start: time.Now()} }
+
+func (c *modelClock) record(b *Bucket, before time.Time) {
+	c.recorded = append(c.recorded, modelCall{b, c.now, before})
+}
+
+// late says why a call of b that ended at after may have missed a call that
+// the model counts in a window of b's rules, or "" if it cannot have.
+func (c *modelClock) late(b *Bucket, after time.Time) string {
+	for _, r := range c.recorded {
+		if r.b != b {
+			continue
+		}
+		for _, rule := range b.cfg.rules {
+			w := rule.Limit.Window
+			if c.now-r.at < w && after.Sub(r.before) >= w-ms {
+				return fmt.Sprintf("the call of %v counts in %v, but up to %v passed since it", r.at, rule.Limit, after.Sub(r.before))
+			}
+		}
+	}
+	return ""
+}
+
+// lateCall voids an attempt of a test on a real clock: a call landed too
+// late for the model (see env.run).
+type lateCall struct{ why string }
+
+func (l *lateCall) String() string { return l.why }
+
+// maxAttempts bounds how many times onTime runs a test.
+const maxAttempts = 8
+
+// onTime runs test on an env from newEnv, and again on a new one (a fresh
+// prefix) each time a step's call lands too late for the model, at most
+// maxAttempts times in all.
+func onTime(t *testing.T, newEnv func() *env, test func(*testing.T, *env)) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		late := attemptOnTime(t, newEnv(), test)
+		if late == nil {
+			return
+		}
+		if attempt == maxAttempts {
+			t.Fatalf("attempt %d of %d void too: %v", attempt, maxAttempts, late)
+		}
+		t.Logf("attempt %d void, run again on a fresh prefix: %v", attempt, late)
+	}
+}
+
+// attemptOnTime runs test on e, and returns the *lateCall that voided it,
+// if any.
+func attemptOnTime(t *testing.T, e *env, test func(*testing.T, *env)) (late *lateCall) {
+	defer func() {
+		if r := recover(); r != nil {
+			var ok bool
+			if late, ok = r.(*lateCall); !ok {
+				panic(r)
+			}
+		}
+	}()
+	test(t, e)
+	return nil
+}
+
+// check compares a Result with the model. Durations must be the step's, or
+// up to lag shorter (see run).
+func (e *env) check(t *testing.T, call string, got Result, w want, lag time.Duration) {
+	t.Helper()
+	near := func(got, want time.Duration) bool { return got <= want && got >= want-lag }
 	if got.Allowed != w.allowed || got.Remaining != w.remaining ||
 		!near(got.RetryAfter, w.retryAfter) || !near(got.ResetAfter, w.resetAfter) ||
 		!slices.Equal(got.DeniedBy, w.deniedBy) {
-		t.Errorf("%s = {Allowed:%v Remaining:%d RetryAfter:%v ResetAfter:%v DeniedBy:%v}, want {%v %d %v %v %v}",
+		t.Errorf("%s = {Allowed:%v Remaining:%d RetryAfter:%v ResetAfter:%v DeniedBy:%v}, want {%v %d %v %v %v} (durations up to %v less)",
 			call, got.Allowed, got.Remaining, got.RetryAfter, got.ResetAfter, got.DeniedBy,
-			w.allowed, w.remaining, w.retryAfter, w.resetAfter, w.deniedBy)
+			w.allowed, w.remaining, w.retryAfter, w.resetAfter, w.deniedBy, lag)
 	}
 	if w.allowed && got.RetryAfter != 0 {
 		t.Errorf("%s: RetryAfter = %v, want 0 when allowed", call, got.RetryAfter)

@@ -19,6 +19,33 @@ func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() 
 	return func() { e.admin.Del(context.Background(), key) }
 }
 
+// waiting returns how many calls of b wait behind the batch deciding for
+// the lock of (resource, client), or -1 if none is deciding: a batch takes
+// the calls queued so far when it starts, so while it waits for a lock
+// held elsewhere, the calls after it queue in arrival order.
+func (e *env) waiting(b *Bucket, resource, client string) int {
+	key := b.lockKey(b.keysOf(resource), client)
+	b.co.mu.Lock()
+	defer b.co.mu.Unlock()
+	line, ok := b.co.lines[key]
+	if !ok {
+		return -1
+	}
+	return len(line.calls)
+}
+
+// awaitWaiting returns once n calls wait behind the leader for the lock of
+// (resource, client) (n = 0: a leader decides and none waits), so that
+// calls are made in a known order however late the scheduler runs them.
+func (e *env) awaitWaiting(t *testing.T, b *Bucket, resource, client string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); e.waiting(b, resource, client) != n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls wait for the lock after a minute, want %d", e.waiting(b, resource, client), n)
+		}
+	}
+}
+
 // allowAsync starts Allow in a goroutine and returns where its outcome
 // arrives.
 func allowAsync(ctx context.Context, b *Bucket, resource, client string) chan outcome {
@@ -47,7 +74,7 @@ func TestCoalescedCallsShareOneLock(t *testing.T) {
 		var outs []chan outcome
 		for i := range 20 {
 			outs = append(outs, allowAsync(ctx, b, "r", []string{"a", "b", "c", "d"}[i%4]))
-			time.Sleep(10 * ms) // in this order
+			e.awaitWaiting(t, b, "r", "", i) // in this order
 		}
 		trips := e.trips.count(func() {
 			release()
@@ -75,7 +102,7 @@ func TestCoalescedCallLeavesOnItsDeadline(t *testing.T) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
 		release := e.holdLock(t, b, "r", "a")
 		leader := allowAsync(context.Background(), b, "r", "a")
-		time.Sleep(20 * ms)
+		e.awaitWaiting(t, b, "r", "a", 0)
 		ctx, cancel := context.WithTimeout(context.Background(), 100*ms)
 		defer cancel()
 		follower := allowAsync(ctx, b, "r", "a")
@@ -95,17 +122,30 @@ func TestCoalescedCallLeavesOnItsDeadline(t *testing.T) {
 
 // When the leader's context ends first, its followers are not failed with
 // it: the next one leads, and they are decided once the lock is free.
+//
+// On fake time the leader's context is a 100ms timeout, which ends once
+// the followers queue. On a real clock the followers might queue after
+// that, so the leader's context is cancelled once they have; and a timeout
+// could also end it in a round trip, which the library mishandles on the
+// cluster env (see TestLockBusy).
 func TestCoalescedLeaderLeavesFollowersDecided(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
 		release := e.holdLock(t, b, "r", "a")
 		ctx, cancel := context.WithTimeout(context.Background(), 100*ms)
+		if e.real {
+			ctx, cancel = context.WithCancel(context.Background())
+		}
 		defer cancel()
 		leader := allowAsync(ctx, b, "r", "a")
-		time.Sleep(20 * ms)
+		e.awaitWaiting(t, b, "r", "a", 0)
 		var followers []chan outcome
-		for range 3 {
+		for i := range 3 {
 			followers = append(followers, allowAsync(context.Background(), b, "r", "a"))
+			e.awaitWaiting(t, b, "r", "a", i+1)
+		}
+		if e.real {
+			cancel()
 		}
 		if o := <-leader; !errors.Is(o.err, ErrLockNotObtained) {
 			t.Errorf("leader past its deadline: %+v (%v), want ErrLockNotObtained", o, o.err)

@@ -26,9 +26,12 @@ import (
 //   - miniredis inside a testing/synctest bubble: time is fake, time.Sleep
 //     returns at once, and every duration is exact to the millisecond;
 //   - a real Redis whose user is denied scripting, at $LEAKYBUCKET_REDIS_ADDR
-//     (`make test` starts one). There time is real, so durations are checked
-//     within env.slack;
-//   - the real 3-master cluster (cluster_test.go).
+//     (`make test` starts one), and the real 3-master cluster
+//     (cluster_test.go). There time is real and every call lands later than
+//     the model says, by as much as a loaded machine likes: env.run times
+//     each call and checks durations against what was measured, and a test
+//     whose calls landed too late for its model to hold is run again on a
+//     fresh prefix (see env.run).
 //
 // Without the address the real half is skipped, except under CI, where it
 // fails: CI must never pass on miniredis alone.
@@ -51,7 +54,7 @@ type env struct {
 	sent     *commandLog           // what rdb sent
 	prefix   string                // unique to the test; every key it writes starts with it
 	real     bool                  // a real Redis, on the real clock
-	slack    time.Duration         // how much later than the test's model the real clock may be
+	clock    modelClock            // the model's time, for run
 	trips    *roundTrips
 	mini     *miniredis.Miniredis // nil on a real Redis
 }
@@ -144,11 +147,11 @@ func each(t *testing.T, test func(t *testing.T, e *env)) {
 			})
 			t.Run("redis", func(t *testing.T) {
 				t.Parallel()
-				test(t, newRealEnv(t, s))
+				onTime(t, func() *env { return newRealEnv(t, s) }, test)
 			})
 			t.Run("cluster", func(t *testing.T) {
 				t.Parallel()
-				test(t, newClusterEnv(t, s))
+				onTime(t, func() *env { return newClusterEnv(t, s) }, test)
 			})
 		})
 	}
@@ -187,7 +190,7 @@ func newMiniEnv(t *testing.T, s Strategy) *env {
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
 	}
-	e := &env{strategy: s, rdb: client(), admin: client(), prefix: "t", trips: &roundTrips{}, sent: &commandLog{}, mini: m}
+	e := &env{strategy: s, rdb: client(), admin: client(), prefix: "t", clock: newModelClock(), trips: &roundTrips{}, sent: &commandLog{}, mini: m}
 	e.rdb.AddHook(e.sent)
 	e.rdb.AddHook(e.trips)
 	t.Cleanup(func() {
@@ -218,7 +221,7 @@ func newRealEnv(t *testing.T, s Strategy) *env {
 	t.Helper()
 	rdb := realClient(t, s)
 	admin := realAdmin(t)
-	e := &env{strategy: s, rdb: rdb, admin: admin, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: &roundTrips{}, sent: &commandLog{}}
+	e := &env{strategy: s, rdb: rdb, admin: admin, prefix: uniquePrefix(t), real: true, clock: newModelClock(), trips: &roundTrips{}, sent: &commandLog{}}
 	rdb.AddHook(e.sent)
 	rdb.AddHook(e.trips)
 	t.Cleanup(func() {
@@ -237,7 +240,7 @@ func newClusterEnv(t *testing.T, s Strategy) *env {
 	sent := &commandLog{}
 	cc := clusterClient(t, s, sent)
 	admin := clusterAdmin(t)
-	e := &env{strategy: s, rdb: cc, admin: admin, prefix: uniquePrefix(t), real: true, slack: 150 * time.Millisecond, trips: &roundTrips{}, sent: sent}
+	e := &env{strategy: s, rdb: cc, admin: admin, prefix: uniquePrefix(t), real: true, clock: newModelClock(), trips: &roundTrips{}, sent: sent}
 	e.addHook(e.trips)
 	t.Cleanup(func() {
 		cleanPrefix(admin, e.prefix)

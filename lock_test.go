@@ -3,7 +3,12 @@ package leakybucket
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,8 +50,78 @@ func TestLockExpiredWritesNothing(t *testing.T) {
 	})
 }
 
+// busyLocks counts the lock attempts (SET NX) that found the lock taken,
+// so that a test can act once a decision is waiting for a lock rather than
+// after a sleep that a loaded machine may outlast.
+type busyLocks struct {
+	mu   sync.Mutex
+	n    int
+	more chan struct{} // closed, and replaced, at each count
+}
+
+func newBusyLocks() *busyLocks { return &busyLocks{more: make(chan struct{})} }
+
+func (b *busyLocks) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (b *busyLocks) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (b *busyLocks) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if lockRefused(cmd) {
+				b.mu.Lock()
+				b.n++
+				close(b.more)
+				b.more = make(chan struct{})
+				b.mu.Unlock()
+			}
+		}
+		return err
+	}
+}
+
+// lockRefused reports whether cmd is a SET NX of a lock (not of a claim to
+// be next in line) that set nothing: the lock was taken.
+func lockRefused(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if cmd.Name() != "set" || len(args) < 2 || strings.HasSuffix(fmt.Sprint(args[1]), ":next") {
+		return false
+	}
+	if set, ok := cmd.(*redis.BoolCmd); ok {
+		return set.Err() == nil && !set.Val()
+	}
+	return errors.Is(cmd.Err(), redis.Nil)
+}
+
+// wait returns true once n attempts found the lock taken, or false when
+// stop is closed or a minute has passed.
+func (b *busyLocks) wait(n int, stop <-chan struct{}) bool {
+	timeout := time.After(time.Minute)
+	for {
+		b.mu.Lock()
+		got, more := b.n, b.more
+		b.mu.Unlock()
+		if got >= n {
+			return true
+		}
+		select {
+		case <-more:
+		case <-stop:
+			return false
+		case <-timeout:
+			return false
+		}
+	}
+}
+
+
 // While another holder keeps the lock, a decision waits until its context
 // ends, or gives up at once with NoRetry, and writes nothing.
+//
+// Once a decision has sent a SET, its round trips run on a context of the
+// lock's own, so a deadline that falls in one does not cut it short and
+// the caller still learns of the contention.
 func TestLockBusy(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
@@ -85,21 +160,26 @@ func TestLockBusy(t *testing.T) {
 }
 
 // A decision that found the lock busy takes it once it is released, and its
-// write is not aborted by the release it watched while waiting.
+// write is not aborted by the release it watched while waiting. The lock is
+// released once the decision has found it taken, whatever the scheduler does.
 func TestLockReleasedWhileWaiting(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(Per(5, time.Minute)))
+		busy := newBusyLocks()
+		e.addHook(busy)
 		lockKey := b.keysOf("r").resourceLock()
 		e.admin.Set(ctx, lockKey, "someone else", time.Minute)
-		done := make(chan struct{})
+		done := make(chan bool)
 		go func() {
-			defer close(done)
-			time.Sleep(30 * time.Millisecond)
+			waited := busy.wait(1, nil)
 			e.admin.Del(ctx, lockKey)
+			done <- waited
 		}()
 		res, err := b.Allow(ctx, "r", "a")
-		<-done
+		if !<-done {
+			t.Error("Allow never found the lock taken")
+		}
 		if err != nil || !res.Allowed || res.Remaining != 4 {
 			t.Fatalf("Allow after the lock was released = %+v, %v; want admitted with 4 left", res, err)
 		}
@@ -146,10 +226,7 @@ func TestRedisErrorIsWrapped(t *testing.T) {
 
 // A server that cannot be reached is an error bounded by the context.
 func TestUnreachableServer(t *testing.T) {
-	m := miniredis.RunT(t)
-	addr := m.Addr()
-	m.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: refusingAddr(t), MaxRetries: -1})
 	defer rdb.Close()
 	b, err := New(rdb, PerResource(Per(1, time.Minute)))
 	if err != nil {
@@ -160,6 +237,26 @@ func TestUnreachableServer(t *testing.T) {
 	if _, err := b.Allow(ctx, "r", ""); err == nil || !strings.HasPrefix(err.Error(), "leakybucket: ") {
 		t.Errorf("Allow on a closed server: error %v, want a wrapped dial error", err)
 	}
+}
+
+// refusingAddr returns a loopback address that refuses connections for the
+// rest of the test: its port is bound by a socket that never listens, so no
+// other process can take it meanwhile, as it could a port merely closed.
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*syscall.SockaddrInet4).Port))
 }
 
 // takeOverAndAbort plays a decision whose lock passed to another holder

@@ -232,13 +232,18 @@ func TestScanDuplicatesCountOnce(t *testing.T) {
 
 // SCAN paging, on the real Redis only (miniredis ignores COUNT): more logs
 // than COUNT among thousands of unrelated keys are counted exactly.
+//
+// A decision here walks the whole shared database 10 keys a page, hundreds
+// of round trips under its lock, which a loaded machine can stretch past
+// the 2s default lock TTL: the lock TTL is not what this tests, so it is a
+// minute.
 func TestScanPaging(t *testing.T) {
 	t.Parallel()
 	e := newRealEnv(t, Logs)
 	e.fillUnrelated(t, 3000)
 	ctx := context.Background()
 	const limit = 40
-	b := e.bucket(t, WithScanCount(10), PerResource(Per(limit, time.Minute)), PerClient(Per(limit, time.Minute)))
+	b := e.bucket(t, WithScanCount(10), WithLockTTL(time.Minute), PerResource(Per(limit, time.Minute)), PerClient(Per(limit, time.Minute)))
 	for i := range limit - 1 {
 		if res, err := b.Allow(ctx, "r", "a"); err != nil || !res.Allowed || res.Remaining != limit-1-i {
 			t.Fatalf("Allow #%d = %+v, %v; want admitted with %d left", i+1, res, err, limit-1-i)

@@ -150,10 +150,19 @@ func (s *server) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	pid := ""
 	for line := range strings.SplitSeq(info, "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
 			s.version = v
 		}
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			pid = v
+		}
+	}
+	// The port was free when freePort looked; another process may have
+	// taken it since, and answered the PING in place of ours.
+	if pid != strconv.Itoa(s.cmd.Process.Pid) {
+		return fmt.Errorf("the server on %s is process %s, not ours (%d): the port was taken meanwhile", s.addr, pid, s.cmd.Process.Pid)
 	}
 	if err := admin.Do(ctx, "acl", "setuser", lbUser, "reset", "on", ">"+lbPassword,
 		"~*", "&*", "+@all", "-@scripting").Err(); err != nil {

@@ -23,19 +23,31 @@ install_redis() {
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# ours PORT DIR: the server on PORT is the one whose pid file is in DIR, not
+# another process's that took the port after port_free looked.
+ours() {
+  local pid
+  pid=$(cat "$2/redis.pid" 2>/dev/null) || return 1
+  [ -n "$pid" ] && redis-cli -p "$1" info server 2>/dev/null | tr -d '\r' | grep -qx "process_id:$pid"
+}
+
 # start_redis DIR: a throwaway server on a free port, no persistence, the
 # default user denied every script command. Prints the port.
 start_redis() {
-  local dir=$1 port
+  local dir=$1 port pid
   for port in $(seq 16379 16479); do
     port_free "$port" || continue
+    rm -f "$dir/redis.pid"
     if redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
       --daemonize yes --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" \
       --user default on nopass '~*' '&*' '+@all' '-@scripting' >/dev/null 2>&1; then
       for _ in $(seq 100); do
-        redis-cli -p "$port" ping >/dev/null 2>&1 && { echo "$port"; return; }
+        ours "$port" "$dir" && { echo "$port"; return; }
         sleep 0.05
       done
+      # Ours did not come up on this port (it was taken meanwhile): stop it
+      # if it runs at all, and try the next port.
+      pid=$(cat "$dir/redis.pid" 2>/dev/null) && grep -q redis-server "/proc/$pid/cmdline" 2>/dev/null && kill "$pid" 2>/dev/null || true
     fi
   done
   echo "test.sh: could not start redis-server; log:" >&2
