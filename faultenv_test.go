@@ -696,10 +696,21 @@ func startLoad(l load) *loadRun {
 	r.limit = time.AfterFunc(loadLimit, r.halt)
 	r.wg.Add(1)
 	go r.stats.probeScheduler(r.stop, &r.wg)
+	var workers sync.WaitGroup
 	for g := range l.goroutines {
 		r.wg.Add(1)
-		go r.worker(l, g)
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			r.worker(l, g)
+		}()
 	}
+	// A load of a bounded number of calls ends when they are made: stop
+	// the probe with it.
+	go func() {
+		workers.Wait()
+		r.halt()
+	}()
 	return r
 }
 
