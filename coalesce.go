@@ -202,7 +202,7 @@ func (b *Bucket) work(resource, lockKey string, l *line) {
 		if err == nil {
 			start := time.Now()
 			err = b.runBatch(ctx, resource, l, batch)
-			if err == nil && !l.view.contended() {
+			if err == nil && l.view.freeSince(start) {
 				b.co.took(time.Since(start))
 			}
 		}

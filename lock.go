@@ -81,13 +81,24 @@ func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node 
 type lockView struct {
 	mu        sync.Mutex
 	busy      bool
+	busySeen  time.Time // when the lock was last seen held by another
 	claimSeen time.Time
 }
 
 func (v *lockView) setBusy(busy bool) {
 	v.mu.Lock()
 	v.busy = busy
+	if busy {
+		v.busySeen = time.Now()
+	}
 	v.mu.Unlock()
+}
+
+// freeSince reports whether the lock was not seen held by another since t.
+func (v *lockView) freeSince(t time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.busySeen.Before(t)
 }
 
 // contended reports whether the lock was last seen held by another holder.
