@@ -125,12 +125,14 @@ func TestCoalescedCallLeavesOnItsDeadline(t *testing.T) {
 //
 // On fake time the leader's context is a 100ms timeout, which ends once
 // the followers queue. On a real clock the followers might queue after
-// that, so the leader's context is cancelled once they have; and a timeout
-// could also end it in a round trip, which the library mishandles on the
-// cluster env (see TestLockBusy).
+// that, so the leader's context is cancelled once they have queued and the
+// leader's batch has found the lock taken (ErrLockNotObtained means it was
+// seen held by another).
 func TestCoalescedLeaderLeavesFollowersDecided(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
+		busy := newBusyLocks()
+		e.addHook(busy)
 		release := e.holdLock(t, b, "r", "a")
 		ctx, cancel := context.WithTimeout(context.Background(), 100*ms)
 		if e.real {
@@ -145,6 +147,7 @@ func TestCoalescedLeaderLeavesFollowersDecided(t *testing.T) {
 			e.awaitWaiting(t, b, "r", "a", i+1)
 		}
 		if e.real {
+			busy.wait(1, nil)
 			cancel()
 		}
 		if o := <-leader; !errors.Is(o.err, ErrLockNotObtained) {

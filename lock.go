@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -37,12 +35,15 @@ import (
 // aborts its EXEC too.
 //
 // Whenever a SET of ours may have taken the lock (it was sent, whatever the
-// reply) and step 3 did not confirm the release, free runs in the
+// reply) and step 3 did not confirm the release, free (free.go) runs in the
 // background: compare-and-delete (WATCH, GET, MULTI DEL EXEC) on another
 // connection, retried until the key is deleted or the lock's deadline has
 // passed in Redis's own clock. So a caller that gives up, a lost reply or a
 // dropped connection never leaves a lock behind for longer than Redis takes
 // to answer again.
+//
+// Waiters take turns (turns.go), so that no process's callers starve
+// another's.
 //
 // An uncontended holder pays one round trip for steps 1 and 2 together with
 // the caller's first reads, and one for step 3.
@@ -73,53 +74,6 @@ func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node 
 		retry = redislock.NoRetry()
 	}
 	return &lock{key: key, token: uuid.NewString(), ttl: ttl, retry: retry, node: node, clock: clock, view: view}
-}
-
-// lockView is what the callers of one lock in this process learned of it,
-// kept across attempts and batches: whether it was last seen held by
-// another holder, and when another waiter was last seen next in line.
-type lockView struct {
-	mu        sync.Mutex
-	busy      bool
-	busySeen  time.Time // when the lock was last seen held by another
-	claimSeen time.Time
-}
-
-func (v *lockView) setBusy(busy bool) {
-	v.mu.Lock()
-	v.busy = busy
-	if busy {
-		v.busySeen = time.Now()
-	}
-	v.mu.Unlock()
-}
-
-// freeSince reports whether the lock was not seen held by another since t.
-func (v *lockView) freeSince(t time.Time) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.busySeen.Before(t)
-}
-
-// contended reports whether the lock was last seen held by another holder.
-func (v *lockView) contended() bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.busy
-}
-
-func (v *lockView) sawClaim() {
-	v.mu.Lock()
-	v.claimSeen = time.Now()
-	v.mu.Unlock()
-}
-
-// deferring reports whether another waiter was seen next in line within
-// queueTTL: then we do not even try to take the lock (see queueing).
-func (v *lockView) deferring() bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return time.Since(v.claimSeen) < queueTTL
 }
 
 // lockGrace is how long a lock outlives the deadline of the calls it
@@ -272,75 +226,6 @@ func (l *lock) confirm(ctx context.Context, tx *redis.Tx, a attempt, read func(r
 	return true, nil
 }
 
-// Queueing. A plain SET NX lock is unfair: a holder that releases and
-// tries again at once, or a caller that just arrived, takes it before a
-// waiter that sleeps between polls, so callers with a steady stream of
-// calls can starve another process's waiter for as long as they keep
-// coming. So a waiter that found the lock busy asks to be next in line
-// (SET lock:next token NX PX 5ms, with each poll, if it has at least 5 ms
-// left to wait), anyone who takes the
-// lock while another is next in line gives it back at once (yield) and
-// waits its turn, and a process that saw another waiter next in line in
-// the last 5 ms only reads the claim (GET lock:next) until it is gone,
-// rather than take the lock only to give it back. The next in line polls every millisecond at least,
-// and its claim lapses 5 ms after its last poll, so a waiter that gave up
-// holds nobody up for longer. The
-// holder that was next in line clears the claim with its release.
-// Safety does not depend on any of this: it is the SET NX and the WATCH.
-const (
-	queueTTL  = 5 * time.Millisecond
-	queuePoll = time.Millisecond
-)
-
-func (l *lock) nextKey() string { return l.key + ":next" }
-
-// willWait reports whether the callers of ctx can wait their turn: a claim
-// to be next in line asks everyone else to stand back for up to queueTTL,
-// so only a waiter with at least that long left makes one.
-func willWait(ctx context.Context) bool {
-	d, ok := ctx.Deadline()
-	return !ok || time.Until(d) >= queueTTL
-}
-
-// othersWaiting reads whether another waiter is next in line, without
-// trying to take the lock: how a caller that recently saw one defers to it.
-func (l *lock) othersWaiting(ctx context.Context, tx *redis.Tx) (bool, error) {
-	next, err := tx.Get(ctx, l.nextKey()).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return false, err
-	}
-	if next != "" && next != l.token {
-		l.view.sawClaim()
-		return true, nil
-	}
-	return false, nil
-}
-
-// yield gives back the lock that our SET just took, to the waiter next in
-// line: compare-and-delete on our connection.
-func (l *lock) yield(ctx context.Context, tx *redis.Tx) error {
-	if !l.watching {
-		var get *redis.StringCmd
-		_, err := tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			pipe.Do(ctx, "watch", l.key)
-			get = pipe.Get(ctx, l.key)
-			return nil
-		})
-		l.watching = err == nil || errors.Is(err, redis.Nil)
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return err
-		}
-		if get.Val() != l.token {
-			l.maybeHeld = false
-			return nil // it expired meanwhile: nothing to give back
-		}
-	}
-	if err := l.release(ctx, tx, func(redis.Pipeliner) {}); err != nil && !errors.Is(err, ErrLockExpired) {
-		return err
-	}
-	return nil
-}
-
 // holding returns the context of the round trips made while the lock may
 // be ours: detached from the callers' (ctx keeps only its values), so that
 // a caller giving up never cuts one in the middle, which would leave the
@@ -350,10 +235,6 @@ func (l *lock) yield(ctx context.Context, tx *redis.Tx) error {
 func (l *lock) holding(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.WithoutCancel(ctx), l.sent.Add(l.lifetime+holdGrace))
 }
-
-// holdGrace is how long after the lock's deadline its holder's round trips
-// and the background release go on.
-const holdGrace = time.Second
 
 // setArgs is SET key token NX with the lock's deadline: the lock TTL, or
 // less when ctx ends sooner (plus lockGrace), as an absolute PXAT in the
@@ -422,81 +303,4 @@ func (l *lock) cleanup(ctx context.Context, tx *redis.Tx) {
 		l.maybeHeld = false
 		go l.free()
 	}
-}
-
-// Backoff of free's attempts while the key is not (or not yet) ours.
-const (
-	freeFirstBackoff = 2 * time.Millisecond
-	freeMaxBackoff   = 50 * time.Millisecond
-)
-
-// free deletes the lock if it is ours, by compare-and-delete, on a
-// connection of its own, detached from any caller's context. It stops once
-// it deleted our token, or once the lock cannot be ours any more: our SET
-// ran (its reply came back) and the key holds something else, or its
-// deadline passed in the server's clock. Until then it retries, backing off
-// up to freeMaxBackoff: a SET whose reply was lost may still be queued in
-// Redis (a paused server runs it when it resumes), and the lock it takes
-// must not outlive its caller by more than about one backoff.
-//
-// It gives up once the server refuses connections (it is down, and its
-// queued commands with it), or at the host's estimate of the lock's
-// deadline plus a grace period;
-// with a relative PX (no clock sample yet), a SET that Redis runs after
-// that can block others for up to the lock's lifetime.
-func (l *lock) free() {
-	ctx, cancel := context.WithDeadline(context.Background(), l.sent.Add(l.lifetime+holdGrace))
-	defer cancel()
-	backoff := freeFirstBackoff
-	for {
-		done := l.compareAndDelete(ctx)
-		if done || ctx.Err() != nil {
-			return
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		backoff = min(2*backoff, freeMaxBackoff)
-	}
-}
-
-// compareAndDelete makes one attempt of free, and reports whether it is
-// over: WATCH, GET and TIME in one round trip, then MULTI, DEL, EXEC if
-// the key is ours (EXEC also ends the WATCH), else UNWATCH.
-func (l *lock) compareAndDelete(ctx context.Context) bool {
-	over := false
-	err := l.node.Watch(ctx, func(tx *redis.Tx) error {
-		var watch *redis.Cmd
-		var get *redis.StringCmd
-		var clock *redis.TimeCmd
-		_, err := tx.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			watch = pipe.Do(ctx, "watch", l.key)
-			get = pipe.Get(ctx, l.key)
-			clock = pipe.Time(ctx)
-			return nil
-		})
-		if err != nil && !errors.Is(err, redis.Nil) {
-			if watch.Err() == nil {
-				_ = tx.Unwatch(ctx).Err()
-			}
-			return err
-		}
-		if get.Val() != l.token {
-			over = l.ran || (l.deadline != 0 && clock.Val().UnixMilli() >= l.deadline)
-			return tx.Unwatch(ctx).Err()
-		}
-		_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-			pipe.Del(ctx, l.key)
-			return nil
-		})
-		over = err == nil
-		return err
-	})
-	// A refused connection means no server runs there: whatever it held,
-	// queued SETs included, is gone with it. Other errors are retried.
-	// A closed client can send nothing more.
-	return over || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, redis.ErrClosed)
 }

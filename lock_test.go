@@ -115,7 +115,6 @@ func (b *busyLocks) wait(n int, stop <-chan struct{}) bool {
 	}
 }
 
-
 // While another holder keeps the lock, a decision waits until its context
 // ends, or gives up at once with NoRetry, and writes nothing.
 //
@@ -224,18 +223,28 @@ func TestRedisErrorIsWrapped(t *testing.T) {
 	}
 }
 
-// A server that cannot be reached is an error bounded by the context.
+// A server that cannot be reached is ErrUnavailable, with the refused
+// connection in the chain, for every call.
 func TestUnreachableServer(t *testing.T) {
-	rdb := redis.NewClient(&redis.Options{Addr: refusingAddr(t), MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: refusingAddr(t), MaxRetries: -1, DialerRetries: 1})
 	defer rdb.Close()
 	b, err := New(rdb, PerResource(Per(1, time.Minute)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if _, err := b.Allow(ctx, "r", ""); err == nil || !strings.HasPrefix(err.Error(), "leakybucket: ") {
-		t.Errorf("Allow on a closed server: error %v, want a wrapped dial error", err)
+	for name, call := range map[string]func(context.Context) error{
+		"Allow":    func(ctx context.Context) error { _, err := b.Allow(ctx, "r", ""); return err },
+		"Peek":     func(ctx context.Context) error { _, err := b.Peek(ctx, "r", ""); return err },
+		"Flush":    func(ctx context.Context) error { return b.Flush(ctx, "r", "") },
+		"FlushAll": func(ctx context.Context) error { return b.FlushAll(ctx, "r") },
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := call(ctx)
+		cancel()
+		if !errors.Is(err, ErrUnavailable) || !errors.Is(err, syscall.ECONNREFUSED) ||
+			!strings.HasPrefix(err.Error(), "leakybucket: ") || !strings.Contains(err.Error(), "connection refused") {
+			t.Errorf("%s on a closed port: error %v, want ErrUnavailable, with ECONNREFUSED and its text in the chain", name, err)
+		}
 	}
 }
 
