@@ -225,7 +225,7 @@ func testPause(t *testing.T, s Strategy, srv *redisProc, ctxTimeout bool) {
 	run := startLoad(load{
 		buckets: []*Bucket{b}, resource: "r", goroutines: pauseCallers, timeout: fixed(pauseDeadline),
 		observe: func(_ int, o observed) {
-			if o.took > o.timeout+pauseSlack {
+			if o.overrun > pauseSlack {
 				late.Add(1)
 			}
 		},

@@ -574,20 +574,20 @@ func newCallStats() *callStats {
 	return &callStats{errs: map[string]int{}, examples: map[string]string{}}
 }
 
-func (s *callStats) add(res Result, err error, took, timeout time.Duration) {
+func (s *callStats) add(o observed) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
-	s.maxTook = max(s.maxTook, took)
-	s.maxOverrun = max(s.maxOverrun, took-timeout)
+	s.maxTook = max(s.maxTook, o.took)
+	s.maxOverrun = max(s.maxOverrun, o.overrun)
 	switch {
-	case err != nil:
-		class := errClassOf(err)
+	case o.err != nil:
+		class := errClassOf(o.err)
 		s.errs[class]++
 		if _, ok := s.examples[class]; !ok {
-			s.examples[class] = err.Error()
+			s.examples[class] = o.err.Error()
 		}
-	case res.Allowed:
+	case o.res.Allowed:
 		s.admitted++
 	default:
 		s.denied++
@@ -662,8 +662,24 @@ type observed struct {
 	start   time.Time
 	took    time.Duration
 	timeout time.Duration
+	overrun time.Duration // how late after its deadline the call returned: see overrunAt
 	res     Result
 	err     error
+}
+
+// overrunAt is how long after its deadline a call that returned at
+// returned did, counted from when the runtime delivered the context's end
+// (endedNs, 0 if it never did) if that came later than the deadline: a
+// loaded scheduler delays that delivery whatever the library does, and the
+// library can only answer once it has it.
+func (o observed) overrunAt(returned time.Time, endedNs int64) time.Duration {
+	from := o.start.Add(o.timeout)
+	if endedNs > 0 {
+		if ended := time.Unix(0, endedNs); ended.After(from) {
+			from = ended
+		}
+	}
+	return max(returned.Sub(from), 0)
 }
 
 // fixed is a load.timeout that is always d.
@@ -786,10 +802,15 @@ func (r *loadRun) worker(l load, g int) {
 	for i := 0; (l.calls == 0 || i < l.calls) && !r.stopped(); i++ {
 		o := observed{timeout: l.timeout(rng), start: time.Now()}
 		ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+		var ended atomic.Int64 // when the runtime delivered the context's end
+		stop := context.AfterFunc(ctx, func() { ended.Store(time.Now().UnixNano()) })
 		o.res, o.err = b.Allow(ctx, l.resource, client)
-		o.took = time.Since(o.start)
+		returned := time.Now()
+		o.took = returned.Sub(o.start)
+		stop()
 		cancel()
-		r.stats.add(o.res, o.err, o.took, o.timeout)
+		o.overrun = o.overrunAt(returned, ended.Load())
+		r.stats.add(o)
 		if l.observe != nil {
 			l.observe(g, o)
 		}
