@@ -118,6 +118,9 @@ func (co *coalescer) hopeless(ctx context.Context) error {
 // decide queues c for the lock lockKey, and returns its result once a batch
 // decided it, or its context's error once it ends.
 func (b *Bucket) decide(resource, lockKey string, c *call) (Result, error) {
+	if c.ctx.Err() != nil {
+		return Result{}, givenUp(c.ctx, false, nil) // nothing sent
+	}
 	co := &b.co
 	c.done = make(chan struct{})
 	co.mu.Lock()
@@ -221,6 +224,8 @@ func (b *Bucket) nextBatch(lockKey string, l *line) ([]*call, context.Context, c
 	for _, c := range l.calls {
 		switch {
 		case c.state != waiting:
+		case c.ctx.Err() != nil:
+			c.state = abandoned // its caller is giving up: start nothing for it
 		case len(batch) < maxBatch:
 			batch = append(batch, c)
 		default:

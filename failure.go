@@ -55,6 +55,9 @@ func unreachable(err error) bool {
 // holder): f then goes on in the background until it notices, so a call
 // never overruns its deadline while Redis is slow or a lock is released.
 func bounded(ctx context.Context, f func(ctx context.Context, view *lockView) error) error {
+	if ctx.Err() != nil {
+		return givenUp(ctx, false, nil) // nothing sent
+	}
 	view := &lockView{}
 	done := make(chan error, 1)
 	go func() { done <- f(ctx, view) }()
