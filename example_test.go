@@ -2,6 +2,7 @@ package leakybucket_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"math"
@@ -193,4 +194,32 @@ func ExampleBucket_Flush() {
 	after, _ := limiter.Peek(ctx, "login", "bob")
 	fmt.Println("before Flush:", before.Allowed, "after:", after.Allowed)
 	// Output: before Flush: false after: true
+}
+
+// Wait blocks until the call is admitted, as x/time/rate's Wait does, but
+// refuses at once a wait that would outlast the context's deadline.
+func ExampleBucket_Wait() {
+	limiter, err := leakybucket.New(newExampleClient(), leakybucket.PerClient(leakybucket.PerMinute(1)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for job := 1; job <= 2; job++ {
+		// Admitted at once while there is room; else sleeps until there is.
+		err := limiter.Wait(ctx, "export", "tenant-3")
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			// At once: "leakybucket: Wait(n=1) would exceed context
+			// deadline: retry after 1m0s, deadline in 5s".
+			fmt.Printf("job %d: refused, it would wait past the deadline\n", job)
+		case err != nil:
+			log.Fatal(err)
+		default:
+			fmt.Printf("job %d: admitted\n", job)
+		}
+	}
+	// Output:
+	// job 1: admitted
+	// job 2: refused, it would wait past the deadline
 }

@@ -1,0 +1,62 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/leakybucket/leakybucket"
+	"github.com/leakybucket/leakybucket/httplimit"
+	"github.com/redis/go-redis/v9"
+)
+
+// Each API key (else each client IP, behind a proxy at 10.0.0.1) may call
+// GET /search 3 times per 10 seconds.
+func Example() {
+	// An in-memory Redis whose clock stands still, so that the headers
+	// print the same on every run: pass New your own client.
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	mr.SetTime(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	limiter, err := leakybucket.New(rdb, leakybucket.PerClient(leakybucket.Per(3, 10*time.Second)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit, err := httplimit.New(limiter, "GET /search",
+		httplimit.WithKey(httplimit.Header("X-API-Key",
+			httplimit.XForwardedFor(netip.MustParsePrefix("10.0.0.1/32")))))
+	if err != nil {
+		log.Fatal(err)
+	}
+	search := limit(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "results\n")
+	}))
+
+	for range 4 {
+		r := httptest.NewRequest(http.MethodGet, "/search?q=redis", nil)
+		r.Header.Set("X-API-Key", "key-42")
+		w := httptest.NewRecorder()
+		search.ServeHTTP(w, r)
+		fmt.Println(w.Code, "RateLimit:", w.Header().Get("RateLimit"))
+		if retry := w.Header().Get("Retry-After"); retry != "" {
+			fmt.Println("    Retry-After:", retry)
+		}
+	}
+	// Output:
+	// 200 RateLimit: "per-client-10s";r=2;t=10
+	// 200 RateLimit: "per-client-10s";r=1;t=10
+	// 200 RateLimit: "per-client-10s";r=0;t=10
+	// 429 RateLimit: "per-client-10s";r=0;t=10
+	//     Retry-After: 10
+}
