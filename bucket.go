@@ -165,23 +165,20 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	var res Result
-	err := bounded(ctx, func(ctx context.Context, _ *lockView) error {
+	return bounded(ctx, func(ctx context.Context, _ *lockView) (Result, error) {
 		keys := b.keysOf(resource)
 		node, err := b.node(ctx, keys.slotKey())
 		if err != nil {
-			return classify(err)
+			return Result{}, classify(err)
 		}
 		r := b.store.read(keys, []string{client})
 		if err := r.finish(ctx, b.route.conn(node, keys)); err != nil {
-			return classify(b.route.redirected(err))
+			return Result{}, classify(b.route.redirected(err))
 		}
 		t := r.tally()
 		t.sort()
-		res = evaluate(b.plan.rules, t, client, b.store.stamp(t.now), n, b.cfg.recordDenied)
-		return nil
+		return evaluate(b.plan.rules, t, client, b.store.stamp(t.now), n, b.cfg.recordDenied), nil
 	})
-	return res, err
 }
 
 // Flush forgets the counts of client at resource: its own, and its share of
@@ -191,12 +188,13 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	return bounded(ctx, func(ctx context.Context, view *lockView) error {
+	_, err := bounded(ctx, func(ctx context.Context, view *lockView) (struct{}, error) {
 		keys := b.keysOf(resource)
-		return b.locked(ctx, keys, b.lockKey(keys, client), b.store.read(keys, []string{client}), view, func(pipe redis.Pipeliner, t *tally) {
+		return struct{}{}, b.locked(ctx, keys, b.lockKey(keys, client), b.store.read(keys, []string{client}), view, func(pipe redis.Pipeliner, t *tally) {
 			b.store.forget(ctx, pipe, keys, client, t)
 		})
 	})
+	return err
 }
 
 // FlushAll forgets every count of resource, for all clients and rules. When
@@ -210,18 +208,19 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
 	if resource == "" {
 		return ErrEmptyResource
 	}
-	return bounded(ctx, func(ctx context.Context, view *lockView) error {
+	_, err := bounded(ctx, func(ctx context.Context, view *lockView) (struct{}, error) {
 		keys := b.keysOf(resource)
 		if b.plan.clientScoped {
-			return b.flushUnlocked(ctx, keys)
+			return struct{}{}, b.flushUnlocked(ctx, keys)
 		}
 		r := b.store.readAll(keys)
-		return b.locked(ctx, keys, keys.resourceLock(), r, view, func(pipe redis.Pipeliner, _ *tally) {
+		return struct{}{}, b.locked(ctx, keys, keys.resourceLock(), r, view, func(pipe redis.Pipeliner, _ *tally) {
 			if found := r.keys(); len(found) > 0 {
 				pipe.Del(ctx, found...)
 			}
 		})
 	})
+	return err
 }
 
 // flushUnlocked deletes every key of the resource's counts, found with SCAN.

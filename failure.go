@@ -50,26 +50,35 @@ func unreachable(err error) bool {
 	return false
 }
 
-// bounded runs f and returns its error or, if ctx ends first, ctx's error
-// at once (ErrLockNotObtained if f last saw the lock held by another
+// bounded runs f and returns its result or, if ctx ends first, ctx's
+// error at once (ErrLockNotObtained if f last saw the lock held by another
 // holder): f then goes on in the background until it notices, so a call
 // never overruns its deadline while Redis is slow or a lock is released.
-func bounded(ctx context.Context, f func(ctx context.Context, view *lockView) error) error {
+// A call whose context has already ended sends nothing.
+func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lockView) (T, error)) (T, error) {
+	var zero T
 	if ctx.Err() != nil {
-		return givenUp(ctx, false, nil) // nothing sent
+		return zero, givenUp(ctx, false, nil)
+	}
+	type outcome struct {
+		v   T
+		err error
 	}
 	view := &lockView{}
-	done := make(chan error, 1)
-	go func() { done <- f(ctx, view) }()
+	done := make(chan outcome, 1)
+	go func() {
+		v, err := f(ctx, view)
+		done <- outcome{v, err}
+	}()
 	select {
-	case err := <-done:
-		return err
+	case o := <-done:
+		return o.v, o.err
 	case <-ctx.Done():
 		select {
-		case err := <-done:
-			return err
+		case o := <-done:
+			return o.v, o.err
 		default:
-			return givenUp(ctx, view.contended(), nil)
+			return zero, givenUp(ctx, view.contended(), nil)
 		}
 	}
 }

@@ -41,10 +41,16 @@ func (sortedSetStore) stamp(now int64) int64 { return now }
 // the longest window, so reading it all costs what the rules allow.
 func (s sortedSetStore) record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int) {
 	key := s.key(keys, client)
-	pipe.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(t.now-s.longest, 10))
+	first := t.firstWrite(key)
+	if first {
+		pipe.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(t.now-s.longest, 10))
+	}
 	member := encode(client) + ":" + strconv.Itoa(n) + ":" + uuid.NewString()
 	pipe.ZAdd(ctx, key, redis.Z{Score: float64(t.now), Member: member})
-	pipe.PExpireAt(ctx, key, time.UnixMilli(t.now+s.longest))
+	if first {
+		// After the ZADD: PEXPIREAT does nothing to a key not yet made.
+		pipe.PExpireAt(ctx, key, time.UnixMilli(t.now+s.longest))
+	}
 }
 
 func (s sortedSetStore) forget(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally) {

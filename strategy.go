@@ -148,6 +148,22 @@ type tally struct {
 	now  int64                 // Redis time, ms, read after the counts
 	all  []logEntry            // the resource's entries: what per-resource rules count
 	mine map[string][]logEntry // by encoded client: what per-client rules count
+
+	expiring map[string]bool // keys whose trim and expiry a batch already queued
+}
+
+// firstWrite reports whether key gets its first write of the batch: the
+// writes that are the same for every client (trimming, the expiry) are
+// queued once per key, not once per client.
+func (t *tally) firstWrite(key string) bool {
+	if t.expiring[key] {
+		return false
+	}
+	if t.expiring == nil {
+		t.expiring = map[string]bool{}
+	}
+	t.expiring[key] = true
+	return true
 }
 
 func newTally() tally { return tally{mine: map[string][]logEntry{}} }

@@ -66,7 +66,9 @@ func (s windowsStore) record(ctx context.Context, pipe redis.Pipeliner, keys key
 		} else {
 			pipe.HIncrBy(ctx, key, field, int64(n))
 		}
-		pipe.PExpireAt(ctx, key, expireAt)
+		if t.firstWrite(key) {
+			pipe.PExpireAt(ctx, key, expireAt)
+		}
 	}
 	mine := t.of(client)
 	add(keys.clientHash(client), &mine)
