@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -294,5 +296,18 @@ func TestKind(t *testing.T) {
 		if s := o.String(); s == "" || s[0] == 'O' {
 			t.Errorf("Op(%d) has no name: %q", o, s)
 		}
+	}
+}
+
+// OpenTelemetry stays in its own module (otelmetrics/): the core's users
+// never download it.
+func TestCoreNeedsNoOpenTelemetry(t *testing.T) {
+	t.Parallel()
+	mod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mod), "go.opentelemetry.io") {
+		t.Errorf("the core's go.mod requires OpenTelemetry:\n%s", mod)
 	}
 }
