@@ -162,14 +162,21 @@ func TestDuration(t *testing.T) {
 			t.Errorf("unexpected series %v", p.Attributes.Encoded(attribute.DefaultEncoder()))
 			continue
 		}
-		var sum int64
-		for _, us := range want {
-			sum += us
-		}
-		if p.Count != uint64(len(want)) || math.Abs(p.Sum-float64(sum)/1e6) > 1e-12 || !slices.Equal(p.Bounds, DurationBuckets) {
-			t.Errorf("%v: count %d, sum %gs, bounds %v; want %d, %gs, %v", p.Attributes.Encoded(attribute.DefaultEncoder()),
-				p.Count, p.Sum, p.Bounds, len(want), float64(sum)/1e6, DurationBuckets)
-		}
+		checkPoint(t, p, want)
+	}
+}
+
+// checkPoint checks that p holds the latencies want, in µs, in the
+// buckets of DurationBuckets.
+func checkPoint(t *testing.T, p metricdata.HistogramDataPoint[float64], want []int64) {
+	t.Helper()
+	var sum int64
+	for _, us := range want {
+		sum += us
+	}
+	if p.Count != uint64(len(want)) || math.Abs(p.Sum-float64(sum)/1e6) > 1e-12 || !slices.Equal(p.Bounds, DurationBuckets) {
+		t.Errorf("%v: count %d, sum %gs, bounds %v; want %d, %gs, %v", p.Attributes.Encoded(attribute.DefaultEncoder()),
+			p.Count, p.Sum, p.Bounds, len(want), float64(sum)/1e6, DurationBuckets)
 	}
 }
 
