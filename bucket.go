@@ -101,7 +101,8 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 // a Redis error, wrapped. With any error nothing was recorded, except that
 // a call whose final write was under way when the error came may have been
 // counted (never admitted uncounted).
-func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (Result, error) {
+func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (res Result, err error) {
+	defer b.observe(ctx, b.observed(), OpAllow, resource, client, n, &res, &err)
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
@@ -161,7 +162,8 @@ func (b *Bucket) Peek(ctx context.Context, resource, client string) (Result, err
 // is what would be left after the call. It takes no lock, so a decision
 // under way elsewhere may be missed. It costs one round trip (Logs: when
 // the SCAN fits in one page).
-func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Result, error) {
+func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res Result, err error) {
+	defer b.observe(ctx, b.observed(), OpPeek, resource, client, n, &res, &err)
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
@@ -184,11 +186,12 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (Res
 // Flush forgets the counts of client at resource: its own, and its share of
 // the resource's. It takes the lock as a decision does, and costs two round
 // trips (Logs: when the SCAN fits in one page).
-func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
+func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error) {
+	defer b.observe(ctx, b.observed(), OpFlush, resource, client, 0, nil, &err)
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	_, err := bounded(ctx, func(ctx context.Context, view *lockView) (struct{}, error) {
+	_, err = bounded(ctx, func(ctx context.Context, view *lockView) (struct{}, error) {
 		keys := b.keysOf(resource)
 		return struct{}{}, b.locked(ctx, keys, b.lockKey(keys, client), b.store.read(keys, []string{client}), view, func(pipe redis.Pipeliner, t *tally) {
 			b.store.forget(ctx, pipe, keys, client, t)
@@ -204,11 +207,12 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) error {
 // lock to take: a decision running at the same time may be counted after
 // the flush. Unless the strategy is SortedSet with a per-resource rule, it
 // finds the keys with SCAN, which walks the whole database.
-func (b *Bucket) FlushAll(ctx context.Context, resource string) error {
+func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
+	defer b.observe(ctx, b.observed(), OpFlushAll, resource, "", 0, nil, &err)
 	if resource == "" {
 		return ErrEmptyResource
 	}
-	_, err := bounded(ctx, func(ctx context.Context, view *lockView) (struct{}, error) {
+	_, err = bounded(ctx, func(ctx context.Context, view *lockView) (struct{}, error) {
 		keys := b.keysOf(resource)
 		if b.plan.clientScoped {
 			return struct{}{}, b.flushUnlocked(ctx, keys)

@@ -223,3 +223,40 @@ func ExampleBucket_Wait() {
 	// job 1: admitted
 	// job 2: refused, it would wait past the deadline
 }
+
+// An observer hears every decision once it is made: here a log line per
+// denial or error, and a count of what was admitted. Keep it fast: it runs
+// in the caller's goroutine. The module
+// github.com/leakybucket/leakybucket/otelmetrics makes one that records
+// OpenTelemetry metrics.
+func ExampleWithObserver() {
+	admitted := 0
+	observe := func(_ context.Context, d leakybucket.Decision) {
+		switch {
+		case d.Err != nil:
+			fmt.Printf("%v %s/%s: error (%v): %v\n", d.Op, d.Resource, d.Client, d.ErrKind, d.Err)
+		case d.Op == leakybucket.OpAllow && d.Allowed:
+			admitted++
+		case d.Op == leakybucket.OpAllow:
+			fmt.Printf("%v %s/%s: denied by %v\n", d.Op, d.Resource, d.Client, d.DeniedBy)
+		}
+	}
+	limiter, err := leakybucket.New(newExampleClient(),
+		leakybucket.PerResource(leakybucket.PerMinute(3)),
+		leakybucket.PerClient(leakybucket.PerMinute(2)),
+		leakybucket.WithObserver(observe),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, client := range []string{"ann", "ann", "ann", "bob", "ann", ""} {
+		_, _ = limiter.Allow(ctx, "GET /search", client) // the observer reports
+	}
+	fmt.Println("admitted:", admitted)
+	// Output:
+	// allow GET /search/ann: denied by [per-client 2 per 1m0s]
+	// allow GET /search/ann: denied by [per-resource 3 per 1m0s per-client 2 per 1m0s]
+	// allow GET /search/: error (invalid_input): leakybucket: empty client with a per-client rule
+	// admitted: 3
+}

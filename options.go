@@ -1,6 +1,7 @@
 package leakybucket
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -56,6 +57,7 @@ type config struct {
 	lockTTL      time.Duration
 	lockRetry    func() redislock.RetryStrategy
 	scanCount    int
+	observer     func(context.Context, Decision)
 }
 
 func defaultConfig() config {
@@ -129,6 +131,17 @@ func WithLockRetry(newStrategy func() redislock.RetryStrategy) Option {
 // but longer blocking calls on a large database.
 func WithScanCount(n int) Option {
 	return func(c *config) { c.scanCount = n }
+}
+
+// WithObserver makes the Bucket call observe with a Decision after every
+// call of AllowN, PeekN, Flush and FlushAll (Allow and Peek included),
+// with the caller's context, synchronously, before the method returns.
+// Keep it fast: its time adds to the caller's. It cannot change what the
+// method returns, and a panic in it reaches the caller, leaving the Bucket
+// usable. A nil observe, the default, observes nothing; of several
+// WithObserver options the last one counts.
+func WithObserver(observe func(context.Context, Decision)) Option {
+	return func(c *config) { c.observer = observe }
 }
 
 func (c *config) validate() error {

@@ -78,3 +78,6 @@ go test -race -shuffle=on -count=1 "$@" ./...
 # The benchmark module (bench/, a module of its own): vet it, and run its
 # quick mode, which starts a Redis of its own.
 (cd bench && go vet ./... && go test -count=1 ./...)
+# The OpenTelemetry adapter (otelmetrics/, a module of its own, so that the
+# core's users never download OpenTelemetry): vet and test it, on miniredis.
+(cd otelmetrics && go vet ./... && go test -race -count=1 ./...)

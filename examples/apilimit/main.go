@@ -2,9 +2,9 @@
 // send 10 items a second, 120 a minute and 240 an hour, and a batch of n
 // items costs n (AllowN). The tenant sends a fast burst, then a steady
 // trickle, for three minutes, so that the second's, then the minute's,
-// then the hour's limit is the one that denies. apilimit prints only the
-// moments where the denying rule changes, with each rule's state from
-// Result.Rules, and a summary per rule.
+// then the hour's limit is the one that denies. apilimit prints each batch
+// as it is answered, with the rules that denied it (Result.DeniedBy) and
+// each rule's count (Result.Rules), and then a summary per rule.
 //
 // It runs on an embedded miniredis by default, whose clock is simulated so
 // the three minutes pass at once, and on a real server when REDIS_URL is
@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -53,15 +54,29 @@ var rules = []struct {
 	{"per hour", leakybucket.PerHour(240)},
 }
 
+// program is what -h says.
+var program = demo.Program{
+	Name: "apilimit",
+	About: `A tenant may send 10 items a second, 120 a minute and 240 an hour, and a batch
+of n items costs n. It sends a fast burst, then a steady trickle, for three
+minutes, so that the second's, then the minute's, then the hour's limit is the
+one that denies. It prints each batch as it is answered (which limits denied
+it, its Retry-After, and each limit's count), then a summary per limit.`,
+	Real: "3 minutes",
+}
+
 func main() {
-	demo.Main(func(where, strategy string) string {
-		return fmt.Sprintf("apilimit: %s may send %q 10 items a second, 120 a minute and 240 an hour, a batch of n costing n (%s, %s strategy)",
-			tenant, endpoint, where, strategy)
+	demo.Main(program, func(where, strategy string) string {
+		return fmt.Sprintf("apilimit: %s may send %q 10 items a second, 120 a minute\n"+
+			"and 240 an hour, a batch of n costing n (%s, %s strategy)", tenant, endpoint, where, strategy)
 	}, run)
 }
 
-// run sends the tenant's batches, printing each change of the rules that
-// deny and a summary, and returns the calls.
+// line is the format of a batch's line: at most 96 columns.
+const line = "%-7s  %5s  %-31s  %11s  %10s  %10s  %10s\n"
+
+// run sends the tenant's batches, printing each as it is answered and then
+// a summary, and returns the calls.
 func run(ctx context.Context, env demo.Env) ([]demo.Call, error) {
 	var opts []leakybucket.Option
 	for _, r := range rules {
@@ -71,31 +86,20 @@ func run(ctx context.Context, env demo.Env) ([]demo.Call, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := tabwriter.NewWriter(env.Out, 0, 0, 2, ' ', 0)
-	fmt.Fprint(w, "time\titems\tanswer\tRetry-After")
-	for _, r := range rules {
-		fmt.Fprintf(w, "\t%s: used, wait", r.name)
-	}
-	fmt.Fprintln(w, "\tsince the line above\t")
-	last, lastLine := "", 0 // the rules of the last denial printed, and the calls before its line
+	fmt.Fprintf(env.Out, line, "time", "items", "answer", "Retry-After", rules[0].name, rules[1].name, rules[2].name)
 	calls, err := demo.Play(ctx, env, limiter, endpoint, schedule(), func(made []demo.Call) {
 		c := made[len(made)-1]
-		if c.Result.Allowed || deniedBy(c.Result) == last {
-			return
+		answer, retry := "allowed", ""
+		if !c.Result.Allowed {
+			answer, retry = "denied "+deniedBy(c.Result), c.Result.RetryAfter.String()
 		}
-		last = deniedBy(c.Result)
-		fmt.Fprintf(w, "%s\t%d\tdenied %s\t%v", clock(c.At), c.Weight, last, c.Result.RetryAfter)
-		for _, rr := range c.Result.Rules {
-			fmt.Fprintf(w, "\t%d/%d, %v", rr.Used, rr.Rule.Limit.Requests, rr.RetryAfter)
+		var used [3]string
+		for i, rr := range c.Result.Rules {
+			used[i] = fmt.Sprintf("%d/%d", rr.Used, rr.Rule.Limit.Requests)
 		}
-		fmt.Fprintf(w, "\t%s\t\n", tally(made[lastLine:]))
-		lastLine = len(made)
+		fmt.Fprintf(env.Out, line, clock(c.At), strconv.Itoa(c.Weight), answer, retry, used[0], used[1], used[2])
 	})
 	if err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(w, "%s\t\tend\t\t\t\t\t%s\t\n", clock(calls[len(calls)-1].At), tally(calls[lastLine:]))
-	if err := w.Flush(); err != nil {
 		return nil, err
 	}
 	return calls, summarize(env.Out, calls)
@@ -151,7 +155,7 @@ func tally(calls []demo.Call) string {
 func summarize(out io.Writer, calls []demo.Call) error {
 	fmt.Fprintf(out, "\nin all: %s\n\n", tally(calls))
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "rule\tlimit\tmost items allowed in one window\tbatches denied: by it alone\twith others\t")
+	fmt.Fprintln(w, "rule\tlimit\tmost items allowed in a window\tbatches denied: alone\twith others\t")
 	for _, r := range rules {
 		alone, shared := 0, 0
 		for _, c := range calls {

@@ -50,15 +50,25 @@ var consumers = []consumer{
 	{"partner", 3 * time.Second, 9 * time.Second},
 }
 
+// program is what -h says.
+var program = demo.Program{
+	Name: "consumers",
+	About: `An API that takes at most 5 requests per 10 s from all its consumers together,
+and 3 per 10 s from each. Four consumers call it at their own pace for 25 s.
+It prints each request as it is answered (allowed, or which limit denied it,
+and its Retry-After), then a summary per consumer.`,
+	Real: "25 s",
+}
+
 func main() {
-	demo.Main(func(where, strategy string) string {
-		return fmt.Sprintf("consumers: %q takes %d requests per %v in all, %d from each consumer (%s, %s strategy)",
+	demo.Main(program, func(where, strategy string) string {
+		return fmt.Sprintf("consumers: %q takes %d requests per %v in all, %d from each consumer\n(%s, %s strategy)",
 			api, total, window, perConsumer, where, strategy)
 	}, run)
 }
 
-// run makes every consumer's calls in time order, printing a timeline and
-// a summary, and returns the calls.
+// run makes every consumer's calls in time order, printing each as it is
+// answered and then a summary, and returns the calls.
 func run(ctx context.Context, env demo.Env) ([]demo.Call, error) {
 	limiter, err := demo.Bucket(ctx, env, "consumers", api,
 		leakybucket.PerResource(leakybucket.Per(total, window)),
@@ -67,8 +77,8 @@ func run(ctx context.Context, env demo.Env) ([]demo.Call, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := tabwriter.NewWriter(env.Out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "time\tconsumer\tanswer\tRetry-After\tused: all\tits own\t")
+	const line = "%6s  %-10s  %-25s  %-11s  %9s  %7s\n"
+	fmt.Fprintf(env.Out, line, "time", "consumer", "answer", "Retry-After", "used: all", "its own")
 	calls, err := demo.Play(ctx, env, limiter, api, schedule(), func(made []demo.Call) {
 		c := made[len(made)-1]
 		retry := ""
@@ -76,13 +86,10 @@ func run(ctx context.Context, env demo.Env) ([]demo.Call, error) {
 			retry = c.Result.RetryAfter.String()
 		}
 		all, own := c.Result.Rules[0], c.Result.Rules[1]
-		fmt.Fprintf(w, "%5.1fs\t%s\t%s\t%s\t%d/%d\t%d/%d\t\n", c.At.Seconds(), c.Client, answer(c.Result),
-			retry, all.Used, total, own.Used, perConsumer)
+		fmt.Fprintf(env.Out, line, fmt.Sprintf("%.1fs", c.At.Seconds()), c.Client, answer(c.Result), retry,
+			fmt.Sprintf("%d/%d", all.Used, total), fmt.Sprintf("%d/%d", own.Used, perConsumer))
 	})
 	if err != nil {
-		return nil, err
-	}
-	if err := w.Flush(); err != nil {
 		return nil, err
 	}
 	return calls, summarize(env.Out, calls)
@@ -114,12 +121,13 @@ func answer(res leakybucket.Result) string {
 	return "denied by its own limit"
 }
 
-// summarize prints, per consumer and in all, what was allowed and denied,
-// and the most allowed in any window.
+// summarize prints, per consumer and in all, what was allowed and denied
+// (by its own limit alone, the API's alone, or both), and the most allowed
+// in any window.
 func summarize(out io.Writer, calls []demo.Call) error {
 	fmt.Fprintln(out)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "consumer\trequests\tallowed\tdenied: own limit\tAPI limit\tboth\tmost allowed in %v\t\n", window)
+	fmt.Fprintf(w, "consumer\trequests\tallowed\tdenied: own\tAPI's\tboth\tmost allowed in %v\t\n", window)
 	row := func(name, client string, limit int) {
 		var requests, allowed int
 		denied := map[string]int{}

@@ -34,3 +34,5 @@ func TestRun(t *testing.T) {
 		}
 	})
 }
+
+func TestUsage(t *testing.T) { demotest.Usage(t, program) }

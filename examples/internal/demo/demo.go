@@ -81,7 +81,7 @@ func scheduled() func(time.Duration) {
 }
 
 // StrategyUsage documents the -strategy flag.
-const StrategyUsage = "how the limiter keeps its counts: logs, sortedset or windows (Windows(time.Second))"
+const StrategyUsage = "how the limiter keeps its counts: logs, sortedset or windows (1s precision)"
 
 // Precision is the precision of the strategy named windows.
 const Precision = time.Second

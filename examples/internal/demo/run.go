@@ -25,11 +25,19 @@ type Env struct {
 // env.Out, and returns them.
 type Run func(ctx context.Context, env Env) ([]Call, error)
 
-// Main runs a program from the command line: it reads the -strategy flag,
-// connects (see Connect), prints heading(where, strategy) and a blank
-// line, and runs run, printing to standard output. It exits on an error.
-func Main(heading func(where, strategy string) string, run Run) {
-	strategy := flag.String("strategy", "logs", StrategyUsage)
+// A Program is what -h says of a program.
+type Program struct {
+	Name  string // as run: "notify" for go run ./examples/notify
+	About string // what it does and prints, wrapped to fit 80 columns
+	Real  string // how long it runs on a real server: "25 s", "a moment"
+}
+
+// Main runs a program from the command line: it reads the -strategy flag
+// (-h prints p's usage), connects (see Connect), prints heading(where,
+// strategy) and a blank line, and runs run, printing to standard output.
+// It exits on an error.
+func Main(p Program, heading func(where, strategy string) string, run Run) {
+	strategy := Flags(flag.CommandLine, p)
 	flag.Parse()
 	if _, err := Strategy(*strategy); err != nil {
 		log.Fatal(err)
@@ -42,6 +50,32 @@ func Main(heading func(where, strategy string) string, run Run) {
 	fmt.Printf("%s\n\n", heading(where, *strategy))
 	if _, err := run(context.Background(), Env{rdb, sleep, *strategy, os.Stdout}); err != nil {
 		log.Fatal(err)
+	}
+}
+
+// Flags defines the flags of p on fs, the -strategy flag, and makes -h
+// print p's usage (see Usage).
+func Flags(fs *flag.FlagSet, p Program) (strategy *string) {
+	strategy = fs.String("strategy", "logs", StrategyUsage)
+	fs.Usage = Usage(fs, p)
+	return strategy
+}
+
+// Usage returns a usage function for p: what it does, every flag of fs,
+// and REDIS_URL, written to fs.Output().
+func Usage(fs *flag.FlagSet, p Program) func() {
+	return func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "usage: go run ./examples/%s [flags]\n\n%s\n\nflags:\n", p.Name, p.About)
+		fs.PrintDefaults()
+		fmt.Fprintf(out, `
+environment:
+  REDIS_URL  a Redis to run on, as redis://[user:password@]host:port/db.
+             There the program sleeps for real: it takes %s.
+             Unset: an embedded miniredis whose clock jumps when the program
+             sleeps, so the run is instant. Each run first forgets the
+             previous run's counts.
+`, p.Real)
 	}
 }
 

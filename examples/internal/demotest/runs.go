@@ -3,10 +3,13 @@ package demotest
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,6 +54,9 @@ func closestToEdge(schedule []demo.Call, rules []leakybucket.Rule) (least, a, b 
 //     can fall short);
 //   - that the second run repeats the first: each forgets the counts of
 //     the one before;
+//   - that the program printed something of each call before making the
+//     next (progress as it happens, not only a summary at the end), and
+//     that no line of its output is wider than Columns;
 //   - and what check says of each run's calls and output.
 func Runs(t *testing.T, run demo.Run, schedule []demo.Call, rules []leakybucket.Rule, check func(t *testing.T, calls []demo.Call, out string)) {
 	if d, a, b := closestToEdge(schedule, rules); d < EdgeMargin {
@@ -73,10 +79,11 @@ func Runs(t *testing.T, run demo.Run, schedule []demo.Call, rules []leakybucket.
 				}
 				t.Run(fmt.Sprint("run ", round), func(t *testing.T) {
 					var out bytes.Buffer
-					calls, err := run(context.Background(), demo.Env{Redis: rdb, Sleep: sleep, Strategy: name, Out: &out})
+					calls, err := run(context.Background(), demo.Env{Redis: rdb, Sleep: progress(t, &out, sleep), Strategy: name, Out: &out})
 					if err != nil {
 						t.Fatal(err)
 					}
+					checkWidth(t, out.String())
 					if len(calls) != len(schedule) {
 						t.Fatalf("made %d calls, want %d", len(calls), len(schedule))
 					}
@@ -103,6 +110,68 @@ func Runs(t *testing.T, run demo.Run, schedule []demo.Call, rules []leakybucket.
 				})
 			}
 		})
+	}
+}
+
+// Columns is the widest a line of a program's output may be.
+const Columns = 100
+
+// progress returns env.Sleep for a run printing to out: demo.Play sleeps
+// before each call, so from the second sleep on, the call before must have
+// printed something.
+func progress(t *testing.T, out *bytes.Buffer, sleep func(time.Duration)) func(time.Duration) {
+	calls, printed := 0, 0
+	return func(d time.Duration) {
+		if calls > 0 && out.Len() == printed {
+			t.Errorf("call %d printed nothing before the next call was made", calls)
+		}
+		calls, printed = calls+1, out.Len()
+		sleep(d)
+	}
+}
+
+// checkWidth fails t if a line of out is wider than Columns (a tab counts
+// as the spaces to the next multiple of 8).
+func checkWidth(t *testing.T, out string) {
+	t.Helper()
+	for i, line := range strings.Split(out, "\n") {
+		if w := width(line); w > Columns {
+			t.Errorf("line %d is %d columns wide, more than %d:\n%s", i+1, w, Columns, line)
+		}
+	}
+}
+
+func width(line string) int {
+	w := 0
+	for _, r := range line {
+		if r == '\t' {
+			w += 8 - w%8
+			continue
+		}
+		w++
+	}
+	return w
+}
+
+// Usage checks what -h prints for p: p's text, every flag, REDIS_URL and
+// how long a run on a real server takes, within Columns.
+func Usage(t *testing.T, p demo.Program) {
+	t.Helper()
+	fs := flag.NewFlagSet(p.Name, flag.ContinueOnError)
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	demo.Flags(fs, p)
+	if err := fs.Parse([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+	usage := out.String()
+	checkWidth(t, usage)
+	want := []string{"go run ./examples/" + p.Name, p.About, "REDIS_URL", "redis://", p.Real}
+	fs.VisitAll(func(f *flag.Flag) { want = append(want, "-"+f.Name, f.Usage) })
+	for _, w := range want {
+		if !strings.Contains(usage, w) {
+			t.Errorf("-h does not say %q:\n%s", w, usage)
+		}
 	}
 }
 
