@@ -9,15 +9,6 @@ import (
 	"time"
 )
 
-// TestMain lets the test binary serve as a child process of the benchmark,
-// as the program itself does.
-func TestMain(m *testing.M) {
-	if isChild() {
-		os.Exit(childMain())
-	}
-	os.Exit(m.Run())
-}
-
 // TestQuick runs the whole program in -quick mode, when redis-server is
 // installed: every implementation, every workload shape, the checks, the
 // report and the chart.

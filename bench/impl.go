@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -32,8 +31,8 @@ var strategies = []struct {
 const (
 	logsName         = "leakybucket Logs"
 	sortedSetName    = "leakybucket SortedSet"
-	windowsName      = "leakybucket Windows(1s)"
-	windowsPrecision = time.Second
+	windowsName      = "leakybucket Windows(50ms)"
+	windowsPrecision = 50 * time.Millisecond
 )
 
 // An impl is one implementation under test.
@@ -110,15 +109,6 @@ func implementations() []impl {
 			},
 		},
 	)
-}
-
-func implByName(name string) (impl, error) {
-	for _, im := range implementations() {
-		if im.name == name {
-			return im, nil
-		}
-	}
-	return impl{}, fmt.Errorf("no implementation %q", name)
 }
 
 type libLimiter struct{ b *leakybucket.Bucket }

@@ -2,7 +2,7 @@
 // redislock-based form of its design, and the cost of one round trip, on a
 // Redis server it starts itself (issue 5). From the repository root:
 //
-//	cd bench && go run .            # the full run, about 5 minutes; writes BENCHMARKS.md and benchmarks.png
+//	cd bench && go run .            # the full run, a few minutes; writes BENCHMARKS.md and benchmarks.png
 //	cd bench && go run . -quick     # a smoke run of seconds; writes nothing unless -out is given
 //
 // It needs redis-server (Debian's package, which it installs with apt-get
@@ -27,9 +27,6 @@ import (
 )
 
 func main() {
-	if isChild() {
-		os.Exit(childMain())
-	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -57,7 +54,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	cfg := config{timeout: *timeout, window: *window, limits: []int{10, 1000}, quick: *quick, out: *out,
+	cfg := config{timeout: *timeout, window: *window, limits: throughputLimits, quick: *quick, out: *out,
 		workloads: fullWorkloads(), cell: 4 * time.Second}
 	if *quick {
 		cfg.workloads, cfg.cell = quickWorkloads(), 150*time.Millisecond
@@ -153,7 +150,6 @@ func run(ctx context.Context, cfg config, stdout, log io.Writer) error {
 	load[1] = loadAverage()
 
 	fmt.Fprintln(stdout, table(rows, cfg.window))
-	fmt.Fprint(stdout, targets(rows))
 	if cfg.out != "" {
 		var png bytes.Buffer
 		title := fmt.Sprintf("leakybucket vs redis_rate, naive redislock and one round trip; Redis %s, %s", srv.version, started.UTC().Format("2006-01-02"))
