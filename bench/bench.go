@@ -67,35 +67,73 @@ type row struct {
 	Violation     bool   // a key got more than the limit allows
 }
 
-// runner holds the server and one client per Redis user.
-type runner struct {
-	cfg     config
-	srv     *server
-	admin   *redis.Client
-	clients map[string]*redis.Client // by user
-	trips   map[string]*trips
-	log     io.Writer
+// A side is one of the two servers, with the clients the cells use.
+type side struct {
+	srv    *server
+	admin  *redis.Client // empties the database between cells
+	client *redis.Client // the limiters'
+	trips  *trips        // counts the round trips of client and of more()
 }
 
 const poolSize = 128
 
-func newRunner(cfg config, srv *server, log io.Writer) *runner {
-	r := &runner{cfg: cfg, srv: srv, admin: srv.client("", "", 4), log: log,
-		clients: map[string]*redis.Client{}, trips: map[string]*trips{}}
-	for user, pw := range map[string]string{"": "", lbUser: lbPassword} {
-		c := srv.client(user, pw, poolSize)
-		t := &trips{}
-		c.AddHook(t)
-		r.clients[user], r.trips[user] = c, t
+func newSide(srv *server) *side {
+	s := &side{srv: srv, admin: srv.client(4), trips: &trips{}}
+	s.client = s.more()
+	return s
+}
+
+// more returns another client of the server, its round trips counted with
+// the side's: a process of its own, as far as Redis can tell.
+func (s *side) more() *redis.Client {
+	c := s.srv.client(poolSize)
+	c.AddHook(s.trips)
+	return c
+}
+
+func (s *side) close() {
+	s.admin.Close()
+	s.client.Close()
+}
+
+// empty deletes every key, and checks that none is left.
+func (s *side) empty(ctx context.Context) error {
+	if err := s.admin.FlushDB(ctx).Err(); err != nil {
+		return err
 	}
-	return r
+	n, err := s.admin.DBSize(ctx).Result()
+	if err != nil {
+		return err
+	}
+	if n != 0 {
+		return fmt.Errorf("the database holds %d keys after FLUSHDB, want none", n)
+	}
+	return nil
+}
+
+// runner holds both sides: lib, the scripting-denied server of this
+// library and the floor; peers, the server of the Lua limiters.
+type runner struct {
+	cfg        config
+	lib, peers *side
+	log        io.Writer
+}
+
+func newRunner(cfg config, lib, peers *server, log io.Writer) *runner {
+	return &runner{cfg: cfg, lib: newSide(lib), peers: newSide(peers), log: log}
 }
 
 func (r *runner) close() {
-	r.admin.Close()
-	for _, c := range r.clients {
-		c.Close()
+	r.lib.close()
+	r.peers.close()
+}
+
+// sideOf is the side impl runs on.
+func (r *runner) sideOf(im impl) *side {
+	if im.scripting {
+		return r.peers
 	}
+	return r.lib
 }
 
 // run measures every cell, in order, and returns the rows.
@@ -142,39 +180,34 @@ func warmPool(ctx context.Context, rdb *redis.Client, n int) error {
 // cell measures one implementation on one workload and limit, on an empty
 // database.
 func (r *runner) cell(ctx context.Context, w workload, limit int, im impl) (row, error) {
-	rdb := r.clients[im.user]
-	lim, err := im.make(rdb, limit, r.cfg.window)
+	s := r.sideOf(im)
+	lim, err := im.make(s.client, limit, r.cfg.window)
 	if err != nil {
 		return row{}, err
 	}
 	// Warm up: connections, and the Lua scripts into the server's cache.
-	if err := warmPool(ctx, rdb, w.Goroutines); err != nil {
+	if err := warmPool(ctx, s.client, w.Goroutines); err != nil {
 		return row{}, err
 	}
 	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
 		return row{}, fmt.Errorf("warm-up call: %w", err)
 	}
-	if err := r.admin.FlushDB(ctx).Err(); err != nil {
+	if err := s.empty(ctx); err != nil {
 		return row{}, err
 	}
-	if n, err := r.admin.DBSize(ctx).Result(); err != nil {
-		return row{}, err
-	} else if n != 0 {
-		return row{}, fmt.Errorf("the database holds %d keys before the cell, want none", n)
-	}
-	res := runLoad(ctx, w, lim, r.trips[im.user], time.Now(), r.cfg.cell, r.cfg.timeout)
+	res := runLoad(ctx, w, lim, s.trips, time.Now(), r.cfg.cell, r.cfg.timeout)
 	if err := ctx.Err(); err != nil {
 		return row{}, err
 	}
 	if res.Decisions == 0 {
 		return row{}, errors.New("no decision was made")
 	}
-	if im.user == lbUser && res.Scripts > 0 {
-		return row{}, fmt.Errorf("%d script commands were sent by the scripting-denied client", res.Scripts)
+	if !im.scripting && res.Scripts > 0 {
+		return row{}, fmt.Errorf("%d script commands were sent to the scripting-denied server", res.Scripts)
 	}
 	out := summarise(w, limit, im, r.cfg.window, res)
 	if im.bound == nil { // the floor wrote one key per distinct key it was given
-		n, err := r.admin.DBSize(ctx).Result()
+		n, err := s.admin.DBSize(ctx).Result()
 		if err != nil {
 			return row{}, err
 		}

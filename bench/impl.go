@@ -38,9 +38,9 @@ const (
 // An impl is one implementation under test.
 type impl struct {
 	name string
-	// user is the Redis user it runs as: lbUser (scripting denied) or ""
-	// (the default user, which may run scripts).
-	user string
+	// scripting: it runs Lua, on the peers' server; else on the library's,
+	// which denies scripting.
+	scripting bool
 	// bound is the most admissions one key may get in elapsed time under a
 	// limit of limit calls per window; nil for the floor, which limits
 	// nothing.
@@ -76,7 +76,7 @@ func implementations() []impl {
 	for _, s := range strategies {
 		opts := s.opts
 		all = append(all, impl{
-			name: s.name, user: lbUser, bound: windowBound, exact: true,
+			name: s.name, bound: windowBound, exact: true,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				b, err := leakybucket.New(rdb, append([]leakybucket.Option{
 					leakybucket.WithPrefix("lb"),
@@ -91,13 +91,13 @@ func implementations() []impl {
 	}
 	return append(all,
 		impl{
-			name: redisRateName, bound: gcraBound,
+			name: redisRateName, scripting: true, bound: gcraBound,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				return rateLimiter{redis_rate.NewLimiter(rdb), redis_rate.Limit{Rate: limit, Burst: limit, Period: window}}, nil
 			},
 		},
 		impl{
-			name: naiveName, bound: windowBound, exact: true,
+			name: naiveName, scripting: true, bound: windowBound, exact: true,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				return newNaive(rdb, limit, window), nil
 			},

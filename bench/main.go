@@ -126,46 +126,72 @@ func run(ctx context.Context, cfg config, stdout, log io.Writer) error {
 	if err := ensureRedis(log); err != nil {
 		return err
 	}
-	srv, err := startServer(ctx)
+	lib, err := startServer(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
-	fmt.Fprintf(log, "bench: Redis %s on %s; user %q is denied scripting (checked)\n", srv.version, srv.addr, lbUser)
-	r := newRunner(cfg, srv, log)
+	defer lib.stop()
+	peers, err := startServer(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer peers.stop()
+	fmt.Fprintf(log, "bench: Redis %s on %s for this library, scripting denied (checked); on %s for the peers, scripting allowed\n",
+		lib.version, lib.addr, peers.addr)
+	r := newRunner(cfg, lib, peers, log)
 	defer r.close()
 
 	rows, err := r.run(ctx)
 	if err != nil {
 		return err
 	}
-	refused, err := srv.refusedCommands(ctx)
-	if err != nil {
+	if err := noRefusals(ctx, lib); err != nil {
 		return err
-	}
-	if len(refused) > 0 {
-		return fmt.Errorf("the scripting-denied user was refused commands: %s", strings.Join(refused, "; "))
 	}
 	wall := time.Since(started)
 	load[1] = loadAverage()
 
 	fmt.Fprintln(stdout, table(rows, cfg.window))
 	if cfg.out != "" {
-		var png bytes.Buffer
-		title := fmt.Sprintf("leakybucket vs redis_rate, naive redislock and one round trip; Redis %s, %s", srv.version, started.UTC().Format("2006-01-02"))
-		if err := chart(&png, rows, cfg.window, title); err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(cfg.out, pngName), png.Bytes(), 0o644); err != nil {
-			return err
-		}
-		doc := document(cfg, rows, srv.version, started, wall, load, pngName)
-		if err := os.WriteFile(filepath.Join(cfg.out, mdName), []byte(doc), 0o644); err != nil {
+		if err := write(cfg, rows, lib.version, started, wall, load); err != nil {
 			return err
 		}
 		fmt.Fprintf(log, "bench: wrote %s and %s in %s\n", mdName, pngName, cfg.out)
 	}
 	fmt.Fprintf(log, "bench: %d cells in %s\n", len(rows), wall.Round(time.Second))
+	return violations(rows)
+}
+
+// noRefusals checks the ACL log of the scripting-denied server: the
+// library must have sent nothing it was refused.
+func noRefusals(ctx context.Context, lib *server) error {
+	refused, err := lib.refusedCommands(ctx)
+	if err != nil {
+		return err
+	}
+	if len(refused) > 0 {
+		return fmt.Errorf("the scripting-denied server refused commands: %s", strings.Join(refused, "; "))
+	}
+	return nil
+}
+
+// write writes BENCHMARKS.md and the chart into cfg.out.
+func write(cfg config, rows []row, version string, started time.Time, wall time.Duration, load [2]string) error {
+	var png bytes.Buffer
+	title := fmt.Sprintf("leakybucket vs redis_rate, naive redislock and one round trip; Redis %s, %s", version, started.UTC().Format("2006-01-02"))
+	if err := chart(&png, rows, cfg.window, title); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(cfg.out, pngName), png.Bytes(), 0o644); err != nil {
+		return err
+	}
+	doc := document(cfg, rows, version, started, wall, load, pngName)
+	return os.WriteFile(filepath.Join(cfg.out, mdName), []byte(doc), 0o644)
+}
+
+// violations is an error naming every cell where a limiter admitted more
+// than its limit allows.
+func violations(rows []row) error {
 	var bad []string
 	for _, r := range rows {
 		if r.Violation {
