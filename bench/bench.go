@@ -156,7 +156,7 @@ func (r *runner) run(ctx context.Context) ([]row, error) {
 				if err != nil {
 					return rows, fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
 				}
-				fmt.Fprintf(r.log, "bench: %-45s %5d/%s  %-26s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
+				fmt.Fprintf(r.log, "bench: %-40s %9d/%s  %-33s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
 					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips, row.Check, time.Since(t0).Seconds())
 				rows = append(rows, row)
 			}

@@ -7,6 +7,8 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/leakybucket/leakybucket"
 	"github.com/redis/go-redis/v9"
+	ulule "github.com/ulule/limiter/v3"
+	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 )
 
 // A limiter decides one call of (resource, client): admitted or not. An
@@ -67,6 +69,7 @@ func gcraBound(limit int, window, elapsed time.Duration) int64 {
 // Names of the implementations that the ratios refer to.
 const (
 	redisRateName = "redis_rate (Lua GCRA)"
+	ululeName     = "ulule/limiter (Lua fixed window)"
 	floorName     = "floor: 1 pipelined SET"
 	naiveName     = "naive: redislock + SCAN"
 )
@@ -94,6 +97,16 @@ func implementations() []impl {
 			name: redisRateName, scripting: true, bound: gcraBound,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				return rateLimiter{redis_rate.NewLimiter(rdb), redis_rate.Limit{Rate: limit, Burst: limit, Period: window}}, nil
+			},
+		},
+		impl{
+			name: ululeName, scripting: true, bound: windowBound, exact: true,
+			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
+				store, err := ululeredis.NewStoreWithOptions(rdb, ulule.StoreOptions{Prefix: "ulule"})
+				if err != nil {
+					return nil, err
+				}
+				return ululeLimiter{ulule.New(store, ulule.Rate{Period: window, Limit: int64(limit)})}, nil
 			},
 		},
 		impl{
@@ -129,6 +142,20 @@ func (r rateLimiter) Allow(ctx context.Context, resource, client string) (bool, 
 		return false, err
 	}
 	return res.Allowed > 0, nil
+}
+
+// ululeLimiter is ulule/limiter's Redis store: a fixed window, one counter
+// per key that INCRBY raises and the first call of the window sets to
+// expire after it, in one EVALSHA. Get counts the call and says whether it
+// passed the limit.
+type ululeLimiter struct{ l *ulule.Limiter }
+
+func (u ululeLimiter) Allow(ctx context.Context, resource, client string) (bool, error) {
+	res, err := u.l.Get(ctx, resource+":"+client)
+	if err != nil {
+		return false, err
+	}
+	return !res.Reached, nil
 }
 
 // floor is the least a decision can cost: one round trip carrying one
