@@ -21,8 +21,10 @@ type config struct {
 	limits    []int
 	workloads []workload
 	impl      *regexp.Regexp // which implementations to run
-	out       string         // where BENCHMARKS.md and the PNG go; "" for nowhere
-	command   string         // the command line, for the report
+	tables    *regexp.Regexp // which tables to measure
+	hammer    hammerSpec
+	out       string // where BENCHMARKS.md and the PNG go; "" for nowhere
+	command   string // the command line, for the report
 	quick     bool
 }
 
@@ -136,33 +138,73 @@ func (r *runner) sideOf(im impl) *side {
 	return r.lib
 }
 
-// run measures every cell, in order, and returns the rows.
-func (r *runner) run(ctx context.Context) ([]row, error) {
-	var rows []row
+// results is what one run measured, table by table.
+type results struct {
+	rows   []row // the throughput table
+	hammer []hammerRow
+}
+
+// Names of the tables, for -table.
+const (
+	throughputTable = "throughput"
+	hammerTable     = "hammer"
+)
+
+var tableNames = []string{throughputTable, hammerTable}
+
+// run measures every table that -table selects, in order.
+func (r *runner) run(ctx context.Context) (results, error) {
+	var res results
+	steps := []struct {
+		name string
+		run  func(context.Context, *results) error
+	}{
+		{throughputTable, r.throughput},
+		{hammerTable, r.hammerAll},
+	}
+	for _, s := range steps {
+		if !r.cfg.tables.MatchString(s.name) {
+			continue
+		}
+		if err := s.run(ctx, &res); err != nil {
+			return res, fmt.Errorf("%s table: %w", s.name, err)
+		}
+	}
+	return res, nil
+}
+
+// impls are the implementations that -impl selects and keep keeps.
+func (r *runner) impls(keep func(impl) bool) []impl {
+	return filter(implementations(), func(im impl) bool { return r.cfg.impl.MatchString(im.name) && keep(im) })
+}
+
+func all(impl) bool       { return true }
+func ours(im impl) bool   { return im.ours }
+func limits(im impl) bool { return im.bound != nil }
+
+// throughput measures every cell of the throughput table, in order.
+func (r *runner) throughput(ctx context.Context, res *results) error {
 	for _, w := range r.cfg.workloads {
 		if err := w.checkDistinct(); err != nil {
-			return rows, err
+			return err
 		}
 		for _, limit := range r.cfg.limits {
-			for _, im := range implementations() {
-				if !r.cfg.impl.MatchString(im.name) {
-					continue
-				}
+			for _, im := range r.impls(all) {
 				if err := ctx.Err(); err != nil {
-					return rows, err
+					return err
 				}
 				t0 := time.Now()
 				row, err := r.cell(ctx, w, limit, im)
 				if err != nil {
-					return rows, fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
+					return fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
 				}
 				fmt.Fprintf(r.log, "bench: %-40s %9d/%s  %-33s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
 					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips, row.Check, time.Since(t0).Seconds())
-				rows = append(rows, row)
+				res.rows = append(res.rows, row)
 			}
 		}
 	}
-	return rows, nil
+	return nil
 }
 
 // warmPool opens n connections in the client's pool, so that no cell pays
@@ -195,7 +237,7 @@ func (r *runner) cell(ctx context.Context, w workload, limit int, im impl) (row,
 	if err := s.empty(ctx); err != nil {
 		return row{}, err
 	}
-	res := runLoad(ctx, w, lim, s.trips, time.Now(), r.cfg.cell, r.cfg.timeout)
+	res := load{w: w, lims: []limiter{lim}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout}.run(ctx)
 	if err := ctx.Err(); err != nil {
 		return row{}, err
 	}

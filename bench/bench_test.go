@@ -29,6 +29,11 @@ func TestQuick(t *testing.T) {
 			}
 		}
 	}
+	for _, im := range implementations() {
+		if im.ours && !strings.Contains(out, "| "+im.name+" | 3 Buckets x 8 goroutines, 1.5s | 50/s |") {
+			t.Errorf("no hammer row for %s in:\n%s", im.name, out)
+		}
+	}
 	if strings.Contains(out, "OVER") {
 		t.Errorf("a limiter over-admitted:\n%s", out)
 	}
@@ -66,5 +71,26 @@ func TestWorkloadsDistinct(t *testing.T) {
 		if err := w.checkDistinct(); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+func TestMostWithin(t *testing.T) {
+	ms := time.Millisecond
+	spans := []interval{
+		{1000 * ms, 1004 * ms}, {0, 10 * ms}, {5 * ms, 20 * ms}, {990 * ms, 999 * ms},
+		{6 * ms, 1006 * ms}, // sent inside [5ms, 1005ms), answered after it: not counted
+		{1001 * ms, 1003 * ms},
+	}
+	if got := mostWithin(spans, time.Second); got != 4 {
+		t.Errorf("mostWithin = %d, want 4 (the calls within [5ms, 1005ms))", got)
+	}
+	if got := mostWithin(nil, time.Second); got != 0 {
+		t.Errorf("mostWithin(nil) = %d, want 0", got)
+	}
+}
+
+func TestHammerIdeal(t *testing.T) {
+	if got := fullHammer.ideal(); got != 250 {
+		t.Errorf("ideal of 50/s over 4.5s = %d, want 250 (50 in each of 5 started seconds)", got)
 	}
 }

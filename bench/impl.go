@@ -40,6 +40,8 @@ const (
 // An impl is one implementation under test.
 type impl struct {
 	name string
+	// ours: a strategy of this library.
+	ours bool
 	// scripting: it runs Lua, on the peers' server; else on the library's,
 	// which denies scripting.
 	scripting bool
@@ -79,7 +81,7 @@ func implementations() []impl {
 	for _, s := range strategies {
 		opts := s.opts
 		all = append(all, impl{
-			name: s.name, bound: windowBound, exact: true,
+			name: s.name, ours: true, bound: windowBound, exact: true,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				b, err := leakybucket.New(rdb, append([]leakybucket.Option{
 					leakybucket.WithPrefix("lb"),

@@ -44,15 +44,15 @@ func admitted(r row) string {
 	return fmt.Sprintf("%s / %s", thousands(r.MaxAdmitted), thousands(r.Bound))
 }
 
-func errorsCell(r row) string {
-	if r.Errors == 0 {
+func errorsCell(n int64, first string) string {
+	if n == 0 {
 		return "0"
 	}
-	msg := r.FirstErr
+	msg := first
 	if len(msg) > 80 {
 		msg = msg[:80] + "…"
 	}
-	return fmt.Sprintf("%s (%s)", thousands(r.Errors), strings.ReplaceAll(msg, "|", "\\|"))
+	return fmt.Sprintf("%s (%s)", thousands(n), strings.ReplaceAll(msg, "|", "\\|"))
 }
 
 // table is the markdown table of every row.
@@ -64,7 +64,7 @@ func table(rows []row, window time.Duration) string {
 		fmt.Fprintf(&b, "| %s | %d/%s | %s | %s | %s | %v | %v | %.2f | %s | %s | %s | %s | %s |\n",
 			r.Workload.Name, r.Limit, shortDur(window), r.Impl, thousands(r.Decisions), rate(r.Rate),
 			round(r.P50), round(r.P99), r.Trips, ratio(rows, r, redisRateName), ratio(rows, r, floorName),
-			admitted(r), errorsCell(r), r.Check)
+			admitted(r), errorsCell(r.Errors, r.FirstErr), r.Check)
 	}
 	return b.String()
 }
@@ -116,33 +116,91 @@ func windowName(d time.Duration) string {
 	return d.String()
 }
 
-// document is BENCHMARKS.md.
-func document(cfg config, rows []row, redisVersion string, started time.Time, wall time.Duration, load [2]string, chart string) string {
+// tables are the markdown tables of what was measured, for stdout.
+func tables(cfg config, res results) string {
 	var b strings.Builder
+	if len(res.rows) > 0 {
+		fmt.Fprintf(&b, "## Throughput\n\n%s\n", table(res.rows, cfg.window))
+	}
+	if len(res.hammer) > 0 {
+		fmt.Fprintf(&b, "## Hammer\n\n%s\n", hammerTableMD(res.hammer))
+	}
+	return b.String()
+}
+
+// document is BENCHMARKS.md.
+func document(cfg config, res results, run runInfo, chart string) string {
+	var b strings.Builder
+	header(&b, cfg, run)
+	if len(res.rows) > 0 {
+		throughputSection(&b, cfg, res.rows, chart)
+	}
+	if len(res.hammer) > 0 {
+		hammerSection(&b, res.hammer)
+	}
+	return b.String()
+}
+
+// header says how the run was made, and where.
+func header(b *strings.Builder, cfg config, run runInfo) {
 	b.WriteString("# Benchmarks\n\n")
 	b.WriteString("Written by the benchmark program in this folder ([main.go](main.go)), from one run of:\n\n")
-	fmt.Fprintf(&b, "```sh\n%s\n```\n\n", cfg.command)
-	fmt.Fprintf(&b, "- Run: %s, %s wall time.\n", started.UTC().Format("2006-01-02 15:04 UTC"), wall.Round(time.Second))
-	fmt.Fprintf(&b, "- Machine: %s. The benchmark and Redis share the machine; load average (1, 5, 15 min) %s at the start, %s at the end.\n",
-		machine(redisVersion), load[0], load[1])
-	fmt.Fprintf(&b, "- Each cell runs for %v: no call starts after that, and the calls under way finish (each may take up to %v). Limits are per %s, longer than any cell, so every admission of a cell falls in one window; each cell starts on an emptied database.\n",
-		cfg.cell, cfg.timeout, windowName(cfg.window))
+	fmt.Fprintf(b, "```sh\n%s\n```\n\n", cfg.command)
+	fmt.Fprintf(b, "- Run: %s, %s wall time.\n", run.started.UTC().Format("2006-01-02 15:04 UTC"), run.wall.Round(time.Second))
+	fmt.Fprintf(b, "- Machine: %s. The benchmark and both servers share the machine, and other work ran on it too: load average (1, 5, 15 min) %s at the start, %s at the end.\n",
+		machine(run.version), run.load[0], run.load[1])
 	b.WriteString(`- Implementations:
-  - **leakybucket** (this library), one row per strategy, on a redis-server whose default user is denied scripting (` + "`ACL SETUSER default -@scripting`" + `, checked with an EVAL that must fail with NOPERM); each rule is ` + "`PerClient(Per(limit, window))`" + ` with the default lock options.
-  - **redis_rate** (github.com/go-redis/redis_rate/v10): one EVALSHA per decision, GCRA with burst = rate = limit per window, on a second redis-server of the same version and settings that allows scripting; the naive baseline runs there too. Each server idles while the other's cells run.
-  - **ulule/limiter** (github.com/ulule/limiter/v3, its go-redis store): a fixed window, one counter per key raised by INCRBY and set to expire by the window's first call, in one EVALSHA per decision, on the peers' server.
-  - **naive**: a github.com/bsm/redislock Lock (Lua obtain and release) around SCAN MATCH of the key's logs and SET PX of a new one, waiting as the library does (4, 8, 16, then 20 ms); [naive.go](naive.go).
+  - **leakybucket** (this library), one row per strategy, on a redis-server whose default user is denied scripting (` + "`ACL SETUSER default -@scripting`" + `, checked with an EVAL that must fail with NOPERM; its ACL log must be empty after the run); each rule is ` + "`PerClient(Per(limit, window))`" + ` with the default lock options.
+  - **redis_rate** (github.com/go-redis/redis_rate/v10): one EVALSHA per decision, GCRA with burst = rate = limit per window, on a second redis-server of the same version and settings that allows scripting; the other Lua peers run there too. Each server idles while the other's cells run.
+  - **ulule/limiter** (github.com/ulule/limiter/v3, its go-redis store): a fixed window, one counter per key raised by INCRBY and set to expire by the window's first call, in one EVALSHA per decision.
+  - **naive**: a github.com/bsm/redislock Lock (Lua obtain and release) around SCAN MATCH of the key's logs and SET PX of a new one, waiting with the library's default lock retry; [naive.go](naive.go).
   - **floor**: one pipelined SET per decision, admitting everything, on the library's server: what one round trip costs at the same concurrency.
-- Workloads: distinct keys are called round-robin; the hot key is one (resource, client); each cell starts on an empty database, checked with DBSIZE.
-- Columns: decisions/s is calls answered (admitted or denied) per second over the cell; p50/p99 are the latency of one call; round trips are counted with a go-redis hook (a pipeline or a MULTI/EXEC is one), errors included; "vs" columns divide decisions/s by those of redis_rate and the floor in the same workload and limit.
-- Checks: every key's admissions are counted and compared with what the limiter may allow in the time the cell took: the limit for the sliding windows and ulule's fixed window (they are also checked to admit exactly min(calls, limit) when no call failed: "exact"), and burst + rate x elapsed for redis_rate's GCRA, which admits the burst and then refills during the cell. The floor's distinct keys are counted in Redis (DBSIZE). The scripting-denied user's refusals are read from the ACL log after the run.
+- Round trips are counted with a go-redis hook (a pipeline or a MULTI/EXEC is one), errors included; the same hook counts script commands, which must be none on the library's server. p50 and p99 are the latency of one call, by nearest rank.
 
 `)
-	b.WriteString("## Results\n\n")
+}
+
+// throughputSection is the throughput table, its method and its chart.
+func throughputSection(b *strings.Builder, cfg config, rows []row, chart string) {
+	b.WriteString("## Throughput\n\n")
+	fmt.Fprintf(b, "Each cell runs for %v: no call starts after that, and the calls under way finish (each may take up to %v). Limits are per %s, longer than any cell, so every admission of a cell falls in one window; each cell starts on an empty database (FLUSHDB, then DBSIZE must be 0). ",
+		cfg.cell, cfg.timeout, windowName(cfg.window))
+	b.WriteString("Distinct keys are called round-robin, so each has one caller at a time; the hot key is one (resource, client) called by every goroutine. Decisions/s is calls answered (admitted or denied) per second over the cell; the \"vs\" columns divide it by redis_rate's and the floor's in the same workload and limit. ")
+	b.WriteString("Checks: every key's admissions are compared with what the limiter may allow in the time the cell took: the limit for the sliding windows and ulule's fixed window (which must also admit exactly min(calls, limit) when no call failed: \"exact\"), and burst + rate x elapsed for redis_rate's GCRA, which refills during the cell. The floor's distinct keys are counted in Redis.\n\n")
 	b.WriteString(table(rows, cfg.window))
 	b.WriteString("\n")
 	if chart != "" {
-		fmt.Fprintf(&b, "![decisions per second, log scale](%s)\n\n", chart)
+		fmt.Fprintf(b, "![decisions per second, log scale](%s)\n\n", chart)
+	}
+}
+
+// hammerTableMD is the hammer table.
+func hammerTableMD(rows []hammerRow) string {
+	var b strings.Builder
+	s := rows[0].Spec
+	fmt.Fprintf(&b, "| strategy | callers | limit | decisions/s | p50 | p99 | round trips / decision | admitted | ideal | of the ideal | most in any %v | most in any %v (checked) | errors | check |\n",
+		s.Window, s.checkSpan())
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
+	for _, h := range rows {
+		fmt.Fprintf(&b, "| %s | %d Buckets x %d goroutines, %v | %d/%s | %s | %v | %v | %.2f | %d | %d | %.0f%% | %d | %d | %s | %s |\n",
+			h.Impl, h.Spec.Buckets, h.Spec.Goroutines, h.Spec.Duration, h.Spec.Limit, shortDur(h.Spec.Window),
+			rate(h.Rate), round(h.P50), round(h.P99), h.Trips, h.Admitted, h.Ideal, h.ofIdeal(), h.MostInWindow, h.MostInCheck,
+			errorsCell(h.Errors, h.FirstErr), h.Check)
 	}
 	return b.String()
+}
+
+// hammerSection is the hammer table and its method.
+func hammerSection(b *strings.Builder, rows []hammerRow) {
+	h := rows[0].Spec
+	b.WriteString("## Hammer\n\n")
+	fmt.Fprintf(b, "%d Buckets of one strategy, each on a client of its own as separate processes would be, call one key with %d goroutines each (%d callers), flat out for %v, under `PerClient(Per(%d, %v))`. ",
+		h.Buckets, h.Goroutines, h.Buckets*h.Goroutines, h.Duration, h.Limit, h.Window)
+	fmt.Fprintf(b, "The ideal is the most a limiter can admit in %v without ever admitting more than %d in one %v: %d at once in each of the %d windows the run starts, %d. ",
+		h.Duration, h.Limit, h.Window, h.Limit, h.ideal()/int64(h.Limit), h.ideal())
+	fmt.Fprintf(b, "\"Most in any %v\" counts the admitted calls that were both sent and answered within one span of that length, so each was decided inside it, over every such span. "+
+		"The check uses spans of %v: Redis time, which the limiter reads, is kept in whole milliseconds, so two calls decided 999.1 ms apart may carry times 1 000 ms apart and rightly fall in two windows; more than %d in any %v span, or more than %d per started window in all, is an over-admission and fails the run.\n\n",
+		h.Window, h.checkSpan(), h.Limit, h.checkSpan(), h.Limit)
+	b.WriteString(hammerTableMD(rows))
+	b.WriteString("\n")
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,7 +41,7 @@ func (w workload) checkDistinct() error {
 	return nil
 }
 
-// loadResult is what one process measured in one cell.
+// loadResult is what one load measured.
 type loadResult struct {
 	Decisions int64
 	Errors    int64
@@ -49,64 +51,129 @@ type loadResult struct {
 	Trips     int64
 	Scripts   int64 // script commands sent
 	Elapsed   time.Duration
-	Latencies []int64 // ns, one per decision
+	Latencies []int64    // ns, one per decision
+	Spans     []interval // of each admitted call, with load.spans
 }
 
-// runLoad calls lim from w.Goroutines goroutines, starting at start, and
-// issues no new call after d; each call may take up to timeout.
-func runLoad(ctx context.Context, w workload, lim limiter, tr *trips, start time.Time, d, timeout time.Duration) loadResult {
-	admitted := make([]atomic.Int64, w.Keys)
-	decided := make([]atomic.Int64, w.Keys)
-	var next, errCount atomic.Int64
-	var firstErr atomic.Pointer[string]
-	lats := make([][]int64, w.Goroutines)
+// An interval is when a call was sent and when its answer came, since the
+// load started: the limiter decided it in between.
+type interval struct{ Start, End time.Duration }
 
-	time.Sleep(time.Until(start))
-	trips0, scripts0 := tr.n.Load(), tr.scripts.Load()
+// A load is the calls of one cell: w.Goroutines goroutines call w's keys
+// round-robin, goroutine g through lims[g*len(lims)/w.Goroutines] (so that
+// each limiter has as many), and start no call after d; each call may take
+// up to timeout.
+type load struct {
+	w          workload
+	lims       []limiter
+	tr         *trips // of the clients the limiters use
+	d, timeout time.Duration
+	spans      bool // keep the interval of each admitted call
+}
+
+// tally is what the goroutines of a load share.
+type tally struct {
+	admitted, decided []atomic.Int64 // per key
+	next, errs        atomic.Int64
+	firstErr          atomic.Pointer[string]
+}
+
+func (t *tally) note(k int, ok bool, err error) {
+	t.decided[k].Add(1)
+	if ok {
+		t.admitted[k].Add(1)
+	}
+	if err != nil {
+		t.errs.Add(1)
+		msg := err.Error()
+		t.firstErr.CompareAndSwap(nil, &msg)
+	}
+}
+
+// callerResult is what one goroutine measured.
+type callerResult struct {
+	lat   []int64
+	spans []interval
+}
+
+// allowWithin is one call, bounded by timeout.
+func allowWithin(ctx context.Context, lim limiter, timeout time.Duration, resource, client string) (bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return lim.Allow(cctx, resource, client)
+}
+
+// run makes the load's calls and returns what they measured.
+func (l load) run(ctx context.Context) loadResult {
+	t := &tally{admitted: make([]atomic.Int64, l.w.Keys), decided: make([]atomic.Int64, l.w.Keys)}
+	per := make([]callerResult, l.w.Goroutines)
+	trips0, scripts0 := l.tr.n.Load(), l.tr.scripts.Load()
 	t0 := time.Now()
-	end := t0.Add(d)
 	var wg sync.WaitGroup
-	for g := range w.Goroutines {
-		wg.Go(func() {
-			lat := make([]int64, 0, 1024)
-			for ctx.Err() == nil && time.Now().Before(end) {
-				k := int((next.Add(1) - 1) % int64(w.Keys))
-				cctx, cancel := context.WithTimeout(ctx, timeout)
-				s := time.Now()
-				ok, err := lim.Allow(cctx, w.Resource, w.client(k))
-				lat = append(lat, int64(time.Since(s)))
-				cancel()
-				decided[k].Add(1)
-				if ok {
-					admitted[k].Add(1)
-				}
-				if err != nil {
-					errCount.Add(1)
-					msg := err.Error()
-					firstErr.CompareAndSwap(nil, &msg)
-				}
-			}
-			lats[g] = lat
-		})
+	for g := range l.w.Goroutines {
+		lim := l.lims[g*len(l.lims)/l.w.Goroutines]
+		wg.Go(func() { per[g] = l.call(ctx, lim, t, t0) })
 	}
 	wg.Wait()
 	r := loadResult{
-		Elapsed:  time.Since(t0),
-		Trips:    tr.n.Load() - trips0,
-		Scripts:  tr.scripts.Load() - scripts0,
-		Errors:   errCount.Load(),
-		Admitted: make([]int64, w.Keys),
-		Decided:  make([]int64, w.Keys),
+		Elapsed: time.Since(t0),
+		Trips:   l.tr.n.Load() - trips0,
+		Scripts: l.tr.scripts.Load() - scripts0,
 	}
-	if p := firstErr.Load(); p != nil {
+	r.collect(t, per)
+	return r
+}
+
+// call is one goroutine of the load.
+func (l load) call(ctx context.Context, lim limiter, t *tally, t0 time.Time) callerResult {
+	out := callerResult{lat: make([]int64, 0, 1024)}
+	end := t0.Add(l.d)
+	for ctx.Err() == nil && time.Now().Before(end) {
+		k := int((t.next.Add(1) - 1) % int64(l.w.Keys))
+		s := time.Now()
+		ok, err := allowWithin(ctx, lim, l.timeout, l.w.Resource, l.w.client(k))
+		e := time.Now()
+		out.lat = append(out.lat, int64(e.Sub(s)))
+		t.note(k, ok, err)
+		if ok && l.spans {
+			out.spans = append(out.spans, interval{s.Sub(t0), e.Sub(t0)})
+		}
+	}
+	return out
+}
+
+// collect adds up the tally and the goroutines' figures.
+func (r *loadResult) collect(t *tally, per []callerResult) {
+	r.Errors = t.errs.Load()
+	if p := t.firstErr.Load(); p != nil {
 		r.FirstErr = *p
 	}
-	for i := range w.Keys {
-		r.Admitted[i], r.Decided[i] = admitted[i].Load(), decided[i].Load()
+	r.Admitted, r.Decided = make([]int64, len(t.admitted)), make([]int64, len(t.decided))
+	for i := range t.admitted {
+		r.Admitted[i], r.Decided[i] = t.admitted[i].Load(), t.decided[i].Load()
 		r.Decisions += r.Decided[i]
 	}
-	for _, l := range lats {
-		r.Latencies = append(r.Latencies, l...)
+	for _, c := range per {
+		r.Latencies = append(r.Latencies, c.lat...)
+		r.Spans = append(r.Spans, c.spans...)
 	}
-	return r
+}
+
+// mostWithin is the most intervals that fit in one span of length d: calls
+// both sent and answered within it, so each was decided inside it. The
+// best span starts at some call's start, so only those are tried.
+func mostWithin(spans []interval, d time.Duration) int64 {
+	s := slices.Clone(spans)
+	slices.SortFunc(s, func(a, b interval) int { return cmp.Compare(a.Start, b.Start) })
+	most := 0
+	for i := range s {
+		end, n := s[i].Start+d, 0
+		for j := i; j < len(s) && s[j].Start < end; j++ {
+			if s[j].End < end {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	return int64(most)
 }
