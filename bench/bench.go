@@ -23,6 +23,7 @@ type config struct {
 	impl      *regexp.Regexp // which implementations to run
 	tables    *regexp.Regexp // which tables to measure
 	hammer    hammerSpec
+	noisy     noisySpec
 	out       string // where BENCHMARKS.md and the PNG go; "" for nowhere
 	command   string // the command line, for the report
 	quick     bool
@@ -142,15 +143,17 @@ func (r *runner) sideOf(im impl) *side {
 type results struct {
 	rows   []row // the throughput table
 	hammer []hammerRow
+	noisy  []noisyRow
 }
 
 // Names of the tables, for -table.
 const (
 	throughputTable = "throughput"
 	hammerTable     = "hammer"
+	noisyTable      = "neighbour"
 )
 
-var tableNames = []string{throughputTable, hammerTable}
+var tableNames = []string{throughputTable, hammerTable, noisyTable}
 
 // run measures every table that -table selects, in order.
 func (r *runner) run(ctx context.Context) (results, error) {
@@ -161,6 +164,7 @@ func (r *runner) run(ctx context.Context) (results, error) {
 	}{
 		{throughputTable, r.throughput},
 		{hammerTable, r.hammerAll},
+		{noisyTable, r.noisyAll},
 	}
 	for _, s := range steps {
 		if !r.cfg.tables.MatchString(s.name) {

@@ -34,6 +34,11 @@ func TestQuick(t *testing.T) {
 			t.Errorf("no hammer row for %s in:\n%s", im.name, out)
 		}
 	}
+	for _, im := range implementations() {
+		if im.bound != nil && !strings.Contains(out, "| "+im.name+" | ") {
+			t.Errorf("no noisy-neighbour row for %s in:\n%s", im.name, out)
+		}
+	}
 	if strings.Contains(out, "OVER") {
 		t.Errorf("a limiter over-admitted:\n%s", out)
 	}

@@ -75,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var f flags
-	fs.BoolVar(&f.quick, "quick", false, "a smoke run of seconds: smaller workloads, 150ms cells, a shorter hammer; writes no file unless -out is given")
+	fs.BoolVar(&f.quick, "quick", false, "a smoke run of seconds: smaller workloads, 150ms cells, a shorter hammer and neighbour; writes no file unless -out is given")
 	fs.DurationVar(&f.cell, "cell", 0, "how long each cell of the throughput and SortedSet tables runs (default 4s, or 150ms with -quick)")
 	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "the longest one call may take")
 	fs.DurationVar(&f.window, "window", time.Minute, "the window of the throughput and SortedSet tables' limits; must exceed -cell")
@@ -103,9 +103,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 // config turns the flags into what the run measures.
 func (f flags) config() (config, error) {
 	cfg := config{timeout: f.timeout, window: f.window, limits: throughputLimits, quick: f.quick, out: f.out,
-		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer}
+		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy}
 	if f.quick {
-		cfg.workloads, cfg.cell, cfg.hammer = quickWorkloads(), 150*time.Millisecond, quickHammer
+		cfg.workloads, cfg.cell, cfg.hammer, cfg.noisy = quickWorkloads(), 150*time.Millisecond, quickHammer, quickNoisy
 	} else if cfg.out == "" {
 		cfg.out = "."
 	}
@@ -257,6 +257,11 @@ func violations(res results) error {
 	for _, h := range res.hammer {
 		if h.Violation {
 			bad = append(bad, fmt.Sprintf("hammer, %s: %s", h.Impl, h.Check))
+		}
+	}
+	for _, n := range res.noisy {
+		if n.Violation {
+			bad = append(bad, fmt.Sprintf("noisy neighbour, %s: %s", n.Impl, n.Check))
 		}
 	}
 	if len(bad) > 0 {
