@@ -15,18 +15,19 @@ import (
 
 // config is what one invocation measures.
 type config struct {
-	cell      time.Duration // time box of one cell: no call starts after it
-	timeout   time.Duration // the longest one call may take
-	window    time.Duration
-	limits    []int
-	workloads []workload
-	impl      *regexp.Regexp // which implementations to run
-	tables    *regexp.Regexp // which tables to measure
-	hammer    hammerSpec
-	noisy     noisySpec
-	out       string // where BENCHMARKS.md and the PNG go; "" for nowhere
-	command   string // the command line, for the report
-	quick     bool
+	cell       time.Duration // time box of one cell: no call starts after it
+	timeout    time.Duration // the longest one call may take
+	window     time.Duration
+	limits     []int
+	workloads  []workload
+	impl       *regexp.Regexp // which implementations to run
+	tables     *regexp.Regexp // which tables to measure
+	hammer     hammerSpec
+	noisy      noisySpec
+	costLimits []int  // of the SortedSet cost table
+	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
+	command    string // the command line, for the report
+	quick      bool
 }
 
 // The limits of the throughput table, per window (a minute): one a decision
@@ -144,6 +145,7 @@ type results struct {
 	rows   []row // the throughput table
 	hammer []hammerRow
 	noisy  []noisyRow
+	cost   []costRow
 }
 
 // Names of the tables, for -table.
@@ -151,9 +153,10 @@ const (
 	throughputTable = "throughput"
 	hammerTable     = "hammer"
 	noisyTable      = "neighbour"
+	costTable       = "sortedset"
 )
 
-var tableNames = []string{throughputTable, hammerTable, noisyTable}
+var tableNames = []string{throughputTable, hammerTable, noisyTable, costTable}
 
 // run measures every table that -table selects, in order.
 func (r *runner) run(ctx context.Context) (results, error) {
@@ -165,6 +168,7 @@ func (r *runner) run(ctx context.Context) (results, error) {
 		{throughputTable, r.throughput},
 		{hammerTable, r.hammerAll},
 		{noisyTable, r.noisyAll},
+		{costTable, r.costAll},
 	}
 	for _, s := range steps {
 		if !r.cfg.tables.MatchString(s.name) {

@@ -39,6 +39,11 @@ func TestQuick(t *testing.T) {
 			t.Errorf("no noisy-neighbour row for %s in:\n%s", im.name, out)
 		}
 	}
+	for _, limit := range []string{"| 10/min | 10 |", "| 1 000/min | 1 000 |", "| 10 000/min | 10 000 |"} {
+		if !strings.Contains(out, limit) {
+			t.Errorf("no SortedSet cost row %q in:\n%s", limit, out)
+		}
+	}
 	if strings.Contains(out, "OVER") {
 		t.Errorf("a limiter over-admitted:\n%s", out)
 	}

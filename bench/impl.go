@@ -83,10 +83,7 @@ func implementations() []impl {
 		all = append(all, impl{
 			name: s.name, ours: true, bound: windowBound, exact: true,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
-				b, err := leakybucket.New(rdb, append([]leakybucket.Option{
-					leakybucket.WithPrefix("lb"),
-					leakybucket.PerClient(leakybucket.Per(limit, window)),
-				}, opts...)...)
+				b, err := newBucket(rdb, limit, window, opts...)
 				if err != nil {
 					return nil, err
 				}
@@ -124,6 +121,15 @@ func implementations() []impl {
 			},
 		},
 	)
+}
+
+// newBucket is this library's limiter as every table uses it: one rule,
+// per client, with the default lock options.
+func newBucket(rdb *redis.Client, limit int, window time.Duration, opts ...leakybucket.Option) (*leakybucket.Bucket, error) {
+	return leakybucket.New(rdb, append([]leakybucket.Option{
+		leakybucket.WithPrefix("lb"),
+		leakybucket.PerClient(leakybucket.Per(limit, window)),
+	}, opts...)...)
 }
 
 type libLimiter struct{ b *leakybucket.Bucket }

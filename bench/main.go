@@ -103,9 +103,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 // config turns the flags into what the run measures.
 func (f flags) config() (config, error) {
 	cfg := config{timeout: f.timeout, window: f.window, limits: throughputLimits, quick: f.quick, out: f.out,
-		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy}
+		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy, costLimits: fullCostLimits}
 	if f.quick {
 		cfg.workloads, cfg.cell, cfg.hammer, cfg.noisy = quickWorkloads(), 150*time.Millisecond, quickHammer, quickNoisy
+		cfg.costLimits = quickCostLimits
 	} else if cfg.out == "" {
 		cfg.out = "."
 	}

@@ -128,6 +128,9 @@ func tables(cfg config, res results) string {
 	if len(res.noisy) > 0 {
 		fmt.Fprintf(&b, "## Noisy neighbour\n\n%s\n", noisyTableMD(res.noisy))
 	}
+	if len(res.cost) > 0 {
+		fmt.Fprintf(&b, "## SortedSet cost\n\n%s\n", costTableMD(res.cost, cfg.window))
+	}
 	return b.String()
 }
 
@@ -143,6 +146,9 @@ func document(cfg config, res results, run runInfo, chart string) string {
 	}
 	if len(res.noisy) > 0 {
 		noisySection(&b, res.noisy)
+	}
+	if len(res.cost) > 0 {
+		costSection(&b, cfg, res.cost)
 	}
 	return b.String()
 }
@@ -235,4 +241,41 @@ func noisySection(b *strings.Builder, rows []noisyRow) {
 		n.Limit, n.Window, n.Duration, n.Noisy, n.Others, n.Pace, int(time.Second/n.Pace), n.Pace, n.Pace)
 	b.WriteString(noisyTableMD(rows))
 	b.WriteString("\n")
+}
+
+// costTableMD is the SortedSet cost table.
+func costTableMD(rows []costRow, window time.Duration) string {
+	var b strings.Builder
+	b.WriteString("| limit | calls in the window | decisions | decisions/s | vs the first limit | p50 | p99 | round trips / decision | errors | check |\n")
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
+	for _, c := range rows {
+		vs := "–"
+		if rows[0].Rate > 0 {
+			vs = fmt.Sprintf("%.3gx", c.Rate/rows[0].Rate)
+		}
+		fmt.Fprintf(&b, "| %s/%s | %s | %s | %s | %s | %v | %v | %.2f | %s | %s |\n",
+			thousands(int64(c.Limit)), shortDur(window), thousands(c.Members), thousands(c.Decisions), rate(c.Rate), vs,
+			round(c.P50), round(c.P99), c.Trips, errorsCell(c.Errors, c.FirstErr), c.Check)
+	}
+	return b.String()
+}
+
+// costSection is the SortedSet cost table and its method.
+func costSection(b *strings.Builder, cfg config, rows []costRow) {
+	b.WriteString("## SortedSet cost\n\n")
+	fmt.Fprintf(b, "What a SortedSet decision costs when its key's window holds as many calls as the limit allows, at limits %s per %s. "+
+		"For each limit, one call through the Bucket writes the key's set; the other limit - 1 calls are copies of its member under other ids, with its score, added by ZADD (calling the Bucket a million times would take minutes), and Bucket.Peek must then count exactly the limit. "+
+		"One goroutine then calls the key for %v: every call is denied and records nothing, so each decision reads the same full window; the set must still hold the limit at the end. "+
+		"Few decisions fit in the cell at the largest limits, so their p50 and p99 rest on few samples (see the decisions column).\n\n",
+		costLimitsList(rows), windowName(cfg.window), cfg.cell)
+	b.WriteString(costTableMD(rows, cfg.window))
+	b.WriteString("\n")
+}
+
+func costLimitsList(rows []costRow) string {
+	var s []string
+	for _, c := range rows {
+		s = append(s, thousands(int64(c.Limit)))
+	}
+	return strings.Join(s, ", ")
 }
