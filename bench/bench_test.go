@@ -44,6 +44,9 @@ func TestQuick(t *testing.T) {
 			t.Errorf("no SortedSet cost row %q in:\n%s", limit, out)
 		}
 	}
+	if !strings.Contains(out, "## Issue 11's targets") || !strings.Contains(out, "targets met.") {
+		t.Errorf("no target table in:\n%s", out)
+	}
 	if strings.Contains(out, "OVER") {
 		t.Errorf("a limiter over-admitted:\n%s", out)
 	}
