@@ -234,8 +234,8 @@ func noRefusals(ctx context.Context, lib *server) error {
 func write(cfg config, res results, run runInfo) error {
 	var png bytes.Buffer
 	title := fmt.Sprintf("leakybucket vs redis_rate, ulule/limiter, naive redislock and one round trip; Redis %s, %s", run.version, run.started.UTC().Format("2006-01-02"))
-	if len(res.rows) > 0 {
-		if err := chart(&png, res.rows, cfg.window, title); err != nil {
+	if len(res.rows) > 0 || len(res.cost) > 0 {
+		if err := chart(&png, res, cfg.window, title); err != nil {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(cfg.out, pngName), png.Bytes(), 0o644); err != nil {
