@@ -231,48 +231,70 @@ func warmPool(ctx context.Context, rdb *redis.Client, n int) error {
 // database.
 func (r *runner) cell(ctx context.Context, w workload, limit int, im impl) (row, error) {
 	s := r.sideOf(im)
-	lim, err := im.make(s.client, limit, r.cfg.window)
+	lim, err := prepare(ctx, s, im, limit, r.cfg.window, w.Goroutines)
 	if err != nil {
-		return row{}, err
-	}
-	// Warm up: connections, and the Lua scripts into the server's cache.
-	if err := warmPool(ctx, s.client, w.Goroutines); err != nil {
-		return row{}, err
-	}
-	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
-		return row{}, fmt.Errorf("warm-up call: %w", err)
-	}
-	if err := s.empty(ctx); err != nil {
 		return row{}, err
 	}
 	res := load{w: w, lims: []limiter{lim}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout}.run(ctx)
 	if err := ctx.Err(); err != nil {
 		return row{}, err
 	}
-	if res.Decisions == 0 {
-		return row{}, errors.New("no decision was made")
-	}
-	if !im.scripting && res.Scripts > 0 {
-		return row{}, fmt.Errorf("%d script commands were sent to the scripting-denied server", res.Scripts)
+	if err := checkSent(im, res); err != nil {
+		return row{}, err
 	}
 	out := summarise(w, limit, im, r.cfg.window, res)
-	if im.bound == nil { // the floor wrote one key per distinct key it was given
-		n, err := s.admin.DBSize(ctx).Result()
-		if err != nil {
-			return row{}, err
-		}
-		touched := int64(0)
-		for _, d := range res.Decided {
-			if d > 0 {
-				touched++
-			}
-		}
-		if n != touched {
-			return row{}, fmt.Errorf("the floor called %d distinct keys, but the database holds %d keys: keys collide", touched, n)
-		}
-		out.Check = fmt.Sprintf("%d distinct keys written", touched)
+	if im.bound == nil {
+		out.Check, err = checkFloor(ctx, s, res)
 	}
-	return out, nil
+	return out, err
+}
+
+// prepare makes im's limiter on s's client, warms the pool for goroutines
+// callers and the limiter with one call (which loads the Lua scripts into
+// the server's cache), and then empties the database.
+func prepare(ctx context.Context, s *side, im impl, limit int, window time.Duration, goroutines int) (limiter, error) {
+	lim, err := im.make(s.client, limit, window)
+	if err != nil {
+		return nil, err
+	}
+	if err := warmPool(ctx, s.client, goroutines); err != nil {
+		return nil, err
+	}
+	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
+		return nil, fmt.Errorf("warm-up call: %w", err)
+	}
+	return lim, s.empty(ctx)
+}
+
+// checkSent checks that a decision was made, and that nothing was sent to
+// the scripting-denied server that it would refuse.
+func checkSent(im impl, res loadResult) error {
+	if res.Decisions == 0 {
+		return errors.New("no decision was made")
+	}
+	if !im.scripting && res.Scripts > 0 {
+		return fmt.Errorf("%d script commands were sent to the scripting-denied server", res.Scripts)
+	}
+	return nil
+}
+
+// checkFloor checks that the floor wrote one key per distinct key it was
+// given: that the workload's keys are distinct in Redis too.
+func checkFloor(ctx context.Context, s *side, res loadResult) (string, error) {
+	n, err := s.admin.DBSize(ctx).Result()
+	if err != nil {
+		return "", err
+	}
+	touched := int64(0)
+	for _, d := range res.Decided {
+		if d > 0 {
+			touched++
+		}
+	}
+	if n != touched {
+		return "", fmt.Errorf("the floor called %d distinct keys, but the database holds %d keys: keys collide", touched, n)
+	}
+	return fmt.Sprintf("%d distinct keys written", touched), nil
 }
 
 // summarise computes a row and checks the admissions against the limit.
@@ -290,16 +312,23 @@ func summarise(w workload, limit int, im impl, window time.Duration, res loadRes
 		out.MaxAdmitted = max(out.MaxAdmitted, a)
 		out.TotalAdmitted += a
 	}
-	if im.bound == nil {
-		return out
+	if im.bound != nil {
+		out.Bound = im.bound(limit, window, res.Elapsed)
+		out.checkAdmissions(im, window, res)
 	}
-	out.Bound = im.bound(limit, window, res.Elapsed)
+	return out
+}
+
+// checkAdmissions compares each key's admissions with the bound, and for
+// an exact limiter within one window with min(calls, limit).
+func (out *row) checkAdmissions(im impl, window time.Duration, res loadResult) {
+	w, exact := out.Workload, im.exact && res.Elapsed < window
 	var over, under []string
 	for k, a := range res.Admitted {
 		if a > out.Bound {
 			over = append(over, fmt.Sprintf("%s/%s admitted %d > %d", w.Resource, w.client(k), a, out.Bound))
 		}
-		if want := min(res.Decided[k], int64(limit)); im.exact && res.Elapsed < window && a < want {
+		if want := min(res.Decided[k], int64(out.Limit)); exact && a < want {
 			under = append(under, fmt.Sprintf("%s/%s admitted %d of the %d it asked within the limit", w.Resource, w.client(k), a, want))
 		}
 	}
@@ -309,12 +338,11 @@ func summarise(w workload, limit int, im impl, window time.Duration, res loadRes
 		out.Check = fmt.Sprintf("OVER-ADMITTED at %d keys, e.g. %s", len(over), over[0])
 	case len(under) > 0:
 		out.Check = fmt.Sprintf("ok, but under-admitted at %d keys, e.g. %s", len(under), under[0])
-	case im.exact && res.Elapsed < window:
+	case exact:
 		out.Check = "ok, exact"
 	default:
 		out.Check = "ok"
 	}
-	return out
 }
 
 func round(d time.Duration) time.Duration {

@@ -94,6 +94,9 @@ func (r *runner) hammer(ctx context.Context, im impl) (hammerRow, error) {
 	if err := ctx.Err(); err != nil {
 		return hammerRow{}, err
 	}
+	if err := checkSent(im, got); err != nil {
+		return hammerRow{}, err
+	}
 	return summariseHammer(im, h, got), nil
 }
 

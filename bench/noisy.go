@@ -63,17 +63,8 @@ func (r *runner) noisyAll(ctx context.Context, res *results) error {
 // noisy runs the noisy neighbour on one implementation.
 func (r *runner) noisy(ctx context.Context, im impl) (noisyRow, error) {
 	n, s := r.cfg.noisy, r.sideOf(im)
-	lim, err := im.make(s.client, n.Limit, n.Window)
+	lim, err := prepare(ctx, s, im, n.Limit, n.Window, n.Noisy+n.Others)
 	if err != nil {
-		return noisyRow{}, err
-	}
-	if err := warmPool(ctx, s.client, n.Noisy+n.Others); err != nil {
-		return noisyRow{}, err
-	}
-	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
-		return noisyRow{}, fmt.Errorf("warm-up call: %w", err)
-	}
-	if err := s.empty(ctx); err != nil {
 		return noisyRow{}, err
 	}
 	var noisy loadResult
@@ -91,6 +82,9 @@ func (r *runner) noisy(ctx context.Context, im impl) (noisyRow, error) {
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
+		return noisyRow{}, err
+	}
+	if err := checkSent(im, noisy); err != nil { // the others' commands are counted there too
 		return noisyRow{}, err
 	}
 	return summariseNoisy(im, n, noisy, others), nil

@@ -61,8 +61,8 @@ func table(rows []row, window time.Duration) string {
 	fmt.Fprintf(&b, "| workload | limit | implementation | decisions | decisions/s | p50 | p99 | round trips / decision | vs redis_rate | vs floor | admitted: most per key / allowed | errors | check |\n")
 	fmt.Fprintf(&b, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d/%s | %s | %s | %s | %v | %v | %.2f | %s | %s | %s | %s | %s |\n",
-			r.Workload.Name, r.Limit, shortDur(window), r.Impl, thousands(r.Decisions), rate(r.Rate),
+		fmt.Fprintf(&b, "| %s | %s/%s | %s | %s | %s | %v | %v | %.2f | %s | %s | %s | %s | %s |\n",
+			r.Workload.Name, thousands(int64(r.Limit)), shortDur(window), r.Impl, thousands(r.Decisions), rate(r.Rate),
 			round(r.P50), round(r.P99), r.Trips, ratio(rows, r, redisRateName), ratio(rows, r, floorName),
 			admitted(r), errorsCell(r.Errors, r.FirstErr), r.Check)
 	}
