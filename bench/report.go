@@ -86,8 +86,8 @@ func machine(redisVersion string) string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s, %d logical CPUs (/proc/cpuinfo); %s %s/%s, GOMAXPROCS %d; Redis %s on loopback, no persistence",
-		cpu, cores, runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), redisVersion)
+	return fmt.Sprintf("%s; nproc %d (%d logical CPUs in /proc/cpuinfo); %s %s/%s, GOMAXPROCS %d; Redis %s (two servers) on loopback, no persistence",
+		cpu, runtime.NumCPU(), cores, runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), redisVersion)
 }
 
 // loadAverage is the first three fields of /proc/loadavg: how busy the
@@ -155,6 +155,9 @@ func document(cfg config, res results, run runInfo, chart string) string {
 	}
 	if len(res.cost) > 0 {
 		costSection(&b, cfg, res.cost)
+	}
+	if prose := whereTheTimeGoes(cfg, res); prose != "" {
+		fmt.Fprintf(&b, "## Where the time goes\n\n%s", prose)
 	}
 	return b.String()
 }
