@@ -1,13 +1,17 @@
-// Command bench measures this library against go-redis/redis_rate, a naive
-// redislock-based form of its design, and the cost of one round trip, on a
-// Redis server it starts itself (issue 5). From the repository root:
+// Command bench measures this library against go-redis/redis_rate,
+// ulule/limiter, a naive redislock-based form of its design and the cost of
+// one round trip, and writes the tables of issue 11: throughput on many keys
+// and on a hot key, the hammer, the noisy neighbour, SortedSet's cost by
+// limit, and the targets. From the repository root:
 //
-//	cd bench && go run .            # the full run, a few minutes; writes BENCHMARKS.md and benchmarks.png
+//	cd bench && go run .            # the full run, about 5 minutes; writes BENCHMARKS.md and benchmarks.png
 //	cd bench && go run . -quick     # a smoke run of seconds; writes nothing unless -out is given
 //
 // It needs redis-server (Debian's package, which it installs with apt-get
-// when missing), and starts it on a free loopback port with no persistence;
-// the server is stopped when the program ends, also on failure or Ctrl-C.
+// when missing), and starts two on free loopback ports with no
+// persistence: one whose default user is denied scripting, for this
+// library, and one that allows it, for the Lua peers. Both are stopped when
+// the program ends, also on failure or Ctrl-C.
 package main
 
 import (
