@@ -22,7 +22,7 @@ type noisySpec struct {
 
 var (
 	fullNoisy  = noisySpec{Noisy: 64, Others: 16, Limit: 20, Window: time.Second, Pace: 100 * time.Millisecond, Duration: 4 * time.Second}
-	quickNoisy = noisySpec{Noisy: 16, Others: 8, Limit: 20, Window: time.Second, Pace: 100 * time.Millisecond, Duration: time.Second}
+	quickNoisy = noisySpec{Noisy: 16, Others: 8, Limit: 20, Window: time.Second, Pace: 100 * time.Millisecond, Duration: 500 * time.Millisecond}
 )
 
 // noisyRow is one implementation with a noisy neighbour.
