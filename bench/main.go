@@ -4,7 +4,7 @@
 // and on a hot key, the hammer, the noisy neighbour, SortedSet's cost by
 // limit, and the targets. From the repository root:
 //
-//	cd bench && go run .            # the full run, about 5 minutes; writes BENCHMARKS.md and benchmarks.png
+//	cd bench && go run .            # the full run, about 3 minutes; writes BENCHMARKS.md and benchmarks.png
 //	cd bench && go run . -quick     # a smoke run of seconds; writes nothing unless -out is given
 //
 // It needs redis-server (Debian's package, which it installs with apt-get

@@ -136,12 +136,12 @@ func noisyProse(b *strings.Builder, rows []noisyRow) {
 
 func costProse(b *strings.Builder, cfg config, rows []costRow) {
 	first, last := rows[0], rows[len(rows)-1]
-	fewer := "–"
-	if last.Rate > 0 {
-		fewer = fmt.Sprintf("%.3gx", first.Rate/last.Rate)
-	}
 	fmt.Fprintf(b, "- **SortedSet reads its whole set** on every decision (ZRANGE key 0 -1 WITHSCORES, then each member is parsed), and the set holds every call its window counts, up to the limit. "+
-		"With the window full, one decision takes %v (p50) at a limit of %s/%s and %v at %s/%s: %s decisions/s against %s, %s fewer, at the same %.2f round trips.\n",
+		"With the window full, one decision takes %v (p50) at a limit of %s/%s and %v at %s/%s: %s decisions/s against %s, %s fewer, at the same %.2f round trips",
 		round(first.P50), thousands(int64(first.Limit)), shortDur(cfg.window), round(last.P50), thousands(int64(last.Limit)), shortDur(cfg.window),
-		rate(last.Rate), rate(first.Rate), fewer, last.Trips)
+		rate(last.Rate), rate(first.Rate), slower(first.Rate, last.Rate), last.Trips)
+	if last.Errors > 0 {
+		fmt.Fprintf(b, "; %d of the %d decisions at %s/%s failed (%s)", last.Errors, last.Decisions, thousands(int64(last.Limit)), shortDur(cfg.window), last.FirstErr)
+	}
+	b.WriteString(".\n")
 }
