@@ -10,10 +10,11 @@ fuzz:
 	go test -run='^$$' -fuzz='^FuzzKeys$$' -fuzztime=$(FUZZTIME) .
 	go test -run='^$$' -fuzz='^FuzzAllowInput$$' -fuzztime=$(FUZZTIME) .
 
-# make bench: the benchmark of issue 5 (bench/, a module of its own): this
-# library against redis_rate, a naive redislock baseline and one round trip,
-# on a redis-server it starts itself; writes bench/BENCHMARKS.md and
-# bench/benchmarks.png. BENCHFLAGS=-quick for a smoke run of seconds.
+# make bench: the benchmark of issue 11 (bench/, a module of its own): this
+# library against redis_rate, ulule/limiter, a naive redislock baseline and
+# one round trip, on two redis-servers it starts itself (the library's denies
+# scripting); writes bench/BENCHMARKS.md and bench/benchmarks.png.
+# BENCHFLAGS=-quick for a smoke run of seconds.
 .PHONY: bench
 bench:
 	cd bench && go run . $(BENCHFLAGS)

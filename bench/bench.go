@@ -15,36 +15,40 @@ import (
 
 // config is what one invocation measures.
 type config struct {
-	cell      time.Duration // time box of one cell: no call starts after it
-	timeout   time.Duration // the longest one call may take
-	window    time.Duration
-	limits    []int
-	workloads []workload
-	impl      *regexp.Regexp // which implementations to run
-	out       string         // where BENCHMARKS.md and the PNG go; "" for nowhere
-	command   string         // the command line, for the report
-	quick     bool
+	cell       time.Duration // time box of one cell: no call starts after it
+	timeout    time.Duration // the longest one call may take
+	window     time.Duration
+	limits     []int
+	workloads  []workload
+	impl       *regexp.Regexp // which implementations to run
+	tables     *regexp.Regexp // which tables to measure
+	hammer     hammerSpec
+	noisy      noisySpec
+	costLimits []int  // of the SortedSet cost table
+	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
+	command    string // the command line, for the report
+	quick      bool
 }
 
+// The limits of the throughput table, per window (a minute): one a decision
+// reads little for, and one no workload reaches in a cell, so that every
+// call is admitted and a decision reads all the window has counted.
+var throughputLimits = []int{10, 1_000_000}
+
+// fullWorkloads are issue 11's: many keys with one caller each, and one
+// key with many callers.
 func fullWorkloads() []workload {
 	return []workload{
-		{Name: "10 000 distinct keys, 32 goroutines", Resource: "distinct", Keys: 10_000, Goroutines: 32, Procs: 1},
-		{Name: "hot key, 64 goroutines", Resource: "hot", Keys: 1, Goroutines: 64, Procs: 1},
-		{Name: "hot key, 4 processes x 16 goroutines", Resource: "hot", Keys: 1, Goroutines: 16, Procs: 4},
-		{Name: "1 key, 1 goroutine, 0 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 0},
-		{Name: "1 key, 1 goroutine, 100 000 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 100_000},
-		{Name: "1 key, 1 goroutine, 1 000 000 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 1_000_000},
+		{Name: "10 000 distinct keys, 32 goroutines", Resource: "distinct", Keys: 10_000, Goroutines: 32},
+		{Name: "hot key, 64 goroutines", Resource: "hot", Keys: 1, Goroutines: 64},
 	}
 }
 
 // quickWorkloads have the shapes of the full ones, smaller.
 func quickWorkloads() []workload {
 	return []workload{
-		{Name: "1 000 distinct keys, 8 goroutines", Resource: "distinct", Keys: 1_000, Goroutines: 8, Procs: 1},
-		{Name: "hot key, 16 goroutines", Resource: "hot", Keys: 1, Goroutines: 16, Procs: 1},
-		{Name: "hot key, 2 processes x 4 goroutines", Resource: "hot", Keys: 1, Goroutines: 4, Procs: 2},
-		{Name: "1 key, 1 goroutine, 0 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 0},
-		{Name: "1 key, 1 goroutine, 10 000 unrelated keys", Resource: "among", Keys: 1, Goroutines: 1, Procs: 1, Unrelated: 10_000},
+		{Name: "1 000 distinct keys, 8 goroutines", Resource: "distinct", Keys: 1_000, Goroutines: 8},
+		{Name: "hot key, 16 goroutines", Resource: "hot", Keys: 1, Goroutines: 16},
 	}
 }
 
@@ -67,64 +71,148 @@ type row struct {
 	Violation     bool   // a key got more than the limit allows
 }
 
-// runner holds the server and one client per Redis user.
-type runner struct {
-	cfg     config
-	srv     *server
-	admin   *redis.Client
-	clients map[string]*redis.Client // by user
-	trips   map[string]*trips
-	log     io.Writer
+// A side is one of the two servers, with the clients the cells use.
+type side struct {
+	srv    *server
+	admin  *redis.Client // empties the database between cells
+	client *redis.Client // the limiters'
+	trips  *trips        // counts the round trips of client and of more()
 }
 
 const poolSize = 128
 
-func newRunner(cfg config, srv *server, log io.Writer) *runner {
-	r := &runner{cfg: cfg, srv: srv, admin: srv.client("", "", 4), log: log,
-		clients: map[string]*redis.Client{}, trips: map[string]*trips{}}
-	for user, pw := range map[string]string{"": "", lbUser: lbPassword} {
-		c := srv.client(user, pw, poolSize)
-		t := &trips{}
-		c.AddHook(t)
-		r.clients[user], r.trips[user] = c, t
+func newSide(srv *server) *side {
+	s := &side{srv: srv, admin: srv.client(4), trips: &trips{}}
+	s.client = s.more()
+	return s
+}
+
+// more returns another client of the server, its round trips counted with
+// the side's: a process of its own, as far as Redis can tell.
+func (s *side) more() *redis.Client {
+	c := s.srv.client(poolSize)
+	c.AddHook(s.trips)
+	return c
+}
+
+func (s *side) close() {
+	s.admin.Close()
+	s.client.Close()
+}
+
+// empty deletes every key, and checks that none is left.
+func (s *side) empty(ctx context.Context) error {
+	if err := s.admin.FlushDB(ctx).Err(); err != nil {
+		return err
 	}
-	return r
+	n, err := s.admin.DBSize(ctx).Result()
+	if err != nil {
+		return err
+	}
+	if n != 0 {
+		return fmt.Errorf("the database holds %d keys after FLUSHDB, want none", n)
+	}
+	return nil
+}
+
+// runner holds both sides: lib, the scripting-denied server of this
+// library and the floor; peers, the server of the Lua limiters.
+type runner struct {
+	cfg        config
+	lib, peers *side
+	log        io.Writer
+}
+
+func newRunner(cfg config, lib, peers *server, log io.Writer) *runner {
+	return &runner{cfg: cfg, lib: newSide(lib), peers: newSide(peers), log: log}
 }
 
 func (r *runner) close() {
-	r.admin.Close()
-	for _, c := range r.clients {
-		c.Close()
-	}
+	r.lib.close()
+	r.peers.close()
 }
 
-// run measures every cell, in order, and returns the rows.
-func (r *runner) run(ctx context.Context) ([]row, error) {
-	var rows []row
+// sideOf is the side impl runs on.
+func (r *runner) sideOf(im impl) *side {
+	if im.scripting {
+		return r.peers
+	}
+	return r.lib
+}
+
+// results is what one run measured, table by table.
+type results struct {
+	rows   []row // the throughput table
+	hammer []hammerRow
+	noisy  []noisyRow
+	cost   []costRow
+}
+
+// Names of the tables, for -table.
+const (
+	throughputTable = "throughput"
+	hammerTable     = "hammer"
+	noisyTable      = "neighbour"
+	costTable       = "sortedset"
+)
+
+var tableNames = []string{throughputTable, hammerTable, noisyTable, costTable}
+
+// run measures every table that -table selects, in order.
+func (r *runner) run(ctx context.Context) (results, error) {
+	var res results
+	steps := []struct {
+		name string
+		run  func(context.Context, *results) error
+	}{
+		{throughputTable, r.throughput},
+		{hammerTable, r.hammerAll},
+		{noisyTable, r.noisyAll},
+		{costTable, r.costAll},
+	}
+	for _, s := range steps {
+		if !r.cfg.tables.MatchString(s.name) {
+			continue
+		}
+		if err := s.run(ctx, &res); err != nil {
+			return res, fmt.Errorf("%s table: %w", s.name, err)
+		}
+	}
+	return res, nil
+}
+
+// impls are the implementations that -impl selects and keep keeps.
+func (r *runner) impls(keep func(impl) bool) []impl {
+	return filter(implementations(), func(im impl) bool { return r.cfg.impl.MatchString(im.name) && keep(im) })
+}
+
+func all(impl) bool       { return true }
+func ours(im impl) bool   { return im.ours }
+func limits(im impl) bool { return im.bound != nil }
+
+// throughput measures every cell of the throughput table, in order.
+func (r *runner) throughput(ctx context.Context, res *results) error {
 	for _, w := range r.cfg.workloads {
 		if err := w.checkDistinct(); err != nil {
-			return rows, err
+			return err
 		}
 		for _, limit := range r.cfg.limits {
-			for _, im := range implementations() {
-				if !r.cfg.impl.MatchString(im.name) {
-					continue
-				}
+			for _, im := range r.impls(all) {
 				if err := ctx.Err(); err != nil {
-					return rows, err
+					return err
 				}
 				t0 := time.Now()
 				row, err := r.cell(ctx, w, limit, im)
 				if err != nil {
-					return rows, fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
+					return fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
 				}
-				fmt.Fprintf(r.log, "bench: %-45s %5d/%s  %-26s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
+				fmt.Fprintf(r.log, "bench: %-40s %9d/%s  %-33s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
 					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips, row.Check, time.Since(t0).Seconds())
-				rows = append(rows, row)
+				res.rows = append(res.rows, row)
 			}
 		}
 	}
-	return rows, nil
+	return nil
 }
 
 // warmPool opens n connections in the client's pool, so that no cell pays
@@ -139,77 +227,74 @@ func warmPool(ctx context.Context, rdb *redis.Client, n int) error {
 	return errors.Join(errs...)
 }
 
-// cell measures one implementation on one workload and limit, on a
-// database holding exactly the workload's unrelated keys.
+// cell measures one implementation on one workload and limit, on an empty
+// database.
 func (r *runner) cell(ctx context.Context, w workload, limit int, im impl) (row, error) {
-	rdb := r.clients[im.user]
-	lim, err := im.make(rdb, limit, r.cfg.window)
+	s := r.sideOf(im)
+	lim, err := prepare(ctx, s, im, limit, r.cfg.window, w.Goroutines)
 	if err != nil {
 		return row{}, err
 	}
-	// Warm up: connections, and the Lua scripts into the server's cache.
-	if err := warmPool(ctx, rdb, w.Goroutines); err != nil {
-		return row{}, err
-	}
-	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
-		return row{}, fmt.Errorf("warm-up call: %w", err)
-	}
-	if err := r.admin.FlushDB(ctx).Err(); err != nil {
-		return row{}, err
-	}
-	if w.Unrelated > 0 {
-		if err := r.admin.Do(ctx, "debug", "populate", w.Unrelated, "unrelated", 16).Err(); err != nil {
-			return row{}, fmt.Errorf("DEBUG POPULATE: %w", err)
-		}
-	}
-	if n, err := r.admin.DBSize(ctx).Result(); err != nil {
-		return row{}, err
-	} else if n != int64(w.Unrelated) {
-		return row{}, fmt.Errorf("the database holds %d keys before the cell, want the %d unrelated ones", n, w.Unrelated)
-	}
-
-	var res loadResult
-	if w.Procs <= 1 {
-		res = runLoad(ctx, w, lim, r.trips[im.user], time.Now(), r.cfg.cell, r.cfg.timeout)
-	} else {
-		pw := ""
-		if im.user == lbUser {
-			pw = lbPassword
-		}
-		res, err = runChildren(ctx, childSpec{Addr: r.srv.addr, User: im.user, Password: pw, Impl: im.name,
-			Limit: limit, Window: r.cfg.window, Workload: w, Duration: r.cfg.cell, Timeout: r.cfg.timeout})
-		if err != nil {
-			return row{}, err
-		}
-	}
+	res := load{w: w, lims: []limiter{lim}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout}.run(ctx)
 	if err := ctx.Err(); err != nil {
 		return row{}, err
 	}
-	if res.Decisions == 0 {
-		return row{}, errors.New("no decision was made")
-	}
-	if im.user == lbUser && res.Scripts > 0 {
-		return row{}, fmt.Errorf("%d script commands were sent by the scripting-denied client", res.Scripts)
+	if err := checkSent(im, res); err != nil {
+		return row{}, err
 	}
 	out := summarise(w, limit, im, r.cfg.window, res)
-	if im.bound == nil { // the floor wrote one key per distinct key it was given
-		n, err := r.admin.DBSize(ctx).Result()
-		if err != nil {
-			return row{}, err
-		}
-		touched := int64(0)
-		for _, d := range res.Decided {
-			if d > 0 {
-				touched++
-			}
-		}
-		if n != int64(w.Unrelated)+touched {
-			return row{}, fmt.Errorf("the floor called %d distinct keys, but the database holds %d keys besides the %d unrelated ones: keys collide",
-				touched, n-int64(w.Unrelated), w.Unrelated)
-		}
-		out.Check = fmt.Sprintf("%d distinct keys written", touched)
+	if im.bound == nil {
+		out.Check, err = checkFloor(ctx, s, res)
 	}
-	return out, nil
+	return out, err
+}
+
+// prepare makes im's limiter on s's client, warms the pool for goroutines
+// callers and the limiter with one call (which loads the Lua scripts into
+// the server's cache), and then empties the database.
+func prepare(ctx context.Context, s *side, im impl, limit int, window time.Duration, goroutines int) (limiter, error) {
+	lim, err := im.make(s.client, limit, window)
+	if err != nil {
+		return nil, err
+	}
+	if err := warmPool(ctx, s.client, goroutines); err != nil {
+		return nil, err
+	}
+	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
+		return nil, fmt.Errorf("warm-up call: %w", err)
+	}
+	return lim, s.empty(ctx)
+}
+
+// checkSent checks that a decision was made, and that nothing was sent to
+// the scripting-denied server that it would refuse.
+func checkSent(im impl, res loadResult) error {
+	if res.Decisions == 0 {
+		return errors.New("no decision was made")
+	}
+	if !im.scripting && res.Scripts > 0 {
+		return fmt.Errorf("%d script commands were sent to the scripting-denied server", res.Scripts)
+	}
+	return nil
+}
+
+// checkFloor checks that the floor wrote one key per distinct key it was
+// given: that the workload's keys are distinct in Redis too.
+func checkFloor(ctx context.Context, s *side, res loadResult) (string, error) {
+	n, err := s.admin.DBSize(ctx).Result()
+	if err != nil {
+		return "", err
+	}
+	touched := int64(0)
+	for _, d := range res.Decided {
+		if d > 0 {
+			touched++
+		}
+	}
+	if n != touched {
+		return "", fmt.Errorf("the floor called %d distinct keys, but the database holds %d keys: keys collide", touched, n)
+	}
+	return fmt.Sprintf("%d distinct keys written", touched), nil
 }
 
 // summarise computes a row and checks the admissions against the limit.
@@ -227,16 +312,23 @@ func summarise(w workload, limit int, im impl, window time.Duration, res loadRes
 		out.MaxAdmitted = max(out.MaxAdmitted, a)
 		out.TotalAdmitted += a
 	}
-	if im.bound == nil {
-		return out
+	if im.bound != nil {
+		out.Bound = im.bound(limit, window, res.Elapsed)
+		out.checkAdmissions(im, window, res)
 	}
-	out.Bound = im.bound(limit, window, res.Elapsed)
+	return out
+}
+
+// checkAdmissions compares each key's admissions with the bound, and for
+// an exact limiter within one window with min(calls, limit).
+func (out *row) checkAdmissions(im impl, window time.Duration, res loadResult) {
+	w, exact := out.Workload, im.exact && res.Elapsed < window
 	var over, under []string
 	for k, a := range res.Admitted {
 		if a > out.Bound {
 			over = append(over, fmt.Sprintf("%s/%s admitted %d > %d", w.Resource, w.client(k), a, out.Bound))
 		}
-		if want := min(res.Decided[k], int64(limit)); im.exact && res.Elapsed < window && a < want {
+		if want := min(res.Decided[k], int64(out.Limit)); exact && a < want {
 			under = append(under, fmt.Sprintf("%s/%s admitted %d of the %d it asked within the limit", w.Resource, w.client(k), a, want))
 		}
 	}
@@ -246,12 +338,11 @@ func summarise(w workload, limit int, im impl, window time.Duration, res loadRes
 		out.Check = fmt.Sprintf("OVER-ADMITTED at %d keys, e.g. %s", len(over), over[0])
 	case len(under) > 0:
 		out.Check = fmt.Sprintf("ok, but under-admitted at %d keys, e.g. %s", len(under), under[0])
-	case im.exact && res.Elapsed < window:
+	case exact:
 		out.Check = "ok, exact"
 	default:
 		out.Check = "ok"
 	}
-	return out
 }
 
 func round(d time.Duration) time.Duration {

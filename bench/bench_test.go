@@ -9,18 +9,9 @@ import (
 	"time"
 )
 
-// TestMain lets the test binary serve as a child process of the benchmark,
-// as the program itself does.
-func TestMain(m *testing.M) {
-	if isChild() {
-		os.Exit(childMain())
-	}
-	os.Exit(m.Run())
-}
-
 // TestQuick runs the whole program in -quick mode, when redis-server is
-// installed: every implementation, every workload shape, the checks, the
-// report and the chart.
+// installed: every implementation, every table, the checks, the report
+// and the chart.
 func TestQuick(t *testing.T) {
 	if !redisAvailable() {
 		t.Skip("redis-server is not installed (the program itself would install it)")
@@ -30,22 +21,55 @@ func TestQuick(t *testing.T) {
 	if code := benchMain([]string{"-quick", "-out", dir}, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit code %d; stderr:\n%s", code, stderr.String())
 	}
-	out := stdout.String()
-	for _, im := range implementations() {
-		for _, w := range quickWorkloads() {
-			if !strings.Contains(out, "| "+w.Name+" | 10/min | "+im.name+" |") {
-				t.Errorf("no row for %s, %s in:\n%s", w.Name, im.name, out)
+	sections := sectionsOf(stdout.String())
+	for heading, rows := range quickRows() {
+		for _, want := range rows {
+			if !strings.Contains(sections[heading], want) {
+				t.Errorf("section %q has no %q:\n%s", heading, want, stdout.String())
 			}
 		}
 	}
-	if strings.Contains(out, "OVER") {
-		t.Errorf("a limiter over-admitted:\n%s", out)
+	if strings.Contains(stdout.String(), "OVER") {
+		t.Errorf("a limiter over-admitted:\n%s", stdout.String())
 	}
 	for _, name := range []string{mdName, pngName} {
 		if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Size() == 0 {
 			t.Errorf("%s not written: %v", name, err)
 		}
 	}
+}
+
+// sectionsOf splits markdown into its "## " sections, by heading.
+func sectionsOf(md string) map[string]string {
+	sections := map[string]string{}
+	for _, sec := range strings.Split(md, "## ")[1:] {
+		heading, body, _ := strings.Cut(sec, "\n")
+		sections[heading] = body
+	}
+	return sections
+}
+
+// quickRows are the starts of rows each section of the quick run must
+// have, by heading.
+func quickRows() map[string][]string {
+	want := map[string][]string{
+		"SortedSet cost":     {"| 10/min | 10 |", "| 1 000/min | 1 000 |", "| 10 000/min | 10 000 |"},
+		"Issue 11's targets": {"targets met."},
+	}
+	for _, im := range implementations() {
+		for _, w := range quickWorkloads() {
+			for _, limit := range []string{"10", "1 000 000"} {
+				want["Throughput"] = append(want["Throughput"], "| "+w.Name+" | "+limit+"/min | "+im.name+" |")
+			}
+		}
+		if im.ours {
+			want["Hammer"] = append(want["Hammer"], "| "+im.name+" | 3 Buckets x 8 goroutines, 1.5s | 50/s |")
+		}
+		if im.bound != nil {
+			want["Noisy neighbour"] = append(want["Noisy neighbour"], "| "+im.name+" | ")
+		}
+	}
+	return want
 }
 
 func TestBounds(t *testing.T) {
@@ -75,5 +99,26 @@ func TestWorkloadsDistinct(t *testing.T) {
 		if err := w.checkDistinct(); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+func TestMostWithin(t *testing.T) {
+	ms := time.Millisecond
+	spans := []interval{
+		{1000 * ms, 1004 * ms}, {0, 10 * ms}, {5 * ms, 20 * ms}, {990 * ms, 999 * ms},
+		{6 * ms, 1006 * ms}, // sent inside [5ms, 1005ms), answered after it: not counted
+		{1001 * ms, 1003 * ms},
+	}
+	if got := mostWithin(spans, time.Second); got != 4 {
+		t.Errorf("mostWithin = %d, want 4 (the calls within [5ms, 1005ms))", got)
+	}
+	if got := mostWithin(nil, time.Second); got != 0 {
+		t.Errorf("mostWithin(nil) = %d, want 0", got)
+	}
+}
+
+func TestHammerIdeal(t *testing.T) {
+	if got := fullHammer.ideal(); got != 250 {
+		t.Errorf("ideal of 50/s over 4.5s = %d, want 250 (50 in each of 5 started seconds)", got)
 	}
 }

@@ -1,151 +1,137 @@
 package main
 
 import (
+	"errors"
 	"fmt"
-	"image"
-	"image/color"
-	"image/draw"
-	"image/png"
 	"io"
-	"math"
-	"strconv"
 	"time"
 
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// palette gives each implementation, in table order, a colour.
-var palette = []color.RGBA{
-	{0x1f, 0x77, 0xb4, 0xff}, {0x2c, 0xa0, 0x2c, 0xff}, {0x9e, 0xda, 0xe5, 0xff},
-	{0xff, 0x7f, 0x0e, 0xff}, {0xd6, 0x27, 0x28, 0xff}, {0x7f, 0x7f, 0x7f, 0xff},
-	{0x94, 0x67, 0xbd, 0xff}, {0x8c, 0x56, 0x4b, 0xff},
+// chart draws, with gonum/plot, the throughput table's decisions/s as
+// grouped bars on a log scale, and the SortedSet cost table's decisions/s
+// by limit on log-log axes, one above the other, as a PNG.
+func chart(w io.Writer, res results, window time.Duration, title string) error {
+	var plots []*plot.Plot
+	if len(res.rows) > 0 {
+		plots = append(plots, throughputPlot(res.rows, window, title))
+	}
+	if p := costPlot(res.cost, window); p != nil {
+		plots = append(plots, p)
+	}
+	if len(plots) == 0 {
+		return errors.New("nothing to draw")
+	}
+	const width, panel = 30 * vg.Centimeter, 13 * vg.Centimeter
+	img := vgimg.NewWith(vgimg.UseWH(width, panel*vg.Length(len(plots))), vgimg.UseDPI(100))
+	grid := make([][]*plot.Plot, len(plots))
+	for i, p := range plots {
+		grid[i] = []*plot.Plot{p}
+	}
+	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadX: vg.Centimeter, PadY: vg.Centimeter,
+		PadTop: vg.Centimeter / 2, PadBottom: vg.Centimeter / 2, PadLeft: vg.Centimeter / 2, PadRight: vg.Centimeter / 2}
+	canvases := plot.Align(grid, tiles, draw.New(img))
+	for i, p := range plots {
+		p.Draw(canvases[i][0])
+	}
+	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
 }
 
-// chart draws decisions/s as horizontal bars, one group per workload and
-// limit, one bar per implementation, on a log scale when the values span
-// more than two decades.
-func chart(w io.Writer, rows []row, window time.Duration, title string) error {
-	face := basicfont.Face7x13
-	const (
-		width   = 1100
-		left    = 190 // implementation names
-		right   = 90  // value labels
-		barH    = 13
-		barGap  = 3
-		groupGp = 10
-		headH   = 18
-		top     = 72
-		bottom  = 40
-	)
-	type group struct {
-		name string
-		rows []row
-	}
-	var groups []group
-	var impls []string
-	implIndex := map[string]int{}
-	lo, hi := math.Inf(1), 0.0
+// throughputPlot has one group of bars per workload and limit, one bar per
+// implementation, in the table's order.
+func throughputPlot(rows []row, window time.Duration, title string) *plot.Plot {
+	var groups, impls []string
+	rates := map[[2]string]float64{} // by group and implementation
+	top := 1.0
 	for _, r := range rows {
-		name := fmt.Sprintf("%s; limit %d/%s", r.Workload.Name, r.Limit, shortDur(window))
-		if len(groups) == 0 || groups[len(groups)-1].name != name {
-			groups = append(groups, group{name: name})
-		}
-		g := &groups[len(groups)-1]
-		g.rows = append(g.rows, r)
-		if _, ok := implIndex[r.Impl]; !ok {
-			implIndex[r.Impl] = len(impls)
-			impls = append(impls, r.Impl)
-		}
-		if r.Rate > 0 {
-			lo, hi = min(lo, r.Rate), max(hi, r.Rate)
-		}
+		g := fmt.Sprintf("%s\n%s/%s", r.Workload.Name, thousands(int64(r.Limit)), shortDur(window))
+		groups = appendNew(groups, g)
+		impls = appendNew(impls, r.Impl)
+		rates[[2]string{g, r.Impl}] = r.Rate
+		top = max(top, r.Rate)
 	}
-	if hi == 0 {
-		return fmt.Errorf("nothing to draw")
-	}
-	logScale := hi/lo > 100
-	var x0, x1 float64 // the axis range: values or log10 of values
-	if logScale {
-		x0, x1 = math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
-	} else {
-		x0, x1 = 0, hi*1.05
-	}
-	plotW := float64(width - left - right)
-	xOf := func(v float64) int {
-		if logScale {
-			v = math.Log10(max(v, math.Pow(10, x0)))
-		}
-		return left + int((v-x0)/(x1-x0)*plotW)
-	}
+	p := plot.New()
+	p.Title.Text = title
+	p.Y.Label.Text = "decisions per second, higher is better (log scale)"
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Y.Min, p.Y.Max = 1, top*50 // room above the bars for the legend
+	p.NominalX(groups...)
+	p.X.Min, p.X.Max = -0.6, float64(len(groups))-0.4 // room for the outer bars
+	p.Add(horizontalGrid())
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.Padding = vg.Millimeter
 
-	height := top + bottom
-	for _, g := range groups {
-		height += headH + len(g.rows)*(barH+barGap) + groupGp
+	// Bars rise from 1, the bottom of the log axis, not from 0, which it
+	// cannot show: each stands on an invisible bar of height 1.
+	base := &plotter.BarChart{Values: make(plotter.Values, len(groups))}
+	for i := range base.Values {
+		base.Values[i] = 1
 	}
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
-	fill := func(x0, y0, x1, y1 int, c color.Color) {
-		draw.Draw(img, image.Rect(x0, y0, x1, y1), image.NewUniform(c), image.Point{}, draw.Src)
+	const barW = 11 * vg.Millimeter / 2
+	for i, im := range impls {
+		vals := make(plotter.Values, len(groups))
+		for j, g := range groups {
+			vals[j] = rates[[2]string{g, im}]
+		}
+		bars, err := plotter.NewBarChart(vals, barW)
+		if err != nil { // only for negative or NaN values, which rates are not
+			panic(err)
+		}
+		bars.StackOn(base)
+		bars.Offset = barW * vg.Length(2*i-len(impls)+1) / 2
+		bars.Color, bars.LineStyle.Width = plotutil.Color(i), 0
+		p.Add(bars)
+		p.Legend.Add(im, bars)
 	}
-	text := func(x, y int, s string, c color.Color) {
-		d := font.Drawer{Dst: img, Src: image.NewUniform(c), Face: face, Dot: fixed.P(x, y)}
-		d.DrawString(s)
-	}
-	textW := func(s string) int { return font.MeasureString(face, s).Ceil() }
-	black := color.Black
-	grey := color.RGBA{0xdd, 0xdd, 0xdd, 0xff}
-	dark := color.RGBA{0x55, 0x55, 0x55, 0xff}
+	return p
+}
 
-	text(10, 20, title, black)
-	scale := "linear scale"
-	if logScale {
-		scale = "log scale"
+// costPlot is SortedSet's decisions/s by limit; nil if nothing was
+// decided.
+func costPlot(rows []costRow, window time.Duration) *plot.Plot {
+	var pts plotter.XYs
+	for _, c := range rows {
+		if c.Rate > 0 {
+			pts = append(pts, plotter.XY{X: float64(c.Limit), Y: c.Rate})
+		}
 	}
-	text(10, 38, "decisions per second, higher is better ("+scale+")", dark)
+	if len(pts) == 0 {
+		return nil
+	}
+	p := plot.New()
+	p.Title.Text = "leakybucket SortedSet, one key whose window holds the limit: decisions per second by limit, one goroutine"
+	p.X.Label.Text = fmt.Sprintf("limit, calls per %s (log scale)", windowName(window))
+	p.Y.Label.Text = "decisions per second (log scale)"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	line, points, err := plotter.NewLinePoints(pts)
+	if err != nil {
+		panic(err) // only for NaN or infinite points, which these are not
+	}
+	line.Color, points.Color = plotutil.Color(1), plotutil.Color(1)
+	p.Add(plotter.NewGrid(), line, points)
+	return p
+}
 
-	// Grid and axis labels.
-	ticks := []float64{}
-	if logScale {
-		for e := x0; e <= x1; e++ {
-			ticks = append(ticks, math.Pow(10, e))
-		}
-	} else {
-		step := math.Pow(10, math.Floor(math.Log10(x1/2)))
-		for v := 0.0; v <= x1; v += step {
-			ticks = append(ticks, v)
-		}
-	}
-	for _, v := range ticks {
-		x := xOf(v)
-		fill(x, top-4, x+1, height-bottom+4, grey)
-		label := strconv.FormatFloat(v, 'g', -1, 64)
-		if v >= 1000 {
-			label = thousands(int64(v))
-		}
-		text(x-textW(label)/2, height-bottom+20, label, dark)
-		text(x-textW(label)/2, top-10, label, dark)
-	}
+func horizontalGrid() *plotter.Grid {
+	g := plotter.NewGrid()
+	g.Vertical.Color = nil
+	return g
+}
 
-	y := top
-	for _, g := range groups {
-		text(10, y+13, g.name, black)
-		y += headH
-		for _, r := range g.rows {
-			c := palette[implIndex[r.Impl]%len(palette)]
-			name := r.Impl
-			for textW(name) > left-16 && len(name) > 1 {
-				name = name[:len(name)-1]
-			}
-			text(left-8-textW(name), y+barH-2, name, black)
-			x := xOf(r.Rate)
-			fill(left, y, max(x, left+1), y+barH, c)
-			text(x+4, y+barH-2, rate(r.Rate), black)
-			y += barH + barGap
+// appendNew appends s to xs unless it is there already.
+func appendNew(xs []string, s string) []string {
+	for _, x := range xs {
+		if x == s {
+			return xs
 		}
-		y += groupGp
 	}
-	fill(left, top-4, left+1, height-bottom+4, dark)
-	return png.Encode(w, img)
+	return append(xs, s)
 }

@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/leakybucket/leakybucket"
 	"github.com/redis/go-redis/v9"
+	ulule "github.com/ulule/limiter/v3"
+	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 )
 
 // A limiter decides one call of (resource, client): admitted or not. An
@@ -32,16 +33,18 @@ var strategies = []struct {
 const (
 	logsName         = "leakybucket Logs"
 	sortedSetName    = "leakybucket SortedSet"
-	windowsName      = "leakybucket Windows(1s)"
-	windowsPrecision = time.Second
+	windowsName      = "leakybucket Windows(50ms)"
+	windowsPrecision = 50 * time.Millisecond
 )
 
 // An impl is one implementation under test.
 type impl struct {
 	name string
-	// user is the Redis user it runs as: lbUser (scripting denied) or ""
-	// (the default user, which may run scripts).
-	user string
+	// ours: a strategy of this library.
+	ours bool
+	// scripting: it runs Lua, on the peers' server; else on the library's,
+	// which denies scripting.
+	scripting bool
 	// bound is the most admissions one key may get in elapsed time under a
 	// limit of limit calls per window; nil for the floor, which limits
 	// nothing.
@@ -68,6 +71,7 @@ func gcraBound(limit int, window, elapsed time.Duration) int64 {
 // Names of the implementations that the ratios refer to.
 const (
 	redisRateName = "redis_rate (Lua GCRA)"
+	ululeName     = "ulule/limiter (Lua fixed window)"
 	floorName     = "floor: 1 pipelined SET"
 	naiveName     = "naive: redislock + SCAN"
 )
@@ -77,12 +81,9 @@ func implementations() []impl {
 	for _, s := range strategies {
 		opts := s.opts
 		all = append(all, impl{
-			name: s.name, user: lbUser, bound: windowBound, exact: true,
+			name: s.name, ours: true, bound: windowBound, exact: true,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
-				b, err := leakybucket.New(rdb, append([]leakybucket.Option{
-					leakybucket.WithPrefix("lb"),
-					leakybucket.PerClient(leakybucket.Per(limit, window)),
-				}, opts...)...)
+				b, err := newBucket(rdb, limit, window, opts...)
 				if err != nil {
 					return nil, err
 				}
@@ -92,13 +93,23 @@ func implementations() []impl {
 	}
 	return append(all,
 		impl{
-			name: redisRateName, bound: gcraBound,
+			name: redisRateName, scripting: true, bound: gcraBound,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				return rateLimiter{redis_rate.NewLimiter(rdb), redis_rate.Limit{Rate: limit, Burst: limit, Period: window}}, nil
 			},
 		},
 		impl{
-			name: naiveName, bound: windowBound, exact: true,
+			name: ululeName, scripting: true, bound: windowBound, exact: true,
+			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
+				store, err := ululeredis.NewStoreWithOptions(rdb, ulule.StoreOptions{Prefix: "ulule"})
+				if err != nil {
+					return nil, err
+				}
+				return ululeLimiter{ulule.New(store, ulule.Rate{Period: window, Limit: int64(limit)})}, nil
+			},
+		},
+		impl{
+			name: naiveName, scripting: true, bound: windowBound, exact: true,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				return newNaive(rdb, limit, window), nil
 			},
@@ -112,13 +123,13 @@ func implementations() []impl {
 	)
 }
 
-func implByName(name string) (impl, error) {
-	for _, im := range implementations() {
-		if im.name == name {
-			return im, nil
-		}
-	}
-	return impl{}, fmt.Errorf("no implementation %q", name)
+// newBucket is this library's limiter as every table uses it: one rule,
+// per client, with the default lock options.
+func newBucket(rdb *redis.Client, limit int, window time.Duration, opts ...leakybucket.Option) (*leakybucket.Bucket, error) {
+	return leakybucket.New(rdb, append([]leakybucket.Option{
+		leakybucket.WithPrefix("lb"),
+		leakybucket.PerClient(leakybucket.Per(limit, window)),
+	}, opts...)...)
 }
 
 type libLimiter struct{ b *leakybucket.Bucket }
@@ -139,6 +150,20 @@ func (r rateLimiter) Allow(ctx context.Context, resource, client string) (bool, 
 		return false, err
 	}
 	return res.Allowed > 0, nil
+}
+
+// ululeLimiter is ulule/limiter's Redis store: a fixed window, one counter
+// per key that INCRBY raises and the first call of the window sets to
+// expire after it, in one EVALSHA. Get counts the call and says whether it
+// passed the limit.
+type ululeLimiter struct{ l *ulule.Limiter }
+
+func (u ululeLimiter) Allow(ctx context.Context, resource, client string) (bool, error) {
+	res, err := u.l.Get(ctx, resource+":"+client)
+	if err != nil {
+		return false, err
+	}
+	return !res.Reached, nil
 }
 
 // floor is the least a decision can cost: one round trip carrying one

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leakybucket/leakybucket"
+	"github.com/redis/go-redis/v9"
+)
+
+// The limits of the SortedSet cost table, per window (a minute).
+var (
+	fullCostLimits  = []int{10, 100, 1_000, 10_000, 100_000, 1_000_000}
+	quickCostLimits = []int{10, 1_000, 10_000}
+)
+
+// costRow is SortedSet with one key whose window holds as many calls as
+// its limit allows.
+type costRow struct {
+	Limit     int
+	Members   int64 // in the key's set, before and after the cell
+	Fill      time.Duration
+	Decisions int64
+	Rate      float64 // decisions/s
+	P50, P99  time.Duration
+	Trips     float64 // per decision
+	Errors    int64
+	FirstErr  string
+	Check     string
+}
+
+// costResource and costClient are the one key of the table.
+const (
+	costResource = "cost"
+	costClient   = "hot"
+)
+
+// costAll measures SortedSet at each limit of the table.
+func (r *runner) costAll(ctx context.Context, res *results) error {
+	ims := r.impls(func(im impl) bool { return im.name == sortedSetName })
+	if len(ims) == 0 {
+		return nil
+	}
+	for _, limit := range r.cfg.costLimits {
+		t0 := time.Now()
+		c, err := r.cost(ctx, limit)
+		if err != nil {
+			return fmt.Errorf("limit %d: %w", limit, err)
+		}
+		fmt.Fprintf(r.log, "bench: SortedSet at limit %9d/%s, %9d members: %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %d errors  %s (%.1fs)\n",
+			limit, shortDur(r.cfg.window), c.Members, c.Rate, round(c.P50), round(c.P99), c.Trips, c.Errors, c.Check, time.Since(t0).Seconds())
+		res.cost = append(res.cost, c)
+	}
+	return nil
+}
+
+// cost fills one key's window to the limit, then measures one goroutine
+// calling it for a cell: every call is denied and records nothing, so each
+// decision reads the same full window.
+func (r *runner) cost(ctx context.Context, limit int) (costRow, error) {
+	s := r.lib
+	b, err := newBucket(s.client, limit, r.cfg.window, leakybucket.WithStrategy(leakybucket.SortedSet))
+	if err != nil {
+		return costRow{}, err
+	}
+	if err := s.empty(ctx); err != nil {
+		return costRow{}, err
+	}
+	t0 := time.Now()
+	key, err := fill(ctx, s.admin, b, limit)
+	if err != nil {
+		return costRow{}, fmt.Errorf("filling the window: %w", err)
+	}
+	out := costRow{Limit: limit, Members: int64(limit), Fill: time.Since(t0)}
+	w := workload{Name: "cost", Resource: costResource, Keys: 1, Goroutines: 1}
+	got := load{w: w, lims: []limiter{libLimiter{b}}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout}.run(ctx)
+	if err := ctx.Err(); err != nil {
+		return costRow{}, err
+	}
+	out.measured(got)
+	n, err := s.admin.ZCard(ctx, key).Result()
+	if err != nil {
+		return costRow{}, err
+	}
+	if got.Admitted[0] > 0 || n != int64(limit) {
+		return costRow{}, fmt.Errorf("the window did not stay full: %d calls admitted, %d members at the end", got.Admitted[0], n)
+	}
+	out.Check = "ok, full throughout"
+	return out, nil
+}
+
+func (c *costRow) measured(got loadResult) {
+	lat := sortedDurations(got.Latencies)
+	c.Decisions, c.Errors, c.FirstErr = got.Decisions, got.Errors, got.FirstErr
+	c.Rate = float64(got.Decisions) / got.Elapsed.Seconds()
+	c.P50, c.P99 = percentile(lat, 50), percentile(lat, 99)
+	c.Trips = float64(got.Trips) / float64(max(got.Decisions, 1))
+}
+
+// fill makes the key's window hold limit calls, and returns its set. One
+// call through the Bucket writes the set and shows its member; the other
+// limit-1 are copies of that member under other ids, with its score,
+// written by ZADD (calling limit times would take minutes at 1 000 000).
+// Peek, through the Bucket, must then count all limit of them.
+func fill(ctx context.Context, admin *redis.Client, b *leakybucket.Bucket, limit int) (string, error) {
+	res, err := b.Allow(ctx, costResource, costClient)
+	if err != nil || !res.Allowed {
+		return "", fmt.Errorf("the first call: allowed %v, %v", res.Allowed, err)
+	}
+	key, member, err := onlyMember(ctx, admin)
+	if err != nil {
+		return "", err
+	}
+	if err := addCopies(ctx, admin, key, member, limit-1); err != nil {
+		return "", err
+	}
+	peek, err := b.Peek(ctx, costResource, costClient)
+	if err != nil {
+		return "", fmt.Errorf("Peek: %w", err)
+	}
+	if peek.Allowed || len(peek.Rules) != 1 || peek.Rules[0].Used != limit {
+		return "", fmt.Errorf("Peek does not count the %d calls written: allowed %v, rules %+v", limit, peek.Allowed, peek.Rules)
+	}
+	return key, nil
+}
+
+// onlyMember finds the one sorted set of the database and its one member.
+func onlyMember(ctx context.Context, admin *redis.Client) (string, redis.Z, error) {
+	keys, err := admin.Keys(ctx, "*").Result()
+	if err != nil {
+		return "", redis.Z{}, err
+	}
+	var sets []string
+	for _, k := range keys {
+		if t, err := admin.Type(ctx, k).Result(); err != nil {
+			return "", redis.Z{}, err
+		} else if t == "zset" {
+			sets = append(sets, k)
+		}
+	}
+	if len(sets) != 1 {
+		return "", redis.Z{}, fmt.Errorf("one call wrote %d sorted sets (%q), want 1", len(sets), sets)
+	}
+	zs, err := admin.ZRangeWithScores(ctx, sets[0], 0, -1).Result()
+	if err != nil {
+		return "", redis.Z{}, err
+	}
+	if len(zs) != 1 {
+		return "", redis.Z{}, fmt.Errorf("one call wrote %d members, want 1", len(zs))
+	}
+	return sets[0], zs[0], nil
+}
+
+// addCopies adds n copies of z to key, each with the member's last field
+// (its id) replaced, in pipelined batches.
+func addCopies(ctx context.Context, admin *redis.Client, key string, z redis.Z, n int) error {
+	m, ok := z.Member.(string)
+	i := strings.LastIndexByte(m, ':')
+	if !ok || i < 0 {
+		return errors.New("the member has no id field to vary")
+	}
+	const batch = 10_000
+	for done := 0; done < n; done += batch {
+		zs := make([]redis.Z, 0, min(batch, n-done))
+		for j := done; j < min(done+batch, n); j++ {
+			zs = append(zs, redis.Z{Score: z.Score, Member: m[:i+1] + "fill-" + strconv.Itoa(j)})
+		}
+		if err := admin.ZAdd(ctx, key, zs...).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

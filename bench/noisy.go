@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// noisySpec is the noisy-neighbour table's load, on one limiter shared by
+// every client of one resource, as one service process serving them all
+// would share it: one client calls flat out from Noisy goroutines, far past
+// its per-client limit of Limit per Window, while Others clients call once
+// every Pace each (under the limit), for Duration. Each of their calls must
+// be answered before the next is due.
+type noisySpec struct {
+	Noisy, Others, Limit   int
+	Window, Pace, Duration time.Duration
+}
+
+var (
+	fullNoisy  = noisySpec{Noisy: 64, Others: 16, Limit: 20, Window: time.Second, Pace: 100 * time.Millisecond, Duration: 4 * time.Second}
+	quickNoisy = noisySpec{Noisy: 16, Others: 8, Limit: 20, Window: time.Second, Pace: 100 * time.Millisecond, Duration: 500 * time.Millisecond}
+)
+
+// noisyRow is one implementation with a noisy neighbour.
+type noisyRow struct {
+	Impl string
+	Spec noisySpec
+
+	NoisyDecisions int64
+	NoisyRate      float64 // decisions/s
+	NoisyAdmitted  int64
+	NoisyBound     int64
+
+	Calls, Served, Denied, Late, Errors int64 // the others'
+	FirstErr                            string
+	P50, P99                            time.Duration // the others'
+	Check                               string
+	Violation                           bool
+}
+
+// servedPct is the share of the others' calls that were served, in %.
+func (n noisyRow) servedPct() float64 { return 100 * float64(n.Served) / float64(max(n.Calls, 1)) }
+
+// noisyAll measures every limiter with a noisy neighbour.
+func (r *runner) noisyAll(ctx context.Context, res *results) error {
+	for _, im := range r.impls(limits) {
+		t0 := time.Now()
+		n, err := r.noisy(ctx, im)
+		if err != nil {
+			return fmt.Errorf("%s: %w", im.name, err)
+		}
+		fmt.Fprintf(r.log, "bench: neighbour %-33s noisy %10.1f/s, others served %d of %d (%.1f%%), p99 %v; %s (%.1fs)\n",
+			im.name, n.NoisyRate, n.Served, n.Calls, n.servedPct(), round(n.P99), n.Check, time.Since(t0).Seconds())
+		res.noisy = append(res.noisy, n)
+	}
+	return nil
+}
+
+// noisy runs the noisy neighbour on one implementation.
+func (r *runner) noisy(ctx context.Context, im impl) (noisyRow, error) {
+	n, s := r.cfg.noisy, r.sideOf(im)
+	lim, err := prepare(ctx, s, im, n.Limit, n.Window, n.Noisy+n.Others)
+	if err != nil {
+		return noisyRow{}, err
+	}
+	var noisy loadResult
+	others := make([]pacedResult, n.Others)
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Go(func() {
+		w := workload{Name: "noisy", Resource: noisyResource, Keys: 1, Goroutines: n.Noisy}
+		noisy = load{w: w, lims: []limiter{lim}, tr: s.trips, d: n.Duration, timeout: r.cfg.timeout}.run(ctx)
+	})
+	for i := range n.Others {
+		// Spread the others over one pace, as independent clients are.
+		first := start.Add(time.Duration(i) * n.Pace / time.Duration(n.Others))
+		wg.Go(func() { others[i] = n.paced(ctx, lim, "client-"+strconv.Itoa(i), first) })
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return noisyRow{}, err
+	}
+	if err := checkSent(im, noisy); err != nil { // the others' commands are counted there too
+		return noisyRow{}, err
+	}
+	return summariseNoisy(im, n, noisy, others), nil
+}
+
+// noisyResource is the resource every client of the table calls; the noisy
+// client is the workload's one key, "hot".
+const noisyResource = "shared"
+
+// pacedResult is what one well-behaved client saw.
+type pacedResult struct {
+	calls, served, denied, late, errs int64
+	firstErr                          string
+	admitted                          int64
+	lat                               []int64
+	elapsed                           time.Duration
+}
+
+// paced is one well-behaved client: a call every Pace from first, each
+// given until the next is due.
+func (n noisySpec) paced(ctx context.Context, lim limiter, client string, first time.Time) pacedResult {
+	var out pacedResult
+	for i := range int(n.Duration / n.Pace) {
+		time.Sleep(time.Until(first.Add(time.Duration(i) * n.Pace)))
+		if ctx.Err() != nil {
+			break
+		}
+		s := time.Now()
+		ok, err := allowWithin(ctx, lim, n.Pace, noisyResource, client)
+		lat := time.Since(s)
+		out.lat = append(out.lat, int64(lat))
+		out.note(ok, err, lat > n.Pace)
+	}
+	out.elapsed = time.Since(first)
+	return out
+}
+
+// note counts one call: served if admitted without error, in time. A call
+// may answer after its deadline: go-redis, by default, does not stop a
+// command when its context ends.
+func (p *pacedResult) note(ok bool, err error, late bool) {
+	p.calls++
+	if ok {
+		p.admitted++
+	}
+	switch {
+	case late || (err != nil && ctxErr(err)):
+		p.late++
+	case err != nil:
+		p.errs++
+		if p.firstErr == "" {
+			p.firstErr = err.Error()
+		}
+	case ok:
+		p.served++
+	default:
+		p.denied++
+	}
+}
+
+// summariseNoisy computes the row and checks every client's admissions
+// against the limit.
+func summariseNoisy(im impl, n noisySpec, noisy loadResult, others []pacedResult) noisyRow {
+	out := noisyRow{Impl: im.name, Spec: n, NoisyDecisions: noisy.Decisions, NoisyAdmitted: noisy.Admitted[0],
+		NoisyRate: float64(noisy.Decisions) / noisy.Elapsed.Seconds(), NoisyBound: im.bound(n.Limit, n.Window, noisy.Elapsed)}
+	var lat []int64
+	var over []string
+	for i, o := range others {
+		out.Calls, out.Served, out.Denied, out.Late, out.Errors = out.Calls+o.calls, out.Served+o.served, out.Denied+o.denied, out.Late+o.late, out.Errors+o.errs
+		if out.FirstErr == "" {
+			out.FirstErr = o.firstErr
+		}
+		lat = append(lat, o.lat...)
+		if b := im.bound(n.Limit, n.Window, o.elapsed); o.admitted > b {
+			over = append(over, fmt.Sprintf("client-%d admitted %d > %d", i, o.admitted, b))
+		}
+	}
+	sorted := sortedDurations(lat)
+	out.P50, out.P99 = percentile(sorted, 50), percentile(sorted, 99)
+	switch {
+	case out.NoisyAdmitted > out.NoisyBound:
+		out.Violation = true
+		out.Check = fmt.Sprintf("OVER-ADMITTED: the noisy client got %d > %d", out.NoisyAdmitted, out.NoisyBound)
+	case len(over) > 0:
+		out.Violation = true
+		out.Check = "OVER-ADMITTED: " + over[0]
+	default:
+		out.Check = "ok"
+	}
+	return out
+}
+
+// ctxErr reports whether err is a call's deadline passing.
+func ctxErr(err error) bool { return errors.Is(err, context.DeadlineExceeded) }

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// whereTheTimeGoes explains the tables, quoting their figures; what a run
+// did not measure (-impl, -workload, -table) prints as "–".
+func whereTheTimeGoes(cfg config, res results) string {
+	var b strings.Builder
+	if len(res.rows) > 0 {
+		distinctProse(&b, res.rows)
+		hotProse(&b, cfg, res.rows)
+	}
+	if len(res.hammer) > 0 {
+		hammerProse(&b, res.hammer)
+	}
+	if len(res.noisy) > 0 {
+		noisyProse(&b, res.noisy)
+	}
+	if len(res.cost) > 0 {
+		costProse(&b, cfg, res.cost)
+	}
+	return b.String()
+}
+
+// cells are the rows of impls (all, if none is named) that keep keeps.
+func cells(rows []row, keep func(row) bool, impls ...string) []row {
+	return filter(rows, func(r row) bool { return keep(r) && (len(impls) == 0 || slices.Contains(impls, r.Impl)) })
+}
+
+func distinct(r row) bool { return r.Workload.Keys > 1 }
+func hot(r row) bool      { return r.Workload.Keys == 1 }
+
+// at keeps the rows of one shape at one limit.
+func at(shape func(row) bool, limit int) func(row) bool {
+	return func(r row) bool { return shape(r) && r.Limit == limit }
+}
+
+// spanOf formats the smallest and the largest of vals: "a–b", or one
+// figure when they agree.
+func spanOf(vals []float64, format func(float64) string) string {
+	if len(vals) == 0 {
+		return "–"
+	}
+	a, b := format(slices.Min(vals)), format(slices.Max(vals))
+	if a == b {
+		return a
+	}
+	return a + "–" + b
+}
+
+func spanRows(rs []row, value func(row) float64, format func(float64) string) string {
+	vals := make([]float64, len(rs))
+	for i, r := range rs {
+		vals[i] = value(r)
+	}
+	return spanOf(vals, format)
+}
+
+// spanVs is the span of decisions/s over rs divided by impl's in the same
+// cells of all.
+func spanVs(all, rs []row, impl string) string {
+	var ratios []float64
+	for _, r := range rs {
+		if o, ok := find(all, r, impl); ok && o.Rate > 0 {
+			ratios = append(ratios, r.Rate/o.Rate)
+		}
+	}
+	return spanOf(ratios, func(x float64) string { return fmt.Sprintf("%.2f", x) }) + "x"
+}
+
+func rateOf(r row) float64      { return r.Rate }
+func tripsOf(r row) float64     { return r.Trips }
+func p99Of(r row) float64       { return float64(r.P99) }
+func tripsFmt(x float64) string { return fmt.Sprintf("%.2f", x) }
+func latency(x float64) string  { return round(time.Duration(x)).String() }
+
+func distinctProse(b *strings.Builder, rows []row) {
+	ours := cells(rows, distinct, sortedSetName, windowsName)
+	logs := cells(rows, distinct, logsName)
+	fmt.Fprintf(b, "- **Distinct keys** contend for no lock and coalesce nothing (each key has one caller at a time), so every decision pays the whole protocol: the lock taken with the read in one round trip, then a MULTI/EXEC that writes and frees it, %s round trips per decision where redis_rate, ulule/limiter and the floor pay one. "+
+		"SortedSet and Windows answer %s decisions/s, %s redis_rate (%s) and %s the floor (%s); ulule/limiter answers %s. "+
+		"Logs also walks the database with SCAN, where every admitted call of every key is a key: %s round trips and %s decisions/s.\n",
+		spanRows(ours, tripsOf, tripsFmt), spanRows(ours, rateOf, rate), spanVs(rows, ours, redisRateName),
+		spanRows(cells(rows, distinct, redisRateName), rateOf, rate), spanVs(rows, ours, floorName),
+		spanRows(cells(rows, distinct, floorName), rateOf, rate), spanRows(cells(rows, distinct, ululeName), rateOf, rate),
+		spanRows(logs, tripsOf, tripsFmt), spanRows(logs, rateOf, rate))
+}
+
+func hotProse(b *strings.Builder, cfg config, rows []row) {
+	lo, hi := cfg.limits[0], cfg.limits[len(cfg.limits)-1]
+	ours := []string{logsName, sortedSetName, windowsName}
+	atLo := cells(rows, at(hot, lo), ours...)
+	logged := cells(rows, at(hot, hi), logsName, sortedSetName)
+	win := cells(rows, at(hot, hi), windowsName)
+	fmt.Fprintf(b, "- **A hot key** is coalesced: the concurrent calls of one Bucket for one (resource, client) queue behind a leader, which decides them all under one lock, with one read and one write, so a decision costs %s round trips. "+
+		"At %s/min the limit is soon reached and every later call is denied, writing nothing: the strategies answer %s decisions/s, %s redis_rate. "+
+		"At %s/min every call is admitted and recorded, and each batch's read carries every call counted so far: Logs SCANs its log keys and SortedSet reads its whole set, %s decisions/s (%s redis_rate, p99 %s), while Windows reads one hash of at most window / precision fields: %s (%s redis_rate, p99 %s).\n",
+		spanRows(cells(rows, hot, ours...), tripsOf, tripsFmt),
+		thousands(int64(lo)), spanRows(atLo, rateOf, rate), spanVs(rows, atLo, redisRateName),
+		thousands(int64(hi)), spanRows(logged, rateOf, rate), spanVs(rows, logged, redisRateName), spanRows(logged, p99Of, latency),
+		spanRows(win, rateOf, rate), spanVs(rows, win, redisRateName), spanRows(win, p99Of, latency))
+}
+
+func hammerProse(b *strings.Builder, rows []hammerRow) {
+	h := rows[0].Spec
+	var pct, most, most1s, p99 []float64
+	for _, r := range rows {
+		pct, most, most1s, p99 = append(pct, r.ofIdeal()), append(most, float64(r.MostInCheck)), append(most1s, float64(r.MostInWindow)), append(p99, float64(r.P99))
+	}
+	count := func(x float64) string { return fmt.Sprintf("%.0f", x) }
+	fmt.Fprintf(b, "- **Under the hammer** the %d Buckets coalesce their own %d callers each, and contend with each other for the key's one lock in Redis. "+
+		"The strategies admitted %s%% of the ideal %d, never more than %s calls in any %v (%s in any %v, the difference being Redis time's whole milliseconds), with a p99 of %s.\n",
+		h.Buckets, h.Goroutines, spanOf(pct, count), h.ideal(), spanOf(most, count), h.checkSpan(), spanOf(most1s, count), h.Window, spanOf(p99, latency))
+}
+
+func noisyProse(b *strings.Builder, rows []noisyRow) {
+	n := rows[0].Spec
+	var ours, peers, oursP99 []float64
+	for _, r := range rows {
+		if isOurs(r.Impl) {
+			ours, oursP99 = append(ours, r.servedPct()), append(oursP99, float64(r.P99))
+		} else {
+			peers = append(peers, r.servedPct())
+		}
+	}
+	pct := func(x float64) string { return fmt.Sprintf("%.1f%%", x) }
+	fmt.Fprintf(b, "- **With a noisy neighbour** calling from %d goroutines, the other clients were served %s by this library's strategies (their p99 %s against a deadline of %v) and %s by the peers. "+
+		"Every rule being per client, each client's decisions take a lock of their own, so the noisy client competes with the others only for Redis, the connection pool and the CPU.\n",
+		n.Noisy, spanOf(ours, pct), spanOf(oursP99, latency), n.Pace, spanOf(peers, pct))
+}
+
+func costProse(b *strings.Builder, cfg config, rows []costRow) {
+	first, last := rows[0], rows[len(rows)-1]
+	fmt.Fprintf(b, "- **SortedSet reads its whole set** on every decision (ZRANGE key 0 -1 WITHSCORES, then each member is parsed), and the set holds every call its window counts, up to the limit. "+
+		"With the window full, one decision takes %v (p50) at a limit of %s/%s and %v at %s/%s: %s decisions/s against %s, %s fewer, at the same %.2f round trips",
+		round(first.P50), thousands(int64(first.Limit)), shortDur(cfg.window), round(last.P50), thousands(int64(last.Limit)), shortDur(cfg.window),
+		rate(last.Rate), rate(first.Rate), slower(first.Rate, last.Rate), last.Trips)
+	if last.Errors > 0 {
+		fmt.Fprintf(b, "; %d of the %d decisions at %s/%s failed (%s)", last.Errors, last.Decisions, thousands(int64(last.Limit)), shortDur(cfg.window), last.FirstErr)
+	}
+	b.WriteString(".\n")
+}
