@@ -135,10 +135,8 @@ func (l *lock) report(busy bool) { l.view.setBusy(busy) }
 // holder's release and abort our EXEC. Every attempt also reads who is
 // next in line (see queueing), and later ones ask to be.
 func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redis.Pipeliner)) (bool, error) {
-	if !l.queued && l.view.deferring() {
-		if waiting, err := l.othersWaiting(ctx, tx); waiting || err != nil {
-			return false, err
-		}
+	if waiting, err := l.deferToOthers(ctx, tx); waiting || err != nil {
+		return false, err
 	}
 	args := l.setArgs(ctx)
 	claim := !first && willWait(ctx)
@@ -150,23 +148,32 @@ func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redi
 	if err := a.set.Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return false, err
 	}
+	othersTurn := l.heard(a)
+	switch {
+	case errors.Is(a.set.Err(), redis.Nil):
+		l.maybeHeld = false // held by another: our SET ran and set nothing
+		return false, nil
+	case othersTurn:
+		return false, l.yield(ctx, tx)
+	}
+	return l.confirm(ctx, tx, a, read)
+}
+
+// heard notes what the replies of an attempt whose SET ran say beside the
+// SET's own answer: the server's time, and whose turn it is; it reports
+// whether another waiter has the turn.
+func (l *lock) heard(a attempt) bool {
 	l.ran = true
 	if now, err := a.clock.Result(); err == nil {
 		l.clock.observe(now.UnixMilli(), l.sent, time.Now())
 	}
 	next := a.next.Val()
 	l.queued = next == l.token
-	if next != "" && !l.queued {
+	othersTurn := next != "" && !l.queued
+	if othersTurn {
 		l.view.sawClaim()
 	}
-	if errors.Is(a.set.Err(), redis.Nil) {
-		l.maybeHeld = false // held by another: our SET ran and set nothing
-		return false, nil
-	}
-	if next != "" && !l.queued {
-		return false, l.yield(ctx, tx)
-	}
-	return l.confirm(ctx, tx, a, read)
+	return othersTurn
 }
 
 // attempt holds the replies of one try's first round trip.

@@ -90,6 +90,16 @@ func willWait(ctx context.Context) bool {
 	return !ok || time.Until(d) >= queueTTL
 }
 
+// deferToOthers reports whether to stand back this attempt: when another
+// waiter had the turn lately (and still has it), rather than take the lock
+// only to give it back.
+func (l *lock) deferToOthers(ctx context.Context, tx *redis.Tx) (bool, error) {
+	if l.queued || !l.view.deferring() {
+		return false, nil
+	}
+	return l.othersWaiting(ctx, tx)
+}
+
 // othersWaiting reads whether another waiter is next in line, without
 // trying to take the lock: how a caller that recently saw one defers to it.
 func (l *lock) othersWaiting(ctx context.Context, tx *redis.Tx) (bool, error) {
