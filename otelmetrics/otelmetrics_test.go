@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"syscall"
 	"testing"
@@ -196,15 +197,33 @@ func TestWithAttributes(t *testing.T) {
 	}
 }
 
-// Wired to a Bucket on miniredis: two calls admitted, the third denied by
-// the per-client rule, each counted once.
+// Wired to a Bucket, on miniredis and on the real Redis that `make test`
+// starts: two calls admitted, the third denied by the per-client rule,
+// each counted once.
 func TestBucket(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Run("miniredis", func(t *testing.T) {
+		mr := miniredis.RunT(t)
+		testBucket(t, redis.NewClient(&redis.Options{Addr: mr.Addr()}))
+	})
+	t.Run("redis", func(t *testing.T) {
+		addr := os.Getenv("LEAKYBUCKET_REDIS_ADDR")
+		switch {
+		case addr == "" && os.Getenv("CI") != "":
+			t.Fatal("LEAKYBUCKET_REDIS_ADDR is not set: CI must run the real-Redis tests (use make test)")
+		case addr == "":
+			t.Skip("LEAKYBUCKET_REDIS_ADDR is not set; `make test` starts a scripting-denied Redis")
+		}
+		testBucket(t, redis.NewClient(&redis.Options{Addr: addr}))
+	})
+}
+
+func testBucket(t *testing.T, rdb *redis.Client) {
 	defer rdb.Close()
+	prefix := fmt.Sprintf("otelmetrics-test-%d", time.Now().UnixNano())
+	defer deletePrefix(rdb, prefix)
 	observe, reader := newObserver(t)
 	limiter, err := leakybucket.New(rdb, leakybucket.PerResource(perResource.Limit), leakybucket.PerClient(perClient.Limit),
-		leakybucket.WithObserver(observe))
+		leakybucket.WithObserver(observe), leakybucket.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,6 +253,15 @@ func TestBucket(t *testing.T) {
 	}
 	if calls != 4 {
 		t.Errorf("%d latencies recorded, want 4", calls)
+	}
+}
+
+// deletePrefix deletes the keys the test wrote.
+func deletePrefix(rdb *redis.Client, prefix string) {
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	for iter.Next(ctx) {
+		rdb.Del(ctx, iter.Val())
 	}
 }
 
