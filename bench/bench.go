@@ -52,17 +52,33 @@ func quickWorkloads() []workload {
 	}
 }
 
-// row is one cell: a workload, a limit, an implementation.
-type row struct {
-	Workload  workload
-	Limit     int
-	Impl      string
+// measures are what every table reports of a cell's calls.
+type measures struct {
 	Decisions int64
 	Rate      float64 // decisions/s
 	P50, P99  time.Duration
 	Trips     float64 // per decision
 	Errors    int64
 	FirstErr  string
+}
+
+// measure computes a cell's measures from what its load returned.
+func measure(got loadResult) measures {
+	lat := sortedDurations(got.Latencies)
+	return measures{
+		Decisions: got.Decisions, Errors: got.Errors, FirstErr: got.FirstErr,
+		Rate: float64(got.Decisions) / got.Elapsed.Seconds(),
+		P50:  percentile(lat, 50), P99: percentile(lat, 99),
+		Trips: float64(got.Trips) / float64(max(got.Decisions, 1)),
+	}
+}
+
+// row is one cell: a workload, a limit, an implementation.
+type row struct {
+	Workload workload
+	Limit    int
+	Impl     string
+	measures
 
 	MaxAdmitted   int64 // the most any key got
 	Bound         int64 // the most any key may get; 0 for the floor
@@ -299,15 +315,7 @@ func checkFloor(ctx context.Context, s *side, res loadResult) (string, error) {
 
 // summarise computes a row and checks the admissions against the limit.
 func summarise(w workload, limit int, im impl, window time.Duration, res loadResult) row {
-	lat := sortedDurations(res.Latencies)
-	out := row{
-		Workload: w, Limit: limit, Impl: im.name,
-		Decisions: res.Decisions, Errors: res.Errors, FirstErr: res.FirstErr,
-		Rate:  float64(res.Decisions) / res.Elapsed.Seconds(),
-		P50:   percentile(lat, 50),
-		P99:   percentile(lat, 99),
-		Trips: float64(res.Trips) / float64(res.Decisions),
-	}
+	out := row{Workload: w, Limit: limit, Impl: im.name, measures: measure(res)}
 	for _, a := range res.Admitted {
 		out.MaxAdmitted = max(out.MaxAdmitted, a)
 		out.TotalAdmitted += a

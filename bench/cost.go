@@ -21,16 +21,11 @@ var (
 // costRow is SortedSet with one key whose window holds as many calls as
 // its limit allows.
 type costRow struct {
-	Limit     int
-	Members   int64 // in the key's set, before and after the cell
-	Fill      time.Duration
-	Decisions int64
-	Rate      float64 // decisions/s
-	P50, P99  time.Duration
-	Trips     float64 // per decision
-	Errors    int64
-	FirstErr  string
-	Check     string
+	Limit   int
+	Members int64 // in the key's set, before and after the cell
+	Fill    time.Duration
+	measures
+	Check string
 }
 
 // costResource and costClient are the one key of the table.
@@ -81,7 +76,7 @@ func (r *runner) cost(ctx context.Context, limit int) (costRow, error) {
 	if err := ctx.Err(); err != nil {
 		return costRow{}, err
 	}
-	out.measured(got)
+	out.measures = measure(got)
 	n, err := s.admin.ZCard(ctx, key).Result()
 	if err != nil {
 		return costRow{}, err
@@ -91,14 +86,6 @@ func (r *runner) cost(ctx context.Context, limit int) (costRow, error) {
 	}
 	out.Check = "ok, full throughout"
 	return out, nil
-}
-
-func (c *costRow) measured(got loadResult) {
-	lat := sortedDurations(got.Latencies)
-	c.Decisions, c.Errors, c.FirstErr = got.Decisions, got.Errors, got.FirstErr
-	c.Rate = float64(got.Decisions) / got.Elapsed.Seconds()
-	c.P50, c.P99 = percentile(lat, 50), percentile(lat, 99)
-	c.Trips = float64(got.Trips) / float64(max(got.Decisions, 1))
 }
 
 // fill makes the key's window hold limit calls, and returns its set. One

@@ -37,16 +37,11 @@ func (h hammerSpec) checkSpan() time.Duration { return h.Window - time.Milliseco
 
 // hammerRow is one strategy under the hammer.
 type hammerRow struct {
-	Impl      string
-	Spec      hammerSpec
-	Decisions int64
-	Rate      float64 // decisions/s
-	P50, P99  time.Duration
-	Trips     float64 // per decision
-	Errors    int64
-	FirstErr  string
-	Admitted  int64
-	Ideal     int64
+	Impl string
+	Spec hammerSpec
+	measures
+	Admitted int64
+	Ideal    int64
 	// The most admitted calls sent and answered within one span of Window,
 	// and of Window less a millisecond: Redis time is kept in whole
 	// milliseconds, so calls decided 999.1 ms apart may carry times 1 000 ms
@@ -127,11 +122,8 @@ func (r *runner) buckets(ctx context.Context, s *side, im impl, h hammerSpec) ([
 // than the limit in one window (counting the calls known to have been
 // decided inside it), nor in all than the limit per started window.
 func summariseHammer(im impl, h hammerSpec, got loadResult) hammerRow {
-	lat := sortedDurations(got.Latencies)
 	out := hammerRow{
-		Impl: im.name, Spec: h, Decisions: got.Decisions, Errors: got.Errors, FirstErr: got.FirstErr,
-		Rate: float64(got.Decisions) / got.Elapsed.Seconds(), P50: percentile(lat, 50), P99: percentile(lat, 99),
-		Trips: float64(got.Trips) / float64(max(got.Decisions, 1)), Admitted: got.Admitted[0],
+		Impl: im.name, Spec: h, measures: measure(got), Admitted: got.Admitted[0],
 		Ideal: h.ideal(), MostInWindow: mostWithin(got.Spans, h.Window), MostInCheck: mostWithin(got.Spans, h.checkSpan()),
 	}
 	bound := windowBound(h.Limit, h.Window, got.Elapsed)
