@@ -151,33 +151,13 @@ func ids(entries []logEntry) []string {
 	return ids
 }
 
-// deleteKeys deletes every key under prefix, deleting each SCAN page in the
-// round trip that fetches the next one.
+// deleteKeys deletes every key under prefix, found with SCAN (keyScan).
 func deleteKeys(ctx context.Context, node *redis.Client, prefix string, count int) error {
-	match := matchPrefix(prefix)
-	var cursor uint64
-	var found []string
-	for {
-		var page *redis.ScanCmd
-		_, err := node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			if len(found) > 0 {
-				pipe.Del(ctx, found...)
-			}
-			page = pipe.Scan(ctx, cursor, match, int64(count))
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		found, cursor = page.Val()
-		if cursor == 0 {
-			break
-		}
+	r := newKeyScan(prefix, count)
+	if err := r.finish(ctx, node); err != nil || len(r.found) == 0 {
+		return err
 	}
-	if len(found) == 0 {
-		return nil
-	}
-	return node.Del(ctx, found...).Err()
+	return node.Del(ctx, r.found...).Err()
 }
 
 // keyScan finds every key under a prefix with SCAN, page by page, each key
@@ -232,6 +212,9 @@ func (fixedKeys) queue(context.Context, redis.Pipeliner) {}
 
 func (fixedKeys) finish(context.Context, pipeliner) error { return nil }
 
-func (fixedKeys) tally() *tally { return &tally{mine: map[string][]logEntry{}} }
+func (fixedKeys) tally() *tally {
+	t := newTally()
+	return &t
+}
 
 func (k fixedKeys) keys() []string { return k }
