@@ -1,8 +1,11 @@
 package leakybucket
 
 import (
+	"context"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // redisClock estimates the time of one Redis server from this host, so that
@@ -68,4 +71,43 @@ func (c *redisClock) reset() {
 	c.mu.Lock()
 	c.valid = false
 	c.mu.Unlock()
+}
+
+// clockJump is how far a TIME reply may stray from the estimate before the
+// estimate is thrown away: the server's clock was set, or a failover put
+// another host behind the address.
+const clockJump = 50 * time.Millisecond
+
+// estimate returns the server's time in ms: the estimate, or, before the
+// first sample, a TIME round trip's reply.
+func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, error) {
+	if now, ok := c.now(); ok {
+		return now, nil
+	}
+	sent := time.Now()
+	t, err := node.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	c.observe(t.UnixMilli(), sent, time.Now())
+	now, _ := c.now()
+	return now, nil
+}
+
+// sample records the TIME reply of a transaction sent at sent, which
+// returned just now; a reply far from the estimate resets it first. A
+// failed reply tells nothing.
+func (c *redisClock) sample(cmd *redis.TimeCmd, sent time.Time) {
+	t, err := cmd.Result()
+	if err != nil {
+		return
+	}
+	received := time.Now()
+	if now, ok := c.now(); ok {
+		mid := now - received.Sub(sent).Milliseconds()/2
+		if off := time.Duration(t.UnixMilli()-mid) * time.Millisecond; off > clockJump+received.Sub(sent) || off < -clockJump-received.Sub(sent) {
+			c.reset()
+		}
+	}
+	c.observe(t.UnixMilli(), sent, received)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,6 +137,21 @@ func (e *env) fillUnrelated(t *testing.T, n int) {
 // real Redis, and the real 3-master cluster.
 func each(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Helper()
+	eachOf(t, strategies, test)
+}
+
+// lockedStrategies are the strategies that decide under a lock: the lock's
+// tests run with these only, as SortedSet and Windows take none.
+var lockedStrategies = []Strategy{Logs}
+
+// eachLocked is each, with the strategies that take a lock.
+func eachLocked(t *testing.T, test func(t *testing.T, e *env)) {
+	t.Helper()
+	eachOf(t, lockedStrategies, test)
+}
+
+func eachOf(t *testing.T, strategies []Strategy, test func(t *testing.T, e *env)) {
+	t.Helper()
 	t.Parallel()
 	for _, s := range strategies {
 		t.Run(s.String(), func(t *testing.T) {
@@ -184,7 +200,16 @@ func newMiniEnv(t *testing.T, s Strategy) *env {
 	client := func() *redis.Client {
 		return redis.NewClient(&redis.Options{
 			Addr:   "miniredis",
-			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+			Dialer: func(context.Context, string, string) (net.Conn, error) {
+				c, err := m.Dial()
+				if err != nil {
+					return nil, err
+				}
+				return newQueuedConn(c), nil
+			},
+			// Fake time runs while a write to the pipe waits for
+			// miniredis to read it: contexts bound the calls instead.
+			ReadTimeout: -2, WriteTimeout: -2,
 			// Its endpoint detection would resolve the address with DNS,
 			// which cannot run inside a synctest bubble.
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
@@ -402,4 +427,48 @@ func noScriptCalls(rdb *redis.Client) error {
 		}
 	}
 	return nil
+}
+
+// queuedConn is a net.Pipe whose writes never wait for the other side to
+// read: they queue, and a goroutine writes them in order. On a bare pipe a
+// long pipeline deadlocks: miniredis blocks writing the replies of its
+// first commands, which the client reads only once it has written the
+// last.
+type queuedConn struct {
+	net.Conn
+	mu     sync.Mutex
+	queue  chan []byte
+	closed bool
+}
+
+func newQueuedConn(c net.Conn) *queuedConn {
+	q := &queuedConn{Conn: c, queue: make(chan []byte, 1<<16)}
+	go func() {
+		for b := range q.queue {
+			if _, err := c.Write(b); err != nil {
+				c.Close()
+			}
+		}
+	}()
+	return q
+}
+
+func (q *queuedConn) Write(b []byte) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, net.ErrClosed
+	}
+	q.queue <- slices.Clone(b)
+	return len(b), nil
+}
+
+func (q *queuedConn) Close() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		q.closed = true
+		close(q.queue)
+	}
+	return q.Conn.Close()
 }

@@ -155,7 +155,6 @@ func Example_minimumSpacing() {
 // client who keeps guessing stays locked out until it stops for a window.
 func ExampleWithRecordDenied() {
 	limiter, err := leakybucket.New(newExampleClient(),
-		leakybucket.WithStrategy(leakybucket.SortedSet),
 		leakybucket.WithRecordDenied(),
 		leakybucket.PerClient(leakybucket.Per(3, 15*time.Minute)))
 	if err != nil {

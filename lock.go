@@ -311,3 +311,31 @@ func (l *lock) cleanup(ctx context.Context, tx *redis.Tx) {
 		go l.free()
 	}
 }
+
+// locked runs a read-then-write under the lock lockKey, on one connection
+// of at's node: take the lock and queue r's reads (one round trip, more if
+// a SCAN needs more pages), then queue write's commands and release the
+// lock in one MULTI/EXEC (one more). at.lock keeps what was learned of the
+// lock. ctx bounds the wait for the lock; once a SET is sent, the round
+// trips are bounded by the lock's deadline instead.
+func locked(ctx context.Context, at site, lockKey string, p plan, r reader, write func(redis.Pipeliner, *tally)) error {
+	view := at.lock
+	if view == nil {
+		view = &lockView{}
+	}
+	return at.node.Watch(ctx, func(tx *redis.Tx) error {
+		l := newLock(lockKey, p.lockTTL, p.lockRetry(), at.node, at.clock, view)
+		defer l.cleanup(ctx, tx)
+		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { r.queue(ctx, pipe) }); err != nil {
+			return err
+		}
+		// Callers who give up from here on end nothing: the decision
+		// completes and releases the lock at once (see lock.holding).
+		hold, cancel := l.holding(ctx)
+		defer cancel()
+		if err := r.finish(hold, tx); err != nil {
+			return err
+		}
+		return l.release(hold, tx, func(pipe redis.Pipeliner) { write(pipe, r.tally()) })
+	})
+}

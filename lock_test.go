@@ -37,7 +37,7 @@ func (p pauseBeforeExec) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // A holder whose lock expired before its EXEC writes nothing: the WATCH on
 // the lock aborts the transaction.
 func TestLockExpiredWritesNothing(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)), WithLockTTL(50*time.Millisecond))
 		e.addHook(pauseBeforeExec{100 * time.Millisecond})
 		_, err := b.Allow(context.Background(), "r", "a")
@@ -122,7 +122,7 @@ func (b *busyLocks) wait(n int, stop <-chan struct{}) bool {
 // lock's own, so a deadline that falls in one does not cut it short and
 // the caller still learns of the contention.
 func TestLockBusy(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
 		lockKey := b.keysOf("r").clientLock("a")
 		e.admin.Set(context.Background(), lockKey, "someone else", time.Minute)
@@ -162,7 +162,7 @@ func TestLockBusy(t *testing.T) {
 // write is not aborted by the release it watched while waiting. The lock is
 // released once the decision has found it taken, whatever the scheduler does.
 func TestLockReleasedWhileWaiting(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(Per(5, time.Minute)))
 		busy := newBusyLocks()
@@ -295,7 +295,7 @@ func (h takeOverAndAbort) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 // ours: it must not delete the next holder's lock, nor leave a WATCH on the
 // connection.
 func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(PerMinute(5)))
 		lockKey := b.keysOf("r").resourceLock()
@@ -320,9 +320,9 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 func waitIdle(t *testing.T, b *Bucket) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		b.co.mu.Lock()
-		busy := len(b.co.lines)
-		b.co.mu.Unlock()
+		b.batches.mu.Lock()
+		busy := len(b.batches.lines)
+		b.batches.mu.Unlock()
 		if busy == 0 {
 			return
 		}

@@ -36,15 +36,25 @@ func (logsStrategy) String() string { return "logs" }
 
 func (logsStrategy) newStore(p plan) (store, error) { return logsStore{p}, nil }
 
-// logsStore is the Logs strategy: one key per call, counted with SCAN.
+// logsStore is the Logs strategy: one key per batch of calls of a client,
+// counted with SCAN under the lock (lock.go).
 type logsStore struct{ plan }
+
+// lockKey names the lock of client's decisions at a resource: the
+// resource's when a rule is per-resource, else the (resource, client)'s.
+func lockKey(keys keyspace, p plan, client string) string {
+	if p.clientScoped {
+		return keys.clientLock(client)
+	}
+	return keys.resourceLock()
+}
 
 // read scans the client's own logs when every rule is per-client, else the
 // whole resource's.
-func (s logsStore) read(keys keyspace, clients []string) reader {
+func (s logsStore) read(keys keyspace, client string) *logScan {
 	prefix := keys.logs()
 	if s.clientScoped {
-		prefix = keys.clientLogs(clients[0])
+		prefix = keys.clientLogs(client)
 	}
 	return &logScan{
 		logs:  keys.logs(),
@@ -55,23 +65,61 @@ func (s logsStore) read(keys keyspace, clients []string) reader {
 	}
 }
 
-func (logsStore) stamp(now int64) int64 { return now }
-
-func (s logsStore) record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int) {
-	pipe.Do(ctx, "set", keys.newLog(client, t.now, n), "", "pxat", t.now+s.longest)
+// decide takes the lock, reads the logs, judges the calls in order (each
+// seeing the ones recorded before it), and writes one log per client,
+// carrying the weight of all its recorded calls, in the EXEC that
+// releases the lock.
+func (s logsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
+	client := calls[0].client // every call's, when every rule is per-client
+	return locked(ctx, at, lockKey(at.keys, s.plan, client), s.plan, s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+		t.sort()
+		weights := map[string]int{}
+		for i, c := range calls {
+			if judge(i, t.view(s.rules, c.client, t.now)) {
+				t.add(c.client, logEntry{at: t.now, weight: c.n})
+				weights[c.client] = addCapped(weights[c.client], c.n)
+			}
+		}
+		for client, weight := range weights {
+			pipe.Do(ctx, "set", at.keys.newLog(client, t.now, weight), "", "pxat", t.now+s.longest)
+		}
+	})
 }
 
-func (logsStore) forget(ctx context.Context, pipe redis.Pipeliner, _ keyspace, client string, t *tally) {
-	if ids := ids(t.of(client)); len(ids) > 0 {
-		pipe.Del(ctx, ids...)
+// peek scans without the lock: one round trip when the SCAN fits in one
+// page.
+func (s logsStore) peek(ctx context.Context, at site, client string, _ int) (view, error) {
+	r := s.read(at.keys, client)
+	if err := r.finish(ctx, at.conn()); err != nil {
+		return view{}, err
 	}
+	r.t.sort()
+	return r.t.view(s.rules, client, r.t.now), nil
 }
 
-func (s logsStore) readAll(keys keyspace) keysReader {
-	return newKeyScan(s.countsPrefix(keys), s.scanCount)
+// flush deletes the client's logs under the lock.
+func (s logsStore) flush(ctx context.Context, at site, client string) error {
+	return locked(ctx, at, lockKey(at.keys, s.plan, client), s.plan, s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+		if ids := ids(t.of(client)); len(ids) > 0 {
+			pipe.Del(ctx, ids...)
+		}
+	})
 }
 
-func (logsStore) countsPrefix(keys keyspace) string { return keys.logs() }
+// flushAll deletes every log of the resource: under the resource's lock
+// when a rule is per-resource, so that no decision or Flush runs halfway
+// through; when every rule is per-client there is no such lock.
+func (s logsStore) flushAll(ctx context.Context, at site) error {
+	if s.clientScoped {
+		return deleteUnder(ctx, at, at.keys.logs(), s.scanCount)
+	}
+	r := newKeyScan(at.keys.logs(), s.scanCount)
+	return locked(ctx, at, at.keys.resourceLock(), s.plan, r, func(pipe redis.Pipeliner, _ *tally) {
+		if len(r.found) > 0 {
+			pipe.Del(ctx, r.found...)
+		}
+	})
+}
 
 func (s logsStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }
 
@@ -151,13 +199,30 @@ func ids(entries []logEntry) []string {
 	return ids
 }
 
-// deleteKeys deletes every key under prefix, found with SCAN (keyScan).
-func deleteKeys(ctx context.Context, node *redis.Client, prefix string, count int) error {
-	r := newKeyScan(prefix, count)
-	if err := r.finish(ctx, node); err != nil || len(r.found) == 0 {
-		return err
+// A reader reads the counts of one decision under the lock.
+type reader interface {
+	// queue adds the first reads and TIME to a pipeline: the lock's, or
+	// Peek's own.
+	queue(ctx context.Context, pipe redis.Pipeliner)
+	// finish reads what queue's pipeline returned, and whatever else is
+	// needed, on conn. If queue was not called, it sends the first reads
+	// itself.
+	finish(ctx context.Context, conn pipeliner) error
+	// tally returns what was read, after finish.
+	tally() *tally
+}
+
+// sendQueued sends r's first reads on conn unless they were queued
+// elsewhere (ready reports whether they were).
+func sendQueued(ctx context.Context, conn pipeliner, r reader, ready bool) {
+	if ready {
+		return
 	}
-	return node.Del(ctx, r.found...).Err()
+	// Errors are the commands' own: the reader reports them.
+	_, _ = conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		r.queue(ctx, pipe)
+		return nil
+	})
 }
 
 // keyScan finds every key under a prefix with SCAN, page by page, each key
@@ -203,18 +268,3 @@ func (s *keyScan) finish(ctx context.Context, conn pipeliner) error {
 
 func (s *keyScan) tally() *tally { return &s.t }
 
-func (s *keyScan) keys() []string { return s.found }
-
-// fixedKeys is a keysReader of keys known without a read.
-type fixedKeys []string
-
-func (fixedKeys) queue(context.Context, redis.Pipeliner) {}
-
-func (fixedKeys) finish(context.Context, pipeliner) error { return nil }
-
-func (fixedKeys) tally() *tally {
-	t := newTally()
-	return &t
-}
-
-func (k fixedKeys) keys() []string { return k }

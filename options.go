@@ -94,6 +94,10 @@ func WithStrategy(s Strategy) Option {
 // admitted one does, so that a client who keeps trying stays denied until
 // it pauses for a window: the rolling limiter's answer to brute force. By
 // default a denied call is recorded nowhere.
+//
+// SortedSet then keeps only the newest Requests attempts of each rule,
+// which decide exactly as all of them would (the window is full as long
+// as they are in it), so its Used stops at Requests plus the call.
 func WithRecordDenied() Option {
 	return func(c *config) { c.recordDenied = true }
 }

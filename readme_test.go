@@ -85,7 +85,7 @@ func readmeCommandTable() string {
 			if sent.lock {
 				cell = "the lock, " + cell
 			}
-			if extra := clusterCommands[m]; len(extra) > 0 {
+			if extra := clusterCommands[s][m]; len(extra) > 0 {
 				cell += "; on a cluster also " + readmeCommands(extra)
 			}
 			b.WriteString(" " + cell + " |")

@@ -55,7 +55,7 @@ func takesLock(cmds []redis.Cmder) bool {
 // lock's TTL.
 func TestLostSetReplyIsReleased(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		for _, s := range strategies {
+		for _, s := range lockedStrategies {
 			e := newMiniEnv(t, s)
 			b := e.bucket(t, PerResource(PerMinute(10)), WithPrefix("lost-"+s.String()))
 			lose := &loseSetReply{}
@@ -129,7 +129,7 @@ func TestCallsEndAtTheirDeadline(t *testing.T) {
 // with that caller's deadline: a call with a short deadline and one
 // without, queued behind a held lock, are decided apart.
 func TestBatchDoesNotBorrowADeadline(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerResource(PerMinute(10)))
 		release := e.holdLock(t, b, "r", "")
 		short, cancel := context.WithTimeout(context.Background(), 50*ms)

@@ -2,8 +2,7 @@ package leakybucket
 
 import (
 	"math"
-	"slices"
-	"time"
+		"time"
 )
 
 // Result is the answer to Allow, AllowN, Peek and PeekN. All its durations are
@@ -56,32 +55,24 @@ type RuleResult struct {
 	ResetAfter time.Duration
 }
 
-// evaluate decides a call of weight n by client, stamped at (see
-// store.stamp), given t, sorted. A call is admitted only if every rule has
-// room for it; then, or also when denied if recordDenied, it counts under
-// every rule at once.
-func evaluate(rules []Rule, t *tally, client string, at int64, n int, recordDenied bool) Result {
-	entriesOf := func(rule Rule) []logEntry {
-		if rule.Scope == ScopeClient {
-			return t.of(client)
-		}
-		return t.all
-	}
+// evaluate decides a call of weight n given v, what each rule counted
+// before it. A call is admitted only if every rule has room for it; then,
+// or also when denied if recordDenied, it counts under every rule at once,
+// stamped at v.stamp.
+func evaluate(rules []Rule, v view, n int, recordDenied bool) Result {
 	res := Result{Allowed: true, Rules: make([]RuleResult, len(rules))}
 	for i, rule := range rules {
-		rr := &res.Rules[i]
-		rr.Rule = rule
-		rr.Used = used(rule, entriesOf(rule), t.now)
 		// Compared as room, not as Used+n, which could overflow.
-		if !hasRoom(rule, rr.Used, n) {
+		if !hasRoom(rule, v.counts[i].used, n) {
 			res.Allowed = false
 			res.DeniedBy = append(res.DeniedBy, rule)
 		}
 	}
 	recorded := res.Allowed || recordDenied
-	for i := range res.Rules {
+	for i, rule := range rules {
 		rr := &res.Rules[i]
-		rr.settle(entriesOf(rr.Rule), t.now, at, n, recorded, res.Allowed)
+		rr.Rule = rule
+		rr.settle(v.counts[i], v, n, recorded, res.Allowed)
 		if i == 0 || rr.Remaining < res.Remaining {
 			res.Remaining = rr.Remaining
 		}
@@ -91,36 +82,24 @@ func evaluate(rules []Rule, t *tally, client string, at int64, n int, recordDeni
 	return res
 }
 
-// used is the weight rule counts among entries at time now.
-func used(rule Rule, entries []logEntry, now int64) int {
-	sum := 0
-	for _, e := range entries {
-		if counts(rule, e, now) {
-			sum = addCapped(sum, e.weight)
-		}
-	}
-	return sum
-}
-
-// settle completes rr once the call is decided: counts the call stamped at
-// if it was recorded, and works out RetryAfter (if it was denied),
-// ResetAfter and Remaining.
-func (rr *RuleResult) settle(entries []logEntry, now, at int64, n int, recorded, allowed bool) {
+// settle fills rr once the call is decided: counts the call if it was
+// recorded, and works out RetryAfter (if it was denied), ResetAfter and
+// Remaining.
+func (rr *RuleResult) settle(c count, v view, n int, recorded, allowed bool) {
 	if recorded {
 		// The call is the newest entry of every rule.
-		entries = append(entries[:len(entries):len(entries)], logEntry{at: at, weight: n})
-		rr.Used = addCapped(rr.Used, n)
+		c.oldest = append(c.oldest[:len(c.oldest):len(c.oldest)], logEntry{at: v.stamp, weight: n})
+		c.used = addCapped(c.used, n)
+		c.newest = max(c.newest, v.stamp)
 	}
+	rr.Used = c.used
 	if !allowed {
-		rr.RetryAfter = millis(untilRoom(rr.Rule, entries, now, rr.Used, n))
+		rr.RetryAfter = millis(untilRoom(rr.Rule, c.oldest, v.now, c.used, n))
 	}
-	for _, e := range slices.Backward(entries) {
-		if counts(rr.Rule, e, now) {
-			rr.ResetAfter = millis(e.at + rr.Rule.Limit.windowMillis() - now)
-			break
-		}
+	if c.used > 0 {
+		rr.ResetAfter = millis(max(c.newest+rr.Rule.Limit.windowMillis()-v.now, 0))
 	}
-	rr.Remaining = max(rr.Rule.Limit.Requests-rr.Used, 0)
+	rr.Remaining = max(rr.Rule.Limit.Requests-c.used, 0)
 }
 
 // counts reports whether rule counts entry e at time now.

@@ -2,11 +2,12 @@ package leakybucket
 
 import (
 	"context"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -14,123 +15,393 @@ type sortedSetStrategy struct{}
 
 func (sortedSetStrategy) String() string { return "sorted set" }
 
-func (sortedSetStrategy) newStore(p plan) (store, error) { return sortedSetStore{p}, nil }
+// MaxSortedSetRequests bounds the Requests of a rule under SortedSet,
+// which keeps one member (about 50 bytes) per unit of weight counted: a
+// full set at this limit holds about 50 MB, and a call of weight n sends n
+// members.
+const MaxSortedSetRequests = 1_000_000
 
-// sortedSetStore is the SortedSet strategy: the sliding log of the classic
-// Redis limiters, one member per call scored by Redis time, without their
-// script. One set per scope serves every rule, as one log does under Logs:
-// the resource's set (members carry their client, for per-client rules and
-// Flush) when a rule is per-resource, else one set per client.
-type sortedSetStore struct{ plan }
-
-func (s sortedSetStore) key(keys keyspace, client string) string {
-	if s.clientScoped {
-		return keys.clientSortedSet(client)
-	}
-	return keys.sortedSet()
-}
-
-func (s sortedSetStore) read(keys keyspace, clients []string) reader {
-	return &sortedSetRead{key: s.key(keys, clients[0]), t: newTally()}
-}
-
-func (sortedSetStore) stamp(now int64) int64 { return now }
-
-// record trims the members no window counts, adds the call, and sets the
-// set to expire with its newest member. The set holds at most the calls of
-// the longest window, so reading it all costs what the rules allow.
-func (s sortedSetStore) record(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally, n int) {
-	key := s.key(keys, client)
-	first := t.firstWrite(key)
-	if first {
-		pipe.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(t.now-s.longest, 10))
-	}
-	member := encode(client) + ":" + strconv.Itoa(n) + ":" + uuid.NewString()
-	pipe.ZAdd(ctx, key, redis.Z{Score: float64(t.now), Member: member})
-	if first {
-		// After the ZADD: PEXPIREAT does nothing to a key not yet made.
-		pipe.PExpireAt(ctx, key, time.UnixMilli(t.now+s.longest))
-	}
-}
-
-func (s sortedSetStore) forget(ctx context.Context, pipe redis.Pipeliner, keys keyspace, client string, t *tally) {
-	switch {
-	case s.clientScoped:
-		pipe.Del(ctx, s.key(keys, client))
-	case len(t.of(client)) > 0:
-		pipe.ZRem(ctx, s.key(keys, client), toAny(ids(t.of(client)))...)
-	}
-}
-
-// readAll needs no SCAN: with a per-resource rule, the resource's one set
-// holds every count.
-func (sortedSetStore) readAll(keys keyspace) keysReader { return fixedKeys{keys.sortedSet()} }
-
-// countsPrefix is that of the clients' sets, one per client when every
-// rule is per-client.
-func (sortedSetStore) countsPrefix(keys keyspace) string { return keys.clientSortedSet("") }
-
-func (s sortedSetStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }
-
-// sortedSetRead reads a whole set and TIME in one round trip.
-type sortedSetRead struct {
-	key string
-
-	members *redis.ZSliceCmd
-	clock   *redis.TimeCmd
-	t       tally
-}
-
-func (r *sortedSetRead) queue(ctx context.Context, pipe redis.Pipeliner) {
-	r.members = pipe.ZRangeWithScores(ctx, r.key, 0, -1)
-	r.clock = pipe.Time(ctx)
-}
-
-func (r *sortedSetRead) finish(ctx context.Context, conn pipeliner) error {
-	sendQueued(ctx, conn, r, r.clock != nil)
-	members, err := r.members.Result()
-	if err != nil {
-		return err
-	}
-	now, err := r.clock.Result()
-	if err != nil {
-		return err
-	}
-	r.t.now = now.UnixMilli()
-	for _, z := range members {
-		e, ok := parseMember(z)
-		if !ok {
-			continue
+func (st sortedSetStrategy) newStore(p plan) (store, error) {
+	s := sortedSetStore{plan: p, setOf: make([]int, len(p.rules))}
+	for i, r := range p.rules {
+		if r.Limit.Requests > MaxSortedSetRequests {
+			return nil, invalidStrategy(st, "rule %v: more than MaxSortedSetRequests (%d): it keeps a member per unit of weight", r, MaxSortedSetRequests)
 		}
-		r.t.all = append(r.t.all, e)
-		r.t.mine[e.client] = append(r.t.mine[e.client], e)
+		spec := setSpec{scope: r.Scope, window: r.Limit.windowMillis(), limit: r.Limit.Requests}
+		s.setOf[i] = -1
+		for j, known := range s.sets {
+			if known == spec {
+				s.setOf[i] = j
+			}
+		}
+		if s.setOf[i] < 0 {
+			s.setOf[i] = len(s.sets)
+			s.sets = append(s.sets, spec)
+		}
+	}
+	return s, nil
+}
+
+// sortedSetStore is the SortedSet strategy: a sliding log per rule, capped
+// at the rule's Requests, decided in one MULTI/EXEC without a lock. Each
+// unit of weight of a counted call is one member, scored with the Redis
+// time at which the call was decided (the host's estimate of it, see
+// clock.go). Per batch and set, the transaction:
+//
+//  1. trims the members that have left the window (ZREMRANGEBYSCORE),
+//     and reads what is left: ZCARD, the oldest members and the newest;
+//  2. for each call, in order: adds its members with a score above any
+//     time (ZADD pending), removes whatever is now past the cap
+//     (ZREMRANGEBYRANK Requests -1: only pending members can be there, as
+//     the set held at most Requests before), and gives the members that
+//     stayed their real score (ZADD XX);
+//  3. sets the key to expire with its newest member.
+//
+// So a call that does not fit is gone before EXEC returns: it never makes
+// another caller see the set fuller than it is. A call the cap let in may
+// still be denied by another rule, or be a weighted call that fit only in
+// part: its members are then removed by a second round trip (ZREM), and
+// until then others count them, at worst denied for that round trip.
+// With WithRecordDenied every call is kept and the cap drops the oldest
+// instead: the newest Requests attempts decide, as all of them would.
+type sortedSetStore struct {
+	plan
+	sets  []setSpec // the distinct (scope, window, limit) of the rules
+	setOf []int     // by rule: its set
+}
+
+// setSpec is what one set counts: rules with the same one share it.
+type setSpec struct {
+	scope  Scope
+	window int64 // ms
+	limit  int
+}
+
+// pending is the score of a member not yet decided: above any time, so
+// that the cap removes pending members before any decided one.
+const pending = "4503599627370496" // 2^52, exact in a float64
+
+func (s sortedSetStore) key(keys keyspace, spec setSpec, client string) string {
+	key := keys.sortedSet() + ":" + strconv.FormatInt(spec.window, 10) + ":" + strconv.Itoa(spec.limit)
+	if spec.scope == ScopeClient {
+		key += ":" + encode(client)
+	}
+	return key
+}
+
+// member names one unit of weight of a call: the client is in the members
+// of a per-resource set, for Flush.
+func member(spec setSpec, client, id string, unit int) string {
+	m := id + ":" + strconv.Itoa(unit)
+	if spec.scope == ScopeResource {
+		m = encode(client) + ":" + m
+	}
+	return m
+}
+
+func (s sortedSetStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
+	now, err := at.clock.estimate(ctx, at.node)
+	if err != nil {
+		return err
+	}
+	b := s.newBatch(at.keys, now, calls)
+	sent := time.Now()
+	_, err = at.node.TxPipelined(ctx, b.queue)
+	at.clock.sample(b.clock, sent)
+	if err != nil {
+		return err
+	}
+	undo := b.judge(judge)
+	if len(undo) == 0 {
+		return nil
+	}
+	// Best effort: members left behind only make others count more, and
+	// leave the window with the rest.
+	_, _ = at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for key, members := range undo {
+			pipe.ZRem(ctx, key, members...)
+		}
+		return nil
+	})
+	return nil
+}
+
+// zBatch is one decision's transaction on the sets of a resource.
+type zBatch struct {
+	sortedSetStore
+	now   int64
+	calls []request
+	sets  []*zSet      // in order of first use
+	of    [][]*zWrite  // by call, by rule: the write to that rule's set
+	clock *redis.TimeCmd
+}
+
+// zSet is one set in a batch: its reads, then what it holds as the calls
+// are judged in order.
+type zSet struct {
+	key  string
+	spec setSpec
+	read int // how many oldest members to read
+
+	card          *redis.IntCmd
+	first, latest *redis.ZSliceCmd
+
+	held   int        // members held before the call being judged
+	oldest []logEntry // the oldest held, then the batch's own
+	newest int64
+}
+
+// zWrite is one call's write to one set.
+type zWrite struct {
+	set     *zSet
+	members []any
+	evicted *redis.IntCmd
+}
+
+func (s sortedSetStore) newBatch(keys keyspace, now int64, calls []request) *zBatch {
+	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls))}
+	byKey := map[string]*zSet{}
+	for i, c := range calls {
+		id := strconv.FormatUint(rand.Uint64(), 36)
+		shared := map[int]*zWrite{} // rules with one set write once
+		b.of[i] = make([]*zWrite, len(s.rules))
+		for r := range s.rules {
+			w := shared[s.setOf[r]]
+			if w == nil {
+				w = b.write(byKey, keys, s.sets[s.setOf[r]], c, id)
+				shared[s.setOf[r]] = w
+			}
+			b.of[i][r] = w
+		}
+	}
+	return b
+}
+
+// write returns call c's write to the set spec, adding the set to the
+// batch if it is new.
+func (b *zBatch) write(byKey map[string]*zSet, keys keyspace, spec setSpec, c request, id string) *zWrite {
+	key := b.key(keys, spec, c.client)
+	set := byKey[key]
+	if set == nil {
+		set = &zSet{key: key, spec: spec}
+		byKey[key] = set
+		b.sets = append(b.sets, set)
+	}
+	set.read = max(set.read, c.n)
+	if b.recordDenied {
+		set.read = min(set.read+c.n, spec.limit) // what the cap may drop, and the oldest left
+	}
+	w := &zWrite{set: set, members: make([]any, c.n)}
+	for unit := range c.n {
+		w.members[unit] = member(spec, c.client, id, unit)
+	}
+	return w
+}
+
+// queue adds the batch's commands to its MULTI/EXEC.
+func (b *zBatch) queue(pipe redis.Pipeliner) error {
+	ctx := context.Background() // go-redis sends with the pipeline's own
+	b.clock = pipe.Time(ctx)
+	for _, set := range b.sets {
+		pipe.ZRemRangeByScore(ctx, set.key, "-inf", strconv.FormatInt(b.now-set.spec.window, 10))
+		set.card = pipe.ZCard(ctx, set.key)
+		set.first = pipe.ZRangeWithScores(ctx, set.key, 0, int64(set.read-1))
+		set.latest = pipe.ZRangeWithScores(ctx, set.key, -1, -1)
+	}
+	now := strconv.FormatInt(b.now, 10)
+	for i := range b.calls {
+		for _, w := range b.distinct(i) {
+			limit := int64(w.set.spec.limit)
+			if b.recordDenied {
+				pipe.Do(ctx, append([]any{"zadd", w.set.key}, scored(now, w.members)...)...)
+				w.evicted = pipe.ZRemRangeByRank(ctx, w.set.key, 0, -limit-1)
+				continue
+			}
+			pipe.Do(ctx, append([]any{"zadd", w.set.key}, scored(pending, w.members)...)...)
+			w.evicted = pipe.ZRemRangeByRank(ctx, w.set.key, limit, -1)
+			pipe.Do(ctx, append([]any{"zadd", w.set.key, "xx"}, scored(now, w.members)...)...)
+		}
+	}
+	for _, set := range b.sets {
+		pipe.PExpireAt(ctx, set.key, time.UnixMilli(b.now+set.spec.window))
 	}
 	return nil
 }
 
-func (r *sortedSetRead) tally() *tally { return &r.t }
-
-// parseMember reads a member C:<n>:<uuid>; anything else is not ours.
-func parseMember(z redis.Z) (logEntry, bool) {
-	member, ok := z.Member.(string)
-	if !ok {
-		return logEntry{}, false
-	}
-	parts := strings.Split(member, ":")
-	if len(parts) != 3 {
-		return logEntry{}, false
-	}
-	weight, err := strconv.Atoi(parts[1])
-	if err != nil || weight <= 0 {
-		return logEntry{}, false
-	}
-	return logEntry{id: member, client: parts[0], at: int64(z.Score), weight: weight}, true
-}
-
-func toAny(ids []string) []any {
-	out := make([]any, len(ids))
-	for i, id := range ids {
-		out[i] = id
+// distinct returns call i's writes, each once: rules that share a set
+// share its write.
+func (b *zBatch) distinct(i int) []*zWrite {
+	var out []*zWrite
+	for _, w := range b.of[i] {
+		if !slices.Contains(out, w) {
+			out = append(out, w)
+		}
 	}
 	return out
 }
+
+// scored returns score, member pairs for ZADD.
+func scored(score string, members []any) []any {
+	out := make([]any, 0, 2*len(members))
+	for _, m := range members {
+		out = append(out, score, m)
+	}
+	return out
+}
+
+// judge asks judge about each call in order, given what its sets held, and
+// returns the members to remove: those of calls not recorded.
+func (b *zBatch) judge(judge judgeFunc) map[string][]any {
+	for _, set := range b.sets {
+		set.start(b.now)
+	}
+	undo := map[string][]any{}
+	for i, c := range b.calls {
+		v := view{now: b.now, stamp: b.now, counts: make([]count, len(b.rules))}
+		for r, w := range b.of[i] {
+			v.counts[r] = w.count(c.n, b.recordDenied)
+		}
+		recorded := judge(i, v)
+		for _, w := range b.distinct(i) {
+			w.set.after(w, b.now, b.recordDenied)
+			if !recorded {
+				undo[w.set.key] = append(undo[w.set.key], w.members...)
+			}
+		}
+	}
+	return undo
+}
+
+// start reads what the set held before the batch's calls.
+func (set *zSet) start(now int64) {
+	set.held = int(set.card.Val())
+	for _, z := range set.first.Val() {
+		set.oldest = append(set.oldest, logEntry{at: int64(z.Score), weight: 1})
+	}
+	if latest := set.latest.Val(); len(latest) > 0 {
+		set.newest = int64(latest[0].Score)
+	}
+}
+
+// count is what the set counted before w's call. Without
+// WithRecordDenied the cap decided in Redis: if it removed any of the
+// call's members, the rule had no room, whatever the count says.
+func (w *zWrite) count(n int, recordDenied bool) count {
+	set := w.set
+	used := set.held
+	if evicted := int(w.evicted.Val()); evicted > 0 && !recordDenied {
+		used = max(used, set.spec.limit-n+evicted)
+	}
+	return count{used: used, oldest: set.oldest, newest: set.newest}
+}
+
+// after updates what the set holds once w's call was added, as Redis did.
+func (set *zSet) after(w *zWrite, now int64, recordDenied bool) {
+	n, evicted := len(w.members), int(w.evicted.Val())
+	set.held += n - evicted
+	if recordDenied {
+		set.oldest = set.oldest[min(evicted, len(set.oldest)):]
+		evicted = 0
+	}
+	for range n - evicted {
+		set.oldest = append(set.oldest, logEntry{at: now, weight: 1})
+	}
+	set.newest = max(set.newest, now)
+}
+
+// peek counts without writing: ZCOUNT of the live members, the oldest n
+// and the newest, per set, at the estimated Redis time.
+func (s sortedSetStore) peek(ctx context.Context, at site, client string, n int) (view, error) {
+	now, err := at.clock.estimate(ctx, at.node)
+	if err != nil {
+		return view{}, err
+	}
+	type reads struct {
+		live   *redis.IntCmd
+		oldest *redis.ZSliceCmd
+		latest *redis.ZSliceCmd
+	}
+	sets := make([]reads, len(s.sets))
+	_, err = at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for i, spec := range s.sets {
+			key, from := s.key(at.keys, spec, client), "("+strconv.FormatInt(now-spec.window, 10)
+			sets[i].live = pipe.ZCount(ctx, key, from, "+inf")
+			sets[i].oldest = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: "+inf", Count: int64(n)})
+			sets[i].latest = pipe.ZRangeWithScores(ctx, key, -1, -1)
+		}
+		return nil
+	})
+	if err != nil {
+		return view{}, err
+	}
+	v := view{now: now, stamp: now, counts: make([]count, len(s.rules))}
+	for r := range s.rules {
+		set := sets[s.setOf[r]]
+		c := count{used: int(set.live.Val())}
+		for _, z := range set.oldest.Val() {
+			c.oldest = append(c.oldest, logEntry{at: int64(z.Score), weight: 1})
+		}
+		if latest := set.latest.Val(); len(latest) > 0 {
+			c.newest = int64(latest[0].Score)
+		}
+		v.counts[r] = c
+	}
+	return v, nil
+}
+
+// flush deletes the client's own sets, and removes its members from the
+// resource's: a decision made meanwhile is kept, as if after the flush.
+func (s sortedSetStore) flush(ctx context.Context, at site, client string) error {
+	var own []string
+	shared := map[string]*redis.StringSliceCmd{}
+	_, err := at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		for _, spec := range s.sets {
+			key := s.key(at.keys, spec, client)
+			if spec.scope == ScopeClient {
+				own = append(own, key)
+			} else {
+				shared[key] = pipe.ZRange(ctx, key, 0, -1)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	mine := encode(client) + ":"
+	_, err = at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		if len(own) > 0 {
+			pipe.Del(ctx, own...)
+		}
+		for key, members := range shared {
+			var gone []any
+			for _, m := range members.Val() {
+				if strings.HasPrefix(m, mine) {
+					gone = append(gone, m)
+				}
+			}
+			if len(gone) > 0 {
+				pipe.ZRem(ctx, key, gone...)
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+// flushAll deletes every set of the resource: one DEL of the resource's
+// sets, or, when a rule is per-client, of every set SCAN finds.
+func (s sortedSetStore) flushAll(ctx context.Context, at site) error {
+	if s.hasClientRule {
+		return deleteUnder(ctx, at, at.keys.sortedSet()+":", s.scanCount)
+	}
+	keys := make([]string, len(s.sets))
+	for i, spec := range s.sets {
+		keys[i] = s.key(at.keys, spec, "")
+	}
+	return at.node.Del(ctx, keys...).Err()
+}
+
+// tag is the longest window: the sets' own keys carry each rule's window
+// and limit.
+func (s sortedSetStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }

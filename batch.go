@@ -9,18 +9,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-)
+	)
 
-// Coalescing. Concurrent AllowN calls of one process that need the same
-// lock queue in one line. A worker goroutine, started by the first call of
-// an idle line and gone once the line is empty, takes the waiting calls in
-// batches: it takes the lock once, reads the counts once, decides the
-// batch's calls in arrival order (each sees the calls admitted before it)
-// and writes all their records in the one MULTI/EXEC that releases the
-// lock. A hot resource then costs the lock's round trips once per batch
-// instead of once per call, and the lock's holders across processes keep
-// every decision exact.
+// Batching. Concurrent AllowN calls of one process that go to the same
+// place (the same lock under Logs, the same resource otherwise) queue in
+// one line. A worker goroutine, started by the first call of an idle line
+// and gone once the line is empty, takes the waiting calls in batches and
+// hands each batch to run, which decides its calls in arrival order, each
+// seeing the ones before it, in one store round (one MULTI/EXEC, or one
+// lock's two round trips under Logs). A hot resource then costs one round
+// trip per batch instead of one per call.
 //
 // A batch runs detached from its callers' contexts (it keeps the values of
 // the first one's, for tracing): its deadline is the latest of theirs, and
@@ -28,11 +26,12 @@ import (
 // caller waits on its own context only, so it returns by its own deadline,
 // with its own context's error, whatever the batch is doing; no caller ever
 // fails because another one's context ended. A call that gives up before
-// its batch decided it is recorded nowhere; one that gives up while its
-// batch writes may or may not have been counted (it can only have been
-// counted, never admitted uncounted).
+// its batch decided it is recorded nowhere (a store that wrote it takes it
+// back as it does a denied call); one that gives up while its batch writes
+// may or may not have been counted (it can only have been counted, never
+// admitted uncounted).
 
-// maxBatch bounds the calls decided under one lock, and so the size of its
+// maxBatch bounds the calls of one batch, and so the size of its
 // MULTI/EXEC.
 const maxBatch = 1024
 
@@ -47,30 +46,34 @@ const (
 
 // call is one AllowN waiting for a batch.
 type call struct {
-	ctx    context.Context
-	client string
-	n      int
-	done   chan struct{} // closed once finished
+	ctx      context.Context
+	resource string
+	client   string
+	n        int
+	done     chan struct{} // closed once finished
 
-	// Guarded by the coalescer's mu.
+	// Guarded by the batcher's mu.
 	state callState
 	res   Result
 	err   error
 }
 
-// line is the calls waiting for one lock, and the batch under way.
+// line is the calls waiting for one place, and the batch under way.
 type line struct {
 	calls   []*call // waiting, in arrival order
 	running []*call // the batch under way
 	cancel  context.CancelFunc
-	view    lockView // what this process knows of the lock
+	lock    lockView // what this process knows of the lock (Logs)
 	lastErr error    // the error of the latest batch, nil if it succeeded
 }
 
-// coalescer holds the lines of one Bucket.
-type coalescer struct {
+// batcher holds the lines of one Bucket.
+type batcher struct {
+	// run decides a batch: see batch.go's opening comment.
+	run func(ctx context.Context, batch []*call, lock *lockView) error
+
 	mu    sync.Mutex
-	lines map[string]*line // by lock key
+	lines map[string]*line // by key
 
 	// decision is a moving average of how long an uncontended batch takes
 	// (ns), to refuse at once a batch that could not finish before the
@@ -89,67 +92,66 @@ const probeEvery = 10 * time.Millisecond
 var epoch = time.Now()
 
 // took records the duration of an uncontended batch.
-func (co *coalescer) took(d time.Duration) {
-	old := co.decision.Load()
+func (q *batcher) took(d time.Duration) {
+	old := q.decision.Load()
 	if old == 0 {
-		co.decision.Store(int64(d))
+		q.decision.Store(int64(d))
 		return
 	}
-	co.decision.Store(old + (int64(d)-old)/8)
+	q.decision.Store(old + (int64(d)-old)/8)
 }
 
 // hopeless returns an error if ctx ends sooner than a decision takes: the
 // batch would only hold the lock while others wait, for callers who will
 // be gone. Its calls get the error at once, before their deadlines. One
 // batch in probeEvery runs all the same, to measure again.
-func (co *coalescer) hopeless(ctx context.Context) error {
+func (q *batcher) hopeless(ctx context.Context) error {
 	deadline, ok := ctx.Deadline()
-	typical := time.Duration(co.decision.Load())
+	typical := time.Duration(q.decision.Load())
 	now := time.Since(epoch)
 	left := time.Until(deadline)
-	if ok && left < typical && now-time.Duration(co.tried.Load()) < probeEvery {
+	if ok && left < typical && now-time.Duration(q.tried.Load()) < probeEvery {
 		return fmt.Errorf("leakybucket: %w: %v left, and a decision takes about %v",
 			context.DeadlineExceeded, left.Round(time.Microsecond), typical.Round(time.Microsecond))
 	}
-	co.tried.Store(int64(now))
+	q.tried.Store(int64(now))
 	return nil
 }
 
-// decide queues c for the lock lockKey, and returns its result once a batch
+// do queues c in the line key, and returns its result once a batch
 // decided it, or its context's error once it ends.
-func (b *Bucket) decide(resource, lockKey string, c *call) (Result, error) {
+func (q *batcher) do(key string, c *call) (Result, error) {
 	if c.ctx.Err() != nil {
 		return Result{}, givenUp(c.ctx, false, nil) // nothing sent
 	}
-	co := &b.co
 	c.done = make(chan struct{})
-	co.mu.Lock()
-	if co.lines == nil {
-		co.lines = map[string]*line{}
+	q.mu.Lock()
+	if q.lines == nil {
+		q.lines = map[string]*line{}
 	}
-	l, busy := co.lines[lockKey]
+	l, busy := q.lines[key]
 	if !busy {
 		l = &line{}
-		co.lines[lockKey] = l
+		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
-	co.mu.Unlock()
+	q.mu.Unlock()
 	if !busy {
-		go b.work(resource, lockKey, l)
+		go q.work(key, l)
 	}
 	select {
 	case <-c.done:
 		return c.res, c.err
 	case <-c.ctx.Done():
-		return b.abandon(l, c)
+		return q.abandon(l, c)
 	}
 }
 
 // abandon gives c up after its context ended, and cancels the batch under
 // way if no call of it is left waiting for it.
-func (b *Bucket) abandon(l *line, c *call) (Result, error) {
-	b.co.mu.Lock()
-	defer b.co.mu.Unlock()
+func (q *batcher) abandon(l *line, c *call) (Result, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if c.state == finished {
 		return c.res, c.err
 	}
@@ -157,7 +159,20 @@ func (b *Bucket) abandon(l *line, c *call) (Result, error) {
 	if l.cancel != nil && allAbandoned(l.running) {
 		l.cancel()
 	}
-	return Result{}, givenUp(c.ctx, l.view.contended(), l.lastErr)
+	return Result{}, givenUp(c.ctx, l.lock.contended(), l.lastErr)
+}
+
+// settle gives c the result res, and reports whether its caller still
+// waits for it: a call abandoned before it was decided is recorded
+// nowhere.
+func (q *batcher) settle(c *call, res Result) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if c.state != waiting {
+		return false
+	}
+	c.state, c.res = taken, res
+	return true
 }
 
 func allAbandoned(calls []*call) bool {
@@ -195,30 +210,30 @@ func (e *waitError) Error() string {
 func (e *waitError) Unwrap() []error { return []error{e.cause, e.last} }
 
 // work runs the batches of line l until it is empty.
-func (b *Bucket) work(resource, lockKey string, l *line) {
+func (q *batcher) work(key string, l *line) {
 	for {
-		batch, ctx, cancel := b.nextBatch(lockKey, l)
+		batch, ctx, cancel := q.next(key, l)
 		if batch == nil {
 			return
 		}
-		err := b.co.hopeless(ctx)
+		err := q.hopeless(ctx)
 		if err == nil {
 			start := time.Now()
-			err = b.runBatch(ctx, resource, l, batch)
-			if err == nil && l.view.freeSince(start) {
-				b.co.took(time.Since(start))
+			err = q.run(ctx, batch, &l.lock)
+			if err == nil && l.lock.freeSince(start) {
+				q.took(time.Since(start))
 			}
 		}
-		b.finish(l, batch, ctx, err)
+		q.finish(l, batch, ctx, err)
 		cancel()
 	}
 }
 
-// nextBatch takes the next batch of l, with its context; nil once l is
-// empty, which it then removes.
-func (b *Bucket) nextBatch(lockKey string, l *line) ([]*call, context.Context, context.CancelFunc) {
-	b.co.mu.Lock()
-	defer b.co.mu.Unlock()
+// next takes the next batch of l, with its context; nil once l is empty,
+// which it then removes.
+func (q *batcher) next(key string, l *line) ([]*call, context.Context, context.CancelFunc) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	batch := make([]*call, 0, min(len(l.calls), maxBatch))
 	rest := l.calls[:0]
 	for _, c := range l.calls {
@@ -234,7 +249,7 @@ func (b *Bucket) nextBatch(lockKey string, l *line) ([]*call, context.Context, c
 	}
 	l.calls = rest
 	if len(batch) == 0 {
-		delete(b.co.lines, lockKey)
+		delete(q.lines, key)
 		return nil, nil, nil
 	}
 	ctx, cancel := batchContext(batch)
@@ -262,11 +277,11 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 // finish hands the outcome of batch to its calls. If the batch's context
 // ended, every call's deadline has passed (the batch has the latest), or
 // every call gave up: each gets the error it would have got by giving up.
-func (b *Bucket) finish(l *line, batch []*call, ctx context.Context, err error) {
-	b.co.mu.Lock()
-	defer b.co.mu.Unlock()
+func (q *batcher) finish(l *line, batch []*call, ctx context.Context, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if err != nil && ctx.Err() != nil {
-		err = givenUp(ctx, l.view.contended(), err)
+		err = givenUp(ctx, l.lock.contended(), err)
 	}
 	l.running, l.cancel, l.lastErr = nil, nil, err
 	for _, c := range batch {
@@ -279,47 +294,4 @@ func (b *Bucket) finish(l *line, batch []*call, ctx context.Context, err error) 
 		c.state = finished
 		close(c.done)
 	}
-}
-
-// runBatch decides the calls of batch under one lock, all of them for the
-// same lock, and records the admitted ones in its release: one record per
-// client, carrying the weight of all its admitted calls.
-func (b *Bucket) runBatch(ctx context.Context, resource string, l *line, batch []*call) error {
-	clients := make([]string, 0, len(batch))
-	seen := map[string]bool{}
-	for _, c := range batch {
-		if !seen[c.client] {
-			seen[c.client] = true
-			clients = append(clients, c.client)
-		}
-	}
-	keys := b.keysOf(resource)
-	return b.locked(ctx, keys, b.lockKey(keys, clients[0]), b.store.read(keys, clients), &l.view, func(pipe redis.Pipeliner, t *tally) {
-		t.sort()
-		at := b.store.stamp(t.now)
-		for client, weight := range b.evaluateBatch(batch, t, at) {
-			b.store.record(ctx, pipe, keys, client, t, weight)
-		}
-	})
-}
-
-// evaluateBatch decides the calls of batch still waiting, in order, each
-// seeing the ones counted before it, and returns the weight to record per
-// client.
-func (b *Bucket) evaluateBatch(batch []*call, t *tally, at int64) map[string]int {
-	b.co.mu.Lock()
-	defer b.co.mu.Unlock()
-	counted := map[string]int{}
-	for _, c := range batch {
-		if c.state != waiting {
-			continue
-		}
-		c.state = taken
-		c.res = evaluate(b.plan.rules, t, c.client, at, c.n, b.cfg.recordDenied)
-		if c.res.Allowed || b.cfg.recordDenied {
-			t.add(c.client, logEntry{at: at, weight: c.n})
-			counted[c.client] = addCapped(counted[c.client], c.n)
-		}
-	}
-	return counted
 }

@@ -12,7 +12,7 @@ import (
 // would, and returns a function that frees it.
 func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() {
 	t.Helper()
-	key := b.lockKey(b.keysOf(resource), client)
+	key := lockKey(b.keysOf(resource), b.plan, client)
 	if err := e.admin.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -24,10 +24,10 @@ func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() 
 // the calls queued so far when it starts, so while it waits for a lock
 // held elsewhere, the calls after it queue in arrival order.
 func (e *env) waiting(b *Bucket, resource, client string) int {
-	key := b.lockKey(b.keysOf(resource), client)
-	b.co.mu.Lock()
-	defer b.co.mu.Unlock()
-	line, ok := b.co.lines[key]
+	key := b.batchKey(resource, client)
+	b.batches.mu.Lock()
+	defer b.batches.mu.Unlock()
+	line, ok := b.batches.lines[key]
 	if !ok {
 		return -1
 	}
@@ -67,7 +67,7 @@ type outcome struct {
 // once it is free, the leader decides its own call and the next leader the
 // other 19 under one lock, in a handful of round trips instead of 40.
 func TestCoalescedCallsShareOneLock(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(Per(12, time.Minute)), PerClient(Per(5, time.Minute)))
 		release := e.holdLock(t, b, "r", "")
@@ -98,7 +98,7 @@ func TestCoalescedCallsShareOneLock(t *testing.T) {
 // queue, returns ErrLockNotObtained, and is recorded nowhere; the leader
 // goes on.
 func TestCoalescedCallLeavesOnItsDeadline(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
 		release := e.holdLock(t, b, "r", "a")
 		leader := allowAsync(context.Background(), b, "r", "a")
@@ -129,7 +129,7 @@ func TestCoalescedCallLeavesOnItsDeadline(t *testing.T) {
 // leader's batch has found the lock taken (ErrLockNotObtained means it was
 // seen held by another).
 func TestCoalescedLeaderLeavesFollowersDecided(t *testing.T) {
-	each(t, func(t *testing.T, e *env) {
+	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
 		busy := newBusyLocks()
 		e.addHook(busy)

@@ -1,0 +1,105 @@
+package leakybucket
+
+import (
+	"context"
+)
+
+// The decision path, top to bottom: AllowN validates its input and queues
+// the call in its line (batch.go); a worker takes the waiting calls as one
+// batch and decideBatch asks the store to decide them, in one MULTI/EXEC
+// (SortedSet, Windows) or under the lock (Logs); the store reads what each
+// rule counts before each call and asks judge, which evaluates the rules
+// (result.go) and answers the caller; the store then records the admitted
+// calls (or keeps them, and takes the denied ones back). Each strategy's
+// Redis commands live in its own file: logs.go, sortedset.go, windows.go.
+
+// Allow is shorthand for AllowN(ctx, resource, client, 1).
+func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, error) {
+	return b.AllowN(ctx, resource, client, 1)
+}
+
+// AllowN admits a request of weight n by client to resource if every rule
+// has room for n more, and then records it under every rule; a denied
+// request is recorded nowhere (unless WithRecordDenied). A denial is a
+// Result with Allowed false, not an error. The client may be empty only if
+// every rule is per-resource.
+//
+// Concurrent calls of one Bucket to the same resource are batched: a worker
+// decides them all in arrival order, each with its own Result, in one round
+// (see batch.go). AllowN returns by ctx's deadline whatever Redis does;
+// what it left under way (the batch, the release of a lock) finishes in the
+// background.
+//
+// Errors, to match with errors.Is: ErrEmptyResource, ErrEmptyClient or
+// ErrInvalidWeight for bad input (nothing is sent to Redis);
+// ErrLockNotObtained (Logs) if another holder held the lock until ctx ended
+// or the retry strategy gave up; ErrUnavailable, with its cause, if Redis
+// could not be reached; ErrLockExpired (Logs) if the lock expired before
+// the decision was written; ctx's error if it ended while Redis was slow to
+// answer; or a Redis error, wrapped. With any error nothing was recorded,
+// except that a call whose write was under way when the error came may
+// have been counted (never admitted uncounted).
+func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (res Result, err error) {
+	defer b.observe(ctx, b.observed(), OpAllow, resource, client, n, &res, &err)
+	if err := b.check(resource, client, n); err != nil {
+		return Result{}, err
+	}
+	return b.batches.do(b.batchKey(resource, client), &call{ctx: ctx, resource: resource, client: client, n: n})
+}
+
+// batchKey names the line of a call: calls that can be decided in one
+// round. Under Logs that is a lock's: the resource's when a rule is
+// per-resource, else the (resource, client)'s. The other strategies decide
+// a whole resource's calls in one MULTI/EXEC.
+func (b *Bucket) batchKey(resource, client string) string {
+	keys := b.keysOf(resource)
+	if _, locked := b.store.(logsStore); locked {
+		return lockKey(keys, b.plan, client)
+	}
+	return keys.slotKey()
+}
+
+// decideBatch decides the calls of batch, all to one resource: the store
+// reads the counts and calls judge once per call, in arrival order.
+func (b *Bucket) decideBatch(ctx context.Context, batch []*call, lock *lockView) error {
+	at, err := b.siteOf(ctx, batch[0].resource, lock)
+	if err != nil {
+		return err
+	}
+	requests := make([]request, len(batch))
+	for i, c := range batch {
+		requests[i] = request{client: c.client, n: c.n}
+	}
+	err = b.store.decide(ctx, at, requests, func(i int, v view) bool {
+		res := evaluate(b.plan.rules, v, batch[i].n, b.cfg.recordDenied)
+		return b.batches.settle(batch[i], res) && (res.Allowed || b.cfg.recordDenied)
+	})
+	return classify(b.route.redirected(err))
+}
+
+// Peek is shorthand for PeekN(ctx, resource, client, 1).
+func (b *Bucket) Peek(ctx context.Context, resource, client string) (Result, error) {
+	return b.PeekN(ctx, resource, client, 1)
+}
+
+// PeekN returns what AllowN would answer now, recording nothing: Remaining
+// is what would be left after the call. It takes no lock, so a decision
+// under way elsewhere may be missed. It costs one round trip (Logs: when
+// the SCAN fits in one page).
+func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res Result, err error) {
+	defer b.observe(ctx, b.observed(), OpPeek, resource, client, n, &res, &err)
+	if err := b.check(resource, client, n); err != nil {
+		return Result{}, err
+	}
+	return bounded(ctx, func(ctx context.Context, _ *lockView) (Result, error) {
+		at, err := b.siteOf(ctx, resource, nil)
+		if err != nil {
+			return Result{}, err
+		}
+		v, err := b.store.peek(ctx, at, client, n)
+		if err != nil {
+			return Result{}, classify(b.route.redirected(err))
+		}
+		return evaluate(b.plan.rules, v, n, b.cfg.recordDenied), nil
+	})
+}
