@@ -364,7 +364,7 @@ func TestFlush(t *testing.T) {
 		if err := b.FlushAll(ctx, "r"); err != nil {
 			t.Fatal(err)
 		}
-		if keys := e.keys(t); len(keys) != 0 {
+		if keys := e.countKeys(t); len(keys) != 0 {
 			t.Errorf("keys after FlushAll: %q", keys)
 		}
 		e.run(t, b, "r", []step{{0, "b", 2, false, want{true, 0, 0, time.Minute, nil}}})

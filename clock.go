@@ -27,22 +27,22 @@ import (
 type redisClock struct {
 	mu     sync.Mutex
 	valid  bool
-	server int64         // Redis time, ms, at the midpoint of the sample
+	server time.Time     // Redis time (to the µs) at the midpoint of the sample
 	at     time.Time     // the host's monotonic reading at that midpoint
 	rtt    time.Duration // the sample's round trip: the estimate's error is at most half of it
 }
 
 const clockSampleAge = 10 * time.Second
 
-// observe records a TIME reply (serverMs) read between sent and received.
-func (c *redisClock) observe(serverMs int64, sent, received time.Time) {
+// observe records a TIME reply (server) read between sent and received.
+func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 	rtt := received.Sub(sent)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.valid && rtt > c.rtt && !(time.Since(c.at) > clockSampleAge && rtt <= 4*c.rtt+time.Millisecond) {
 		return // a worse sample: a round trip slowed by load or a pause
 	}
-	c.valid, c.server, c.at, c.rtt = true, serverMs, sent.Add(rtt/2), rtt
+	c.valid, c.server, c.at, c.rtt = true, server, sent.Add(rtt/2), rtt
 }
 
 // now returns the server's estimated time in ms, and false until a sample
@@ -53,7 +53,7 @@ func (c *redisClock) now() (int64, bool) {
 	if !c.valid {
 		return 0, false
 	}
-	return c.server + time.Since(c.at).Milliseconds(), true
+	return c.server.Add(time.Since(c.at)).UnixMilli(), true
 }
 
 // clocks holds one redisClock per server address (a cluster's masters may
@@ -89,25 +89,21 @@ func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, e
 	if err != nil {
 		return 0, err
 	}
-	c.observe(t.UnixMilli(), sent, time.Now())
+	c.observe(t, sent, time.Now())
 	now, _ := c.now()
 	return now, nil
 }
 
-// sample records the TIME reply of a transaction sent at sent, which
-// returned just now; a reply far from the estimate resets it first. A
-// failed reply tells nothing.
-func (c *redisClock) sample(cmd *redis.TimeCmd, sent time.Time) {
-	t, err := cmd.Result()
-	if err != nil {
-		return
-	}
+// sample records the TIME reply (server) of a transaction sent at sent,
+// which returned just now; a reply far from the estimate resets it first.
+func (c *redisClock) sample(server time.Time, sent time.Time) {
 	received := time.Now()
+	rtt := received.Sub(sent)
 	if now, ok := c.now(); ok {
-		mid := now - received.Sub(sent).Milliseconds()/2
-		if off := time.Duration(t.UnixMilli()-mid) * time.Millisecond; off > clockJump+received.Sub(sent) || off < -clockJump-received.Sub(sent) {
+		off := time.Duration(server.UnixMilli()-now)*time.Millisecond + rtt/2
+		if off > clockJump+rtt || off < -clockJump-rtt {
 			c.reset()
 		}
 	}
-	c.observe(t.UnixMilli(), sent, received)
+	c.observe(server, sent, received)
 }

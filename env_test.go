@@ -87,6 +87,16 @@ func (e *env) keys(t *testing.T) []string {
 	return all
 }
 
+// countKeys returns the keys that hold counts: every key under the test's
+// prefix but the fences of transactions (txn.go), which expire within
+// fenceLife+fenceDoneGrace, and Windows' generation (see windowsStore).
+func (e *env) countKeys(t *testing.T) []string {
+	t.Helper()
+	return slices.DeleteFunc(e.keys(t), func(key string) bool {
+		return strings.Contains(key, "}:fence:") || strings.HasSuffix(key, "}:gen")
+	})
+}
+
 // addHook adds h to the client, and on a cluster to every master's client,
 // which is where a Bucket sends its commands.
 func (e *env) addHook(h redis.Hook) {

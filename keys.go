@@ -89,9 +89,22 @@ func (k keyspace) sortedSet() string { return k.base + "zset" }
 
 func (k keyspace) clientSortedSet(client string) string { return k.sortedSet() + ":" + encode(client) }
 
-func (k keyspace) hash() string { return k.base + "hash" }
+// hashes is the prefix of every Windows hash of the resource.
+func (k keyspace) hashes() string { return k.base + "hash" }
 
-func (k keyspace) clientHash(client string) string { return k.hash() + ":" + encode(client) }
+// hash is the resource's Windows hash in generation gen ("" until the
+// first FlushAll).
+func (k keyspace) hash(gen string) string {
+	if gen == "" {
+		return k.hashes()
+	}
+	return k.hashes() + "@" + gen
+}
+
+func (k keyspace) clientHash(gen, client string) string { return k.hash(gen) + ":" + encode(client) }
+
+// generation holds the generation of the resource's Windows hashes.
+func (k keyspace) generation() string { return k.base + "gen" }
 
 // matchPrefix returns the MATCH pattern of every key that starts with
 // prefix, taken literally: Redis glob metacharacters are escaped.
@@ -110,3 +123,6 @@ func matchPrefix(prefix string) string {
 	b.WriteByte('*')
 	return b.String()
 }
+
+// fence names the fence of one transaction (txn.go).
+func (k keyspace) fence(id string) string { return k.base + "fence:" + id }

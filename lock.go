@@ -165,7 +165,7 @@ func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redi
 func (l *lock) heard(a attempt) bool {
 	l.ran = true
 	if now, err := a.clock.Result(); err == nil {
-		l.clock.observe(now.UnixMilli(), l.sent, time.Now())
+		l.clock.observe(now, l.sent, time.Now())
 	}
 	next := a.next.Val()
 	l.queued = next == l.token

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -100,51 +99,26 @@ func member(spec setSpec, client, id string, unit int) string {
 }
 
 func (s sortedSetStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
-	now, err := at.clock.estimate(ctx, at.node)
-	if err != nil {
-		return err
-	}
-	b := s.newBatch(at.keys, now, calls)
-	sent := time.Now()
-	_, err = at.node.TxPipelined(ctx, b.queue)
-	at.clock.sample(b.clock, sent)
-	if err != nil {
-		return err
-	}
-	undo := b.judge(judge)
-	if len(undo) == 0 {
-		return nil
-	}
-	// Best effort: members left behind only make others count more, and
-	// leave the window with the rest.
-	_, _ = at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for key, members := range undo {
-			pipe.ZRem(ctx, key, members...)
-		}
-		return nil
-	})
-	return nil
+	return decideRound(ctx, at, func(now int64) round { return s.newBatch(at.keys, now, calls) }, judge)
 }
 
-// zBatch is one decision's transaction on the sets of a resource.
+// zBatch is the round of one batch on the sets of a resource.
 type zBatch struct {
 	sortedSetStore
 	now   int64
 	calls []request
-	sets  []*zSet      // in order of first use
-	of    [][]*zWrite  // by call, by rule: the write to that rule's set
-	clock *redis.TimeCmd
+	sets  []*zSet     // in order of first use
+	of    [][]*zWrite // by call, by rule: the write to that rule's set
 }
 
-// zSet is one set in a batch: its reads, then what it holds as the calls
-// are judged in order.
+// zSet is one set in a batch: where its reads are among the replies, then
+// what it holds as the calls are judged in order.
 type zSet struct {
 	key  string
 	spec setSpec
 	read int // how many oldest members to read
 
-	card          *redis.IntCmd
-	first, latest *redis.ZSliceCmd
+	card, first, latest int // replies
 
 	held   int        // members held before the call being judged
 	oldest []logEntry // the oldest held, then the batch's own
@@ -155,7 +129,7 @@ type zSet struct {
 type zWrite struct {
 	set     *zSet
 	members []any
-	evicted *redis.IntCmd
+	evicted int // reply: how many members the cap removed
 }
 
 func (s sortedSetStore) newBatch(keys keyspace, now int64, calls []request) *zBatch {
@@ -198,34 +172,30 @@ func (b *zBatch) write(byKey map[string]*zSet, keys keyspace, spec setSpec, c re
 	return w
 }
 
-// queue adds the batch's commands to its MULTI/EXEC.
-func (b *zBatch) queue(pipe redis.Pipeliner) error {
-	ctx := context.Background() // go-redis sends with the pipeline's own
-	b.clock = pipe.Time(ctx)
+// queue adds the batch's commands: see sortedSetStore.
+func (b *zBatch) queue(t *txn) {
 	for _, set := range b.sets {
-		pipe.ZRemRangeByScore(ctx, set.key, "-inf", strconv.FormatInt(b.now-set.spec.window, 10))
-		set.card = pipe.ZCard(ctx, set.key)
-		set.first = pipe.ZRangeWithScores(ctx, set.key, 0, int64(set.read-1))
-		set.latest = pipe.ZRangeWithScores(ctx, set.key, -1, -1)
+		t.add("zremrangebyscore", set.key, "-inf", b.now-set.spec.window)
+		set.card = t.add("zcard", set.key)
+		set.first = t.add("zrange", set.key, 0, set.read-1, "withscores")
+		set.latest = t.add("zrange", set.key, -1, -1, "withscores")
 	}
-	now := strconv.FormatInt(b.now, 10)
 	for i := range b.calls {
 		for _, w := range b.distinct(i) {
-			limit := int64(w.set.spec.limit)
+			limit := w.set.spec.limit
 			if b.recordDenied {
-				pipe.Do(ctx, append([]any{"zadd", w.set.key}, scored(now, w.members)...)...)
-				w.evicted = pipe.ZRemRangeByRank(ctx, w.set.key, 0, -limit-1)
+				t.add(append([]any{"zadd", w.set.key}, scored(b.now, w.members)...)...)
+				w.evicted = t.add("zremrangebyrank", w.set.key, 0, -limit-1)
 				continue
 			}
-			pipe.Do(ctx, append([]any{"zadd", w.set.key}, scored(pending, w.members)...)...)
-			w.evicted = pipe.ZRemRangeByRank(ctx, w.set.key, limit, -1)
-			pipe.Do(ctx, append([]any{"zadd", w.set.key, "xx"}, scored(now, w.members)...)...)
+			t.add(append([]any{"zadd", w.set.key}, scored(pending, w.members)...)...)
+			w.evicted = t.add("zremrangebyrank", w.set.key, limit, -1)
+			t.add(append([]any{"zadd", w.set.key, "xx"}, scored(b.now, w.members)...)...)
 		}
 	}
 	for _, set := range b.sets {
-		pipe.PExpireAt(ctx, set.key, time.UnixMilli(b.now+set.spec.window))
+		t.add("pexpireat", set.key, b.now+set.spec.window)
 	}
-	return nil
 }
 
 // distinct returns call i's writes, each once: rules that share a set
@@ -241,7 +211,7 @@ func (b *zBatch) distinct(i int) []*zWrite {
 }
 
 // scored returns score, member pairs for ZADD.
-func scored(score string, members []any) []any {
+func scored(score any, members []any) []any {
 	out := make([]any, 0, 2*len(members))
 	for _, m := range members {
 		out = append(out, score, m)
@@ -250,54 +220,68 @@ func scored(score string, members []any) []any {
 }
 
 // judge asks judge about each call in order, given what its sets held, and
-// returns the members to remove: those of calls not recorded.
-func (b *zBatch) judge(judge judgeFunc) map[string][]any {
+// queues the removal of the members of the calls not recorded.
+func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn) error {
 	for _, set := range b.sets {
-		set.start(b.now)
+		set.start(t.replies)
 	}
-	undo := map[string][]any{}
+	undo := map[*zSet][]any{}
 	for i, c := range b.calls {
 		v := view{now: b.now, stamp: b.now, counts: make([]count, len(b.rules))}
 		for r, w := range b.of[i] {
-			v.counts[r] = w.count(c.n, b.recordDenied)
+			v.counts[r] = w.count(t.replies, c.n, b.recordDenied)
 		}
 		recorded := judge(i, v)
 		for _, w := range b.distinct(i) {
-			w.set.after(w, b.now, b.recordDenied)
+			w.set.after(w, int(replyInt(t.replies[w.evicted])), b.now, b.recordDenied)
 			if !recorded {
-				undo[w.set.key] = append(undo[w.set.key], w.members...)
+				undo[w.set] = append(undo[w.set], w.members...)
 			}
 		}
 	}
-	return undo
+	for _, set := range b.sets {
+		if members := undo[set]; len(members) > 0 {
+			back.add(append([]any{"zrem", set.key}, members...)...)
+		}
+	}
+	return nil
+}
+
+// takeAll queues the removal of every call's members.
+func (b *zBatch) takeAll(back *txn) {
+	for i := range b.calls {
+		for _, w := range b.distinct(i) {
+			back.add(append([]any{"zrem", w.set.key}, w.members...)...)
+		}
+	}
 }
 
 // start reads what the set held before the batch's calls.
-func (set *zSet) start(now int64) {
-	set.held = int(set.card.Val())
-	for _, z := range set.first.Val() {
-		set.oldest = append(set.oldest, logEntry{at: int64(z.Score), weight: 1})
+func (set *zSet) start(replies []any) {
+	set.held = int(replyInt(replies[set.card]))
+	for _, score := range replyScores(replies[set.first]) {
+		set.oldest = append(set.oldest, logEntry{at: int64(score), weight: 1})
 	}
-	if latest := set.latest.Val(); len(latest) > 0 {
-		set.newest = int64(latest[0].Score)
+	if latest := replyScores(replies[set.latest]); len(latest) > 0 {
+		set.newest = int64(latest[0])
 	}
 }
 
 // count is what the set counted before w's call. Without
 // WithRecordDenied the cap decided in Redis: if it removed any of the
 // call's members, the rule had no room, whatever the count says.
-func (w *zWrite) count(n int, recordDenied bool) count {
+func (w *zWrite) count(replies []any, n int, recordDenied bool) count {
 	set := w.set
 	used := set.held
-	if evicted := int(w.evicted.Val()); evicted > 0 && !recordDenied {
+	if evicted := int(replyInt(replies[w.evicted])); evicted > 0 && !recordDenied {
 		used = max(used, set.spec.limit-n+evicted)
 	}
 	return count{used: used, oldest: set.oldest, newest: set.newest}
 }
 
 // after updates what the set holds once w's call was added, as Redis did.
-func (set *zSet) after(w *zWrite, now int64, recordDenied bool) {
-	n, evicted := len(w.members), int(w.evicted.Val())
+func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
+	n := len(w.members)
 	set.held += n - evicted
 	if recordDenied {
 		set.oldest = set.oldest[min(evicted, len(set.oldest)):]

@@ -88,7 +88,7 @@ func TestWindowsPrecision(t *testing.T) {
 			}
 			time.Sleep(time.Minute)
 		}
-		if n := e.admin.HLen(context.Background(), hourly.keysOf("r").hash()).Val(); n > 62 {
+		if n := e.admin.HLen(context.Background(), hourly.keysOf("r").hash("")).Val(); n > 62 {
 			t.Errorf("the resource's hash has %d fields, want at most 61 intervals and the incarnation", n)
 		}
 	})

@@ -1,13 +1,13 @@
 package leakybucket
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,212 +34,85 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 			return nil, invalidStrategy(w, "precision longer than the window of rule %v", r)
 		}
 	}
-	return windowsStore{plan: p, precision: w.precision.Milliseconds()}, nil
+	return windowsStore{plan: p, precision: w.precision.Milliseconds(), gens: &sync.Map{}}, nil
 }
 
 // windowsStore is the Windows strategy: precision-bucket sliding windows,
-// decided in one MULTI/EXEC without a lock. Each hash maps an interval
-// (Redis time / precision) to the weight added in it, and one hash serves
-// every rule of its scope: a rule counts the intervals whose end is inside
-// its window. The resource's hash exists when a rule is per-resource, each
-// client's when a rule is per-client. Per batch, the transaction:
+// decided in one fenced MULTI/EXEC without a lock (round.go). Each hash
+// maps an interval (Redis time / precision) to the weight added in it, and
+// one hash serves every rule of its scope: a rule counts the intervals
+// whose end is inside its window. The resource's hash exists when a rule
+// is per-resource, each client's when a rule is per-client. Per batch,
+// the transaction reads the resource's generation (GET, see below),
+// deletes the intervals that just left the longest window, adds the
+// batch's weight to the current interval of each hash (HINCRBY), reads
+// every hash (HGETALL) and sets it to expire with the current interval.
 //
-//  1. makes sure each hash has an incarnation ("i", HSETNX: a random name
-//     that changes when the hash is deleted and made again), and deletes
-//     the intervals that just left the longest window;
-//  2. for each call, in order, adds its weight to the current interval
-//     with HINCRBY: the value returned counts the calls of the interval
-//     before it, first come first served;
-//  3. reads every hash (HGETALL) and sets it to expire with the current
-//     interval.
+// The calls are then judged in order: each counts the intervals read, less
+// the batch's own weight, plus the weight of the batch's calls admitted
+// before it. So a call sees every call decided before it, in this process
+// or any other (transactions run one at a time), and nothing else. The
+// weight of the calls not recorded is then taken back (HINCRBY of minus
+// it), in a second fenced transaction: until it lands, others count it, at
+// worst denied for that round trip.
 //
-// A call is admitted if every rule has room given the intervals read and
-// its own HINCRBY's value. A call that was not (or whose caller gave up)
-// is then taken back, in a second round trip the caller does not wait
-// for: HINCRBY of a discount field "d<interval>:<incarnation>" that readers
-// subtract from the interval. A discount never makes a count negative,
-// even if Flush or FlushAll ran in between: readers apply only the
-// discounts of the hash's current incarnation, and a deleted hash comes
-// back with a new one. Until the take-back lands others count the call:
-// at worst they are denied for that round trip.
+// A take-back must never apply to a hash made again by a flush, or the
+// count would go below what was admitted. So the hashes are named by a
+// generation, which FlushAll bumps (INCR): a decision or take-back that
+// raced a FlushAll writes to the old generation's hashes, which nothing
+// reads and which expire. A decision that wrote to an old generation
+// (its process had not seen the flush yet) is made again.
 type windowsStore struct {
 	plan
-	precision int64 // ms
+	precision int64     // ms
+	gens      *sync.Map // by resource (keyspace.base): the latest generation seen
 }
-
-// incarnation is the field that names a hash's incarnation.
-const incarnation = "i"
 
 // stamp is the last millisecond of now's interval: every call of an
 // interval counts as made then, so none leaves a window early.
 func (s windowsStore) stamp(now int64) int64 { return (now/s.precision+1)*s.precision - 1 }
 
-// hashes returns the hashes a call by client writes and reads.
-func (s windowsStore) hashes(keys keyspace, client string) []string {
-	var out []string
-	if !s.clientScoped {
-		out = append(out, keys.hash())
-	}
-	if s.hasClientRule {
-		out = append(out, keys.clientHash(client))
-	}
-	return out
-}
-
-func (s windowsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
-	now, err := at.clock.estimate(ctx, at.node)
-	if err != nil {
-		return err
-	}
-	b := s.newBatch(at.keys, now, calls)
-	sent := time.Now()
-	_, err = at.node.TxPipelined(ctx, b.queue)
-	at.clock.sample(b.clock, sent)
-	if err != nil {
-		return err
-	}
-	if after := b.judge(judge); !after.empty() {
-		// Best effort: a take-back that is lost only makes others count
-		// more, until the interval leaves the window.
-		_, _ = at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-			after.queue(ctx, pipe)
-			return nil
-		})
-	}
-	return nil
-}
-
-// hBatch is one decision's transaction on the hashes of a resource.
-type hBatch struct {
-	windowsStore
-	keys          keyspace
-	now, interval int64
-	calls         []request
-	hashes        map[string]*hash
-	order         []*hash
-	added         [][]*redis.IntCmd // by call, by hash of the call
-	clock         *redis.TimeCmd
-}
-
-// hash is one hash of a batch: its read, then its intervals.
-type hash struct {
-	key  string
-	read *redis.MapStringStringCmd
-
-	inc      string
-	entries  []logEntry // the intervals other than the current one, oldest first
-	current  int        // the current interval's weight in the read, less its discount
-	discount int        // the current interval's discount
-	dead     []string   // fields no window counts any more
-}
-
-func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatch {
-	b := &hBatch{windowsStore: s, keys: keys, now: now, interval: now / s.precision, calls: calls, hashes: map[string]*hash{}}
-	for _, c := range calls {
-		for _, key := range s.hashes(keys, c.client) {
-			if b.hashes[key] == nil {
-				h := &hash{key: key}
-				b.hashes[key] = h
-				b.order = append(b.order, h)
-			}
-		}
-	}
-	return b
-}
-
 // lastDead is the newest interval that no window counts at now.
 func (s windowsStore) lastDead(now int64) int64 { return (now+1-s.longest)/s.precision - 1 }
 
-func (b *hBatch) queue(pipe redis.Pipeliner) error {
-	ctx := context.Background() // go-redis sends with the pipeline's own
-	b.clock = pipe.Time(ctx)
-	dead := b.lastDead(b.now)
-	for _, h := range b.order {
-		pipe.HSetNX(ctx, h.key, incarnation, strconv.FormatUint(rand.Uint64(), 36))
-		pipe.HDel(ctx, h.key, fields(dead-3, dead)...)
+// expireAt is when a hash written at now has no interval left in any
+// window.
+func (s windowsStore) expireAt(now int64) int64 { return s.stamp(now) + s.longest }
+
+// gen is the generation of keys' hashes as last seen.
+func (s windowsStore) gen(keys keyspace) string {
+	if g, ok := s.gens.Load(keys.base); ok {
+		return g.(string)
 	}
-	field := strconv.FormatInt(b.interval, 10)
-	b.added = make([][]*redis.IntCmd, len(b.calls))
-	for i, c := range b.calls {
-		for _, key := range b.windowsStore.hashes(b.keys, c.client) {
-			b.added[i] = append(b.added[i], pipe.HIncrBy(ctx, key, field, int64(c.n)))
-		}
-	}
-	expireAt := time.UnixMilli(b.stamp(b.now) + b.longest)
-	for _, h := range b.order {
-		h.read = pipe.HGetAll(ctx, h.key)
-		pipe.PExpireAt(ctx, h.key, expireAt)
-	}
-	return nil
+	return ""
 }
 
-// fields names the intervals from to through.
-func fields(from, through int64) []string {
+// saw records the generation read with a decision, and reports whether it
+// is the one the decision wrote to.
+func (s windowsStore) saw(keys keyspace, used string, reply any) bool {
+	seen, _ := reply.(string)
+	if seen == used {
+		return true
+	}
+	if seen == "" {
+		s.gens.Delete(keys.base)
+	} else {
+		s.gens.Store(keys.base, seen)
+	}
+	return false
+}
+
+// hashes returns the hashes a call by client writes and reads, in
+// generation gen: the resource's first.
+func (s windowsStore) hashes(keys keyspace, gen, client string) []string {
 	var out []string
-	for i := from; i <= through; i++ {
-		out = append(out, strconv.FormatInt(i, 10))
+	if !s.clientScoped {
+		out = append(out, keys.hash(gen))
+	}
+	if s.hasClientRule {
+		out = append(out, keys.clientHash(gen, client))
 	}
 	return out
-}
-
-// takeBacks are the writes after a batch: discounts of the calls not
-// recorded, by hash and field, and dead fields to delete.
-type takeBacks struct {
-	discounts map[string]map[string]int64
-	dead      map[string][]string
-	expireAt  time.Time
-}
-
-func (t *takeBacks) empty() bool { return len(t.discounts) == 0 && len(t.dead) == 0 }
-
-func (t *takeBacks) discount(key, field string, n int) {
-	if t.discounts[key] == nil {
-		t.discounts[key] = map[string]int64{}
-	}
-	t.discounts[key][field] += int64(n)
-}
-
-func (t *takeBacks) queue(ctx context.Context, pipe redis.Pipeliner) {
-	for key, fields := range t.dead {
-		pipe.HDel(ctx, key, fields...)
-	}
-	for key, fields := range t.discounts {
-		for field, n := range fields {
-			pipe.HIncrBy(ctx, key, field, n)
-		}
-		// The hash may have been deleted and made again meanwhile.
-		pipe.PExpireAt(ctx, key, t.expireAt)
-	}
-}
-
-// judge asks judge about each call in order, and returns the writes to
-// send after: the take-backs of the calls not recorded.
-func (b *hBatch) judge(judge judgeFunc) *takeBacks {
-	after := &takeBacks{discounts: map[string]map[string]int64{}, dead: map[string][]string{}, expireAt: time.UnixMilli(b.stamp(b.now) + b.longest)}
-	for _, h := range b.order {
-		h.parse(b.windowsStore, b.now, h.read.Val())
-		if len(h.dead) > 0 {
-			after.dead[h.key] = h.dead
-		}
-	}
-	stamp := b.stamp(b.now)
-	for i, c := range b.calls {
-		keys := b.windowsStore.hashes(b.keys, c.client)
-		v := view{now: b.now, stamp: stamp, counts: make([]count, len(b.rules))}
-		for r, rule := range b.rules {
-			k := b.hashOf(rule)
-			h := b.hashes[keys[k]]
-			before := int(b.added[i][k].Val()) - c.n - h.discount
-			v.counts[r] = countOf(rule, h.withCurrent(stamp, before), b.now)
-		}
-		if judge(i, v) {
-			continue
-		}
-		for _, key := range keys {
-			after.discount(key, discountField(b.interval, b.hashes[key].inc), c.n)
-		}
-	}
-	return after
 }
 
 // hashOf is the index, among a call's hashes, of the one rule counts in.
@@ -250,59 +123,161 @@ func (s windowsStore) hashOf(rule Rule) int {
 	return 0
 }
 
-func discountField(interval int64, inc string) string {
-	return "d" + strconv.FormatInt(interval, 10) + ":" + inc
+// errStaleGeneration: a decision wrote to the hashes of a generation that
+// a FlushAll had ended.
+var errStaleGeneration = errors.New("leakybucket: the counts were flushed meanwhile")
+
+// staleRetries bounds how often a decision is made again after a flush.
+const staleRetries = 3
+
+func (s windowsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
+	for range staleRetries {
+		err := decideRound(ctx, at, func(now int64) round { return s.newBatch(at.keys, now, calls) }, judge)
+		if !errors.Is(err, errStaleGeneration) {
+			return err
+		}
+	}
+	return errStaleGeneration
 }
 
-// parse reads a hash's fields at now: its incarnation, its intervals less
-// their discounts, and the fields no window counts any more. Fields that
-// are none of these are not ours.
-func (h *hash) parse(s windowsStore, now int64, fields map[string]string) {
-	h.inc = fields[incarnation]
-	current, lastDead := now/s.precision, s.lastDead(now)
-	weights := map[int64]int{}
-	for field, value := range fields {
-		index, inc, isDiscount := parseField(field)
-		n, err := strconv.Atoi(value)
-		switch {
-		case field == incarnation, err != nil:
-		case index <= lastDead || isDiscount && inc != h.inc:
-			h.dead = append(h.dead, field)
-		case isDiscount:
-			weights[index] -= n
-			if index == current {
-				h.discount += n
+// hBatch is the round of one batch on the hashes of a resource.
+type hBatch struct {
+	windowsStore
+	keys          keyspace
+	gen           string
+	now, interval int64
+	calls         []request
+	byKey         map[string]*hash
+	order         []*hash
+	genReply      int
+}
+
+// hash is one hash of a batch: its weight in the batch, where its read is
+// among the replies, then its intervals.
+type hash struct {
+	key   string
+	added int // the batch's weight
+	read  int
+
+	entries  []logEntry // the intervals other than the current one, oldest first
+	current  int        // the current interval's weight before the batch
+	admitted int        // the batch's weight admitted so far
+	denied   int        // the batch's weight to take back
+	dead     []any      // fields no window counts any more
+}
+
+func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatch {
+	b := &hBatch{windowsStore: s, keys: keys, gen: s.gen(keys), now: now, interval: now / s.precision, calls: calls, byKey: map[string]*hash{}}
+	for _, c := range calls {
+		for _, key := range s.hashes(keys, b.gen, c.client) {
+			h := b.byKey[key]
+			if h == nil {
+				h = &hash{key: key}
+				b.byKey[key] = h
+				b.order = append(b.order, h)
 			}
-		default:
-			weights[index] += n
+			h.added += c.n
 		}
 	}
-	for index, n := range weights {
-		if index == current {
-			h.current = n
-		} else if n > 0 {
-			h.entries = append(h.entries, logEntry{id: strconv.FormatInt(index, 10), at: (index+1)*s.precision - 1, weight: n})
-		}
-	}
-	slices.SortFunc(h.entries, func(a, b logEntry) int { return int(a.at - b.at) })
+	return b
 }
 
-// parseField reads an interval field "<index>" or a discount field
-// "d<index>:<incarnation>"; index is -1 for anything else.
-func parseField(field string) (index int64, inc string, isDiscount bool) {
-	if rest, ok := strings.CutPrefix(field, "d"); ok {
-		num, inc, ok := strings.Cut(rest, ":")
-		index, err := strconv.ParseInt(num, 10, 64)
-		if !ok || err != nil {
-			return -1, "", false
+func (b *hBatch) queue(t *txn) {
+	b.genReply = t.add("get", b.keys.generation())
+	dead := b.lastDead(b.now)
+	for _, h := range b.order {
+		t.add(append([]any{"hdel", h.key}, fields(dead-3, dead)...)...)
+		t.add("hincrby", h.key, b.interval, h.added)
+		h.read = t.add("hgetall", h.key)
+		t.add("pexpireat", h.key, b.expireAt(b.now))
+	}
+}
+
+// fields names the intervals from to through.
+func fields(from, through int64) []any {
+	var out []any
+	for i := from; i <= through; i++ {
+		out = append(out, strconv.FormatInt(i, 10))
+	}
+	return out
+}
+
+// judge asks judge about each call in order, and queues on back the
+// take-back of the calls not recorded, and the deletion of dead fields the
+// transaction did not delete.
+func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn) error {
+	if !b.saw(b.keys, b.gen, t.replies[b.genReply]) {
+		return errStaleGeneration
+	}
+	for _, h := range b.order {
+		h.parse(b.windowsStore, b.now, replyHash(t.replies[h.read]))
+		h.current -= h.added
+	}
+	stamp := b.stamp(b.now)
+	for i, c := range b.calls {
+		keys := b.hashes(b.keys, b.gen, c.client)
+		v := view{now: b.now, stamp: stamp, counts: make([]count, len(b.rules))}
+		for r, rule := range b.rules {
+			h := b.byKey[keys[b.hashOf(rule)]]
+			v.counts[r] = countOf(rule, h.withCurrent(stamp, h.current+h.admitted), b.now)
 		}
-		return index, inc, true
+		recorded := judge(i, v)
+		for _, key := range keys {
+			if recorded {
+				b.byKey[key].admitted += c.n
+			} else {
+				b.byKey[key].denied += c.n
+			}
+		}
 	}
-	index, err := strconv.ParseInt(field, 10, 64)
-	if err != nil {
-		return -1, "", false
+	b.queueBack(back, func(h *hash) int { return h.denied })
+	return nil
+}
+
+// takeAll queues the take-back of the batch's whole weight.
+func (b *hBatch) takeAll(back *txn) {
+	b.queueBack(back, func(h *hash) int { return h.added })
+}
+
+// queueBack queues, per hash, the take-back of weight(h) and the deletion
+// of the dead fields read.
+func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
+	for _, h := range b.order {
+		if n := weight(h); n > 0 {
+			back.add("hincrby", h.key, b.interval, -n)
+			// A take-back that raced a FlushAll makes an old generation's
+			// hash again: let it expire.
+			back.add("pexpireat", h.key, b.expireAt(b.now))
+		}
 	}
-	return index, "", false
+	if len(back.cmds) == 0 {
+		return
+	}
+	for _, h := range b.order {
+		if len(h.dead) > 0 {
+			back.add(append([]any{"hdel", h.key}, h.dead...)...)
+		}
+	}
+}
+
+// parse reads a hash's fields at now: its intervals, and the fields no
+// window counts any more. Fields that are not an interval are not ours.
+func (h *hash) parse(s windowsStore, now int64, fields map[string]string) {
+	current, lastDead := now/s.precision, s.lastDead(now)
+	for field, value := range fields {
+		index, err := strconv.ParseInt(field, 10, 64)
+		n, err2 := strconv.Atoi(value)
+		switch {
+		case err != nil || err2 != nil:
+		case index <= lastDead:
+			h.dead = append(h.dead, field)
+		case index == current:
+			h.current = n
+		case n > 0:
+			h.entries = append(h.entries, logEntry{id: field, at: (index+1)*s.precision - 1, weight: n})
+		}
+	}
+	slices.SortFunc(h.entries, func(a, b logEntry) int { return cmp.Compare(a.at, b.at) })
 }
 
 // withCurrent returns the hash's intervals with the current one, stamped
@@ -311,32 +286,54 @@ func (h *hash) withCurrent(stamp int64, weight int) []logEntry {
 	if weight <= 0 {
 		return h.entries
 	}
+	at, _ := slices.BinarySearchFunc(h.entries, stamp, func(e logEntry, t int64) int { return cmp.Compare(e.at, t) })
 	out := make([]logEntry, 0, len(h.entries)+1)
-	at, _ := slices.BinarySearchFunc(h.entries, stamp, func(e logEntry, t int64) int { return int(e.at - t) })
 	out = append(append(append(out, h.entries[:at]...), logEntry{at: stamp, weight: weight}), h.entries[at:]...)
 	return out
 }
 
-// peek reads the hashes and TIME in one round trip.
-func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (view, error) {
-	keys := s.hashes(at.keys, client)
-	reads := make([]*redis.MapStringStringCmd, len(keys))
-	var clock *redis.TimeCmd
-	_, err := at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for i, key := range keys {
-			reads[i] = pipe.HGetAll(ctx, key)
+// read reads the generation, the hashes of client and TIME on conn in one
+// round trip; once more if the generation was not the one expected.
+func (s windowsStore) read(ctx context.Context, conn pipeliner, ks keyspace, client string, watch bool) (int64, []*hash, error) {
+	for range staleRetries {
+		gen := s.gen(ks)
+		keys := s.hashes(ks, gen, client)
+		reads := make([]*redis.MapStringStringCmd, len(keys))
+		var seen *redis.StringCmd
+		var clock *redis.TimeCmd
+		_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+			if watch {
+				// The client's hash and the generation: see flush.
+				pipe.Do(ctx, "watch", keys[len(keys)-1], ks.generation())
+			}
+			seen = pipe.Get(ctx, ks.generation())
+			for i, key := range keys {
+				reads[i] = pipe.HGetAll(ctx, key)
+			}
+			clock = pipe.Time(ctx)
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return 0, nil, err
 		}
-		clock = pipe.Time(ctx)
-		return nil
-	})
+		if !s.saw(ks, gen, seen.Val()) {
+			continue
+		}
+		now := clock.Val().UnixMilli()
+		hashes := make([]*hash, len(keys))
+		for i, read := range reads {
+			hashes[i] = &hash{key: keys[i]}
+			hashes[i].parse(s, now, read.Val())
+		}
+		return now, hashes, nil
+	}
+	return 0, nil, errStaleGeneration
+}
+
+func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (view, error) {
+	now, hashes, err := s.read(ctx, at.node, at.keys, client, false)
 	if err != nil {
 		return view{}, err
-	}
-	now := clock.Val().UnixMilli()
-	hashes := make([]*hash, len(keys))
-	for i, read := range reads {
-		hashes[i] = &hash{key: keys[i]}
-		hashes[i].parse(s, now, read.Val())
 	}
 	stamp := s.stamp(now)
 	v := view{now: now, stamp: stamp, counts: make([]count, len(s.rules))}
@@ -350,58 +347,86 @@ func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (
 // errNoClientShare: see Bucket.Flush.
 var errNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client counts when every rule is per-resource, so Flush cannot tell a client's share: use FlushAll", errors.ErrUnsupported)
 
+// flushRetries bounds how often Flush reads again after a decision of the
+// client changed its counts meanwhile.
+const flushRetries = 5
+
 // flush deletes the client's hash and takes its share out of the
-// resource's with discounts, in the resource hash's incarnation as read:
-// if the hash was deleted meanwhile, the discounts apply to nothing.
+// resource's, in a transaction fenced by WATCH on the client's hash and
+// the generation: a decision or a flush that changed them meanwhile makes
+// it read again, so that no share is taken out twice.
 func (s windowsStore) flush(ctx context.Context, at site, client string) error {
 	if !s.hasClientRule {
 		return errNoClientShare
 	}
-	keys := s.hashes(at.keys, client)
-	reads := make([]*redis.MapStringStringCmd, len(keys))
-	var clock *redis.TimeCmd
-	_, err := at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		for i, key := range keys {
-			reads[i] = pipe.HGetAll(ctx, key)
+	for range flushRetries {
+		gen := s.gen(at.keys)
+		keys := s.hashes(at.keys, gen, client)
+		err := at.node.Watch(ctx, func(tx *redis.Tx) error {
+			now, hashes, err := s.read(ctx, tx, at.keys, client, true)
+			if err != nil {
+				_ = tx.Unwatch(ctx).Err() // else a later EXEC on the connection would abort
+				return err
+			}
+			if s.gen(at.keys) != gen {
+				return redis.TxFailedErr // read again, watching the new hashes
+			}
+			_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+				pipe.Del(ctx, keys[len(keys)-1])
+				if !s.clientScoped {
+					s.takeShare(ctx, pipe, keys[0], hashes[len(hashes)-1], now)
+				}
+				return nil
+			})
+			return err
+		})
+		if !errors.Is(err, redis.TxFailedErr) {
+			return err
 		}
-		clock = pipe.Time(ctx)
+	}
+	return fmt.Errorf("leakybucket: Flush raced the client's decisions %d times: %w", flushRetries, redis.TxFailedErr)
+}
+
+// takeShare queues the subtraction of mine's live intervals from the
+// resource's hash.
+func (s windowsStore) takeShare(ctx context.Context, pipe redis.Pipeliner, resource string, mine *hash, now int64) {
+	share := append(mine.entries, logEntry{id: strconv.FormatInt(now/s.precision, 10), weight: mine.current})
+	for _, e := range share {
+		if e.weight > 0 {
+			pipe.HIncrBy(ctx, resource, e.id, -int64(e.weight))
+		}
+	}
+	pipe.PExpireAt(ctx, resource, time.UnixMilli(s.expireAt(now)))
+}
+
+// flushAll starts a new generation, and deletes the hashes of the resource
+// (with SCAN when a rule is per-client): a decision or take-back that
+// raced it writes to the old generation, which nothing reads. The
+// generation's key outlives the longest window, so that no decision
+// counts with what a late take-back wrote to the generation before.
+func (s windowsStore) flushAll(ctx context.Context, at site) error {
+	keys := []string{at.keys.hash(s.gen(at.keys))}
+	if s.hasClientRule {
+		r := newKeyScan(at.keys.hashes(), s.scanCount)
+		if err := r.finish(ctx, at.node); err != nil {
+			return err
+		}
+		keys = r.found
+	}
+	var bumped *redis.IntCmd
+	_, err := at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		bumped = pipe.Incr(ctx, at.keys.generation())
+		pipe.PExpire(ctx, at.keys.generation(), time.Duration(s.longest)*time.Millisecond+fenceLife+holdGrace)
+		if len(keys) > 0 {
+			pipe.Del(ctx, keys...)
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	now := clock.Val().UnixMilli()
-	mine := &hash{}
-	mine.parse(s, now, reads[len(reads)-1].Val())
-	_, err = at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.Del(ctx, keys[len(keys)-1])
-		if s.clientScoped {
-			return nil
-		}
-		inc := reads[0].Val()[incarnation]
-		if inc == "" {
-			return nil
-		}
-		share := append(mine.entries, logEntry{id: strconv.FormatInt(now/s.precision, 10), weight: mine.current})
-		for _, e := range share {
-			index, _ := strconv.ParseInt(e.id, 10, 64)
-			if e.weight > 0 {
-				pipe.HIncrBy(ctx, keys[0], discountField(index, inc), int64(e.weight))
-			}
-		}
-		pipe.PExpireAt(ctx, keys[0], time.UnixMilli(s.stamp(now)+s.longest))
-		return nil
-	})
-	return err
-}
-
-// flushAll deletes the resource's hash, and every client's that SCAN
-// finds when a rule is per-client.
-func (s windowsStore) flushAll(ctx context.Context, at site) error {
-	if s.hasClientRule {
-		return deleteUnder(ctx, at, at.keys.hash(), s.scanCount)
-	}
-	return at.node.Del(ctx, at.keys.hash()).Err()
+	s.gens.Store(at.keys.base, strconv.FormatInt(bumped.Val(), 10))
+	return at.route.owns(ctx, at.node, at.keys)
 }
 
 // tag carries the precision too: hashes of different precisions number
