@@ -83,7 +83,8 @@ func (b *Bucket) siteOf(ctx context.Context, resource string, lock *lockView) (s
 	if err != nil {
 		return site{}, classify(err)
 	}
-	return site{node: node, keys: keys, clock: b.clocks.of(node.Options().Addr), route: b.route, lock: lock}, nil
+	refind := func(ctx context.Context) (*redis.Client, error) { return b.node(ctx, keys.slotKey()) }
+	return site{node: node, keys: keys, clock: b.clocks.of(node.Options().Addr), route: b.route, lock: lock, refind: refind}, nil
 }
 
 // keysOf names the keys of resource.

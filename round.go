@@ -61,33 +61,42 @@ func decideRound(ctx context.Context, at site, newRound func(now int64) round, j
 	return nil
 }
 
-// takeBackAttempts bounds how often a take-back whose transaction did not
-// run is sent again.
-const takeBackAttempts = 3
+// takeBackFor bounds how long a take-back is tried: the slot of the
+// resource may be moving to another node meanwhile.
+const takeBackFor = 5 * time.Second
 
 // takeBack runs back, if it holds anything, exactly once if it can: a
-// transaction that did not run is sent again with a new fence; one whose
-// reply was lost is resolved, never sent twice. A take-back that cannot be
-// made leaves the calls counted: others are denied sooner, never admitted
-// past a limit. It runs detached from the callers' contexts, which may
-// have ended: a caller that gave up must not stay counted.
+// transaction that did not run is sent again with a new fence (to the
+// slot's new owner, if it was redirected); one whose reply was lost is
+// resolved, never sent twice. A take-back that cannot be made leaves the
+// calls counted: others are denied sooner, never admitted past a limit.
+// It runs detached from the callers' contexts, which may have ended: a
+// caller that gave up must not stay counted.
 func takeBack(at site, back *txn) {
 	if len(back.cmds) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), fenceLife+holdGrace)
+	ctx, cancel := context.WithTimeout(context.Background(), takeBackFor)
 	defer cancel()
-	for range takeBackAttempts {
-		o, _ := back.exec(ctx, at.node)
+	node, backoff := at.node, resolveFirstBackoff
+	for {
+		o, err := back.exec(ctx, node)
 		if o == unknown {
-			o = back.resolve(at.node)
+			o = back.resolve(node)
 		}
-		if o != notRun {
+		if o != notRun || ctx.Err() != nil {
 			return
 		}
-		now, err := at.clock.estimate(ctx, at.node)
+		if at.route.redirected(err) != nil && at.refind != nil {
+			if moved, err := at.refind(ctx); err == nil {
+				node = moved
+			}
+		}
+		_ = sleep(ctx, backoff) // ctx's end is seen above
+		backoff = min(2*backoff, resolveMaxBackoff)
+		now, err := at.clock.estimate(ctx, node)
 		if err != nil {
-			return
+			continue
 		}
 		back = back.refenced(at.keys, now)
 	}

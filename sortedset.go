@@ -233,8 +233,11 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn) error {
 		}
 		recorded := judge(i, v)
 		for _, w := range b.distinct(i) {
-			w.set.after(w, int(replyInt(t.replies[w.evicted])), b.now, b.recordDenied)
-			if !recorded {
+			evicted := int(replyInt(t.replies[w.evicted]))
+			w.set.after(w, evicted, b.now, b.recordDenied)
+			// Without WithRecordDenied the cap removed the newest members,
+			// which are the call's: all of them, for a call that did not fit.
+			if !recorded && (b.recordDenied || evicted < len(w.members)) {
 				undo[w.set] = append(undo[w.set], w.members...)
 			}
 		}

@@ -177,6 +177,9 @@ type site struct {
 	clock *redisClock // the node's clock
 	route *clusterRoute
 	lock  *lockView // what this process knows of the resource's lock (Logs)
+	// refind looks up the node that owns the keys again, after a
+	// redirect.
+	refind func(context.Context) (*redis.Client, error)
 }
 
 // conn is node as the connection of reads that carry no key: on a cluster,

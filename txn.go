@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,16 +16,20 @@ import (
 //
 //	SET fence pending NX PXAT deadline
 //	WATCH fence
-//	MULTI, the commands, SET fence done PXAT deadline+fenceDoneGrace, EXEC
+//	MULTI, the commands, SET fence done PX fenceDoneGrace, EXEC
 //
-// Redis (>= 7.0) aborts an EXEC whose watched key expired, so a
-// transaction that reaches a paused or slow server after its deadline
-// writes nothing. When its reply is lost (a timeout, a cut connection),
-// resolve learns from the fence whether it ran: "done" means it did; a
-// fence still pending, or gone after the deadline without "done", means it
-// never will. So a decision whose caller gave up is either taken back or
-// never made: it is not counted after its caller gave up for longer than
-// resolve takes.
+// Redis (>= 7.0) aborts an EXEC whose watched key expired between WATCH
+// and EXEC, so a transaction that Redis starts before its deadline and
+// finishes after it writes nothing. When its reply is lost (a timeout, a
+// cut connection), resolve learns from the fence whether it ran: "done",
+// which lives fenceDoneGrace after the transaction ran, means it did;
+// nothing there once Redis answers again and the deadline has passed means
+// it did not. A transaction that reaches Redis only after its deadline
+// (the server was paused with it unread) is not stopped by the fence, as
+// its SET then makes a key already expired, which WATCH ignores: it runs
+// as Redis resumes, and resolve, polling until Redis answers, sees its
+// "done" and takes it back. So a decision whose caller gave up is taken
+// back, or never made.
 //
 // The commands are sent with Do, and their replies read by hand from the
 // EXEC's: go-redis's TxPipelined cannot send SET and WATCH before MULTI in
@@ -38,13 +41,17 @@ type txn struct {
 	replies  []any // after the EXEC, by command
 }
 
-// fenceLife bounds how long after it was sent a transaction may still run:
-// one that takes longer aborts, and is sent again if its callers still
-// wait. fenceDoneGrace is how long "done" outlives the deadline, for
-// resolve to see.
+// fenceLife bounds how long after it was sent a transaction may start. A
+// fence's "done" lives fenceDoneGrace after its transaction ran, for
+// resolve to see. resolve polls for at most resolveFor, and decides that a
+// transaction did not run once Redis, past the deadline, has answered for
+// resolveSettle without showing "done": long enough for the server to
+// read what it had buffered when it was paused.
 const (
 	fenceLife      = 250 * time.Millisecond
 	fenceDoneGrace = 500 * time.Millisecond
+	resolveFor     = 10 * time.Second
+	resolveSettle  = 20 * time.Millisecond
 )
 
 // errFenced: the transaction reached Redis after its fence's deadline.
@@ -84,13 +91,15 @@ func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) 
 	var exec *redis.Cmd
 	queued := make([]*redis.Cmd, len(t.cmds))
 	_, err := node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.Do(ctx, "set", t.fence, "pending", "nx", "pxat", t.deadline)
+		// Sent again after a lost reply, by go-redis's retries, the
+		// transaction would run twice (its fence says done, not pending).
+		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "set", t.fence, "pending", "nx", "pxat", t.deadline)})
 		pipe.Do(ctx, "watch", t.fence)
 		pipe.Do(ctx, "multi")
 		for i, args := range t.cmds {
 			queued[i] = pipe.Do(ctx, args...)
 		}
-		pipe.Do(ctx, "set", t.fence, "done", "pxat", t.deadline+fenceDoneGrace.Milliseconds())
+		pipe.Do(ctx, "set", t.fence, "done", "px", fenceDoneGrace.Milliseconds())
 		exec = pipe.Do(ctx, "exec")
 		return nil
 	})
@@ -111,6 +120,12 @@ func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) 
 	return unknown, err
 }
 
+// noRetry is a command that go-redis never sends again, nor the pipeline
+// that holds it.
+type noRetry struct{ *redis.Cmd }
+
+func (noRetry) NoRetry() bool { return true }
+
 func isRedisError(err error) bool {
 	var re redis.Error
 	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
@@ -130,59 +145,56 @@ func queuedError(queued []*redis.Cmd, err error) error {
 // Backoff of resolve's attempts.
 const (
 	resolveFirstBackoff = 2 * time.Millisecond
-	resolveMaxBackoff   = 50 * time.Millisecond
+	resolveMaxBackoff   = 200 * time.Millisecond
 )
 
 // resolve learns whether t ran after its reply was lost, on a connection of
-// its own, detached from any caller. It returns unknown only if Redis
-// could not be asked in time: its fence's "done" expired unseen.
+// its own, detached from any caller. It returns unknown if Redis could not
+// be asked within resolveFor.
 func (t *txn) resolve(node *redis.Client) txnOutcome {
-	ctx, cancel := context.WithTimeout(context.Background(), fenceLife+fenceDoneGrace+holdGrace)
+	ctx, cancel := context.WithTimeout(context.Background(), resolveFor)
 	defer cancel()
 	backoff := resolveFirstBackoff
+	var answered time.Time // when Redis first answered past the deadline
 	for {
-		o, err := t.look(ctx, node)
+		done, past, err := t.look(ctx, node)
 		switch {
-		case err == nil && o != unknown:
-			return o
-		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, redis.ErrClosed):
-			// No server runs there: it cannot run what it never read.
+		case done:
+			return ran
+		case errors.Is(err, redis.ErrClosed):
+			return unknown // the client was closed: nothing more can be sent
+		case err != nil:
+			// Even a refused connection proves nothing: a proxy may refuse
+			// while the server runs what it had read.
+			answered = time.Time{}
+		case !past:
+		case answered.IsZero():
+			answered = time.Now()
+		case time.Since(answered) >= resolveSettle:
 			return notRun
-		case ctx.Err() != nil:
+		}
+		if ctx.Err() != nil {
 			return unknown
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		_ = sleep(ctx, backoff) // ctx's end is seen above
 		backoff = min(2*backoff, resolveMaxBackoff)
 	}
 }
 
-// look makes one attempt of resolve.
-func (t *txn) look(ctx context.Context, node *redis.Client) (txnOutcome, error) {
+// look makes one attempt of resolve: whether the fence says done, and
+// whether Redis's time is past the deadline.
+func (t *txn) look(ctx context.Context, node *redis.Client) (done, past bool, err error) {
 	var get *redis.StringCmd
 	var clock *redis.TimeCmd
-	_, err := node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	_, err = node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		get = pipe.Get(ctx, t.fence)
 		clock = pipe.Time(ctx)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return unknown, err
+		return false, false, err
 	}
-	now := clock.Val().UnixMilli()
-	switch {
-	case get.Val() == "done":
-		return ran, nil
-	case now < t.deadline:
-		return unknown, nil // pending, or not there yet: it may still run
-	case now < t.deadline+fenceDoneGrace.Milliseconds():
-		return notRun, nil // past the deadline, and not done: it never will
-	}
-	return unknown, nil // "done" may have expired unseen
+	return get.Val() == "done", clock.Val().UnixMilli() >= t.deadline, nil
 }
 
 // Replies of EXEC, as go-redis reads them (RESP3 or RESP2).

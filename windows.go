@@ -294,13 +294,15 @@ func (h *hash) withCurrent(stamp int64, weight int) []logEntry {
 
 // read reads the generation, the hashes of client and TIME on conn in one
 // round trip; once more if the generation was not the one expected.
-func (s windowsStore) read(ctx context.Context, conn pipeliner, ks keyspace, client string, watch bool) (int64, []*hash, error) {
+func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client string, watch bool) (int64, []*hash, error) {
+	ks := at.keys
 	for range staleRetries {
 		gen := s.gen(ks)
 		keys := s.hashes(ks, gen, client)
 		reads := make([]*redis.MapStringStringCmd, len(keys))
 		var seen *redis.StringCmd
 		var clock *redis.TimeCmd
+		sent := time.Now()
 		_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 			if watch {
 				// The client's hash and the generation: see flush.
@@ -319,6 +321,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, ks keyspace, cli
 		if !s.saw(ks, gen, seen.Val()) {
 			continue
 		}
+		at.clock.sample(clock.Val(), sent)
 		now := clock.Val().UnixMilli()
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
@@ -331,7 +334,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, ks keyspace, cli
 }
 
 func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (view, error) {
-	now, hashes, err := s.read(ctx, at.node, at.keys, client, false)
+	now, hashes, err := s.read(ctx, at.node, at, client, false)
 	if err != nil {
 		return view{}, err
 	}
@@ -363,7 +366,7 @@ func (s windowsStore) flush(ctx context.Context, at site, client string) error {
 		gen := s.gen(at.keys)
 		keys := s.hashes(at.keys, gen, client)
 		err := at.node.Watch(ctx, func(tx *redis.Tx) error {
-			now, hashes, err := s.read(ctx, tx, at.keys, client, true)
+			now, hashes, err := s.read(ctx, tx, at, client, true)
 			if err != nil {
 				_ = tx.Unwatch(ctx).Err() // else a later EXEC on the connection would abort
 				return err
