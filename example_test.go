@@ -124,7 +124,9 @@ func Example_severalWindows() {
 
 // A minimum spacing between requests is a limit of one per interval, under
 // every strategy. Windows(time.Second) counts a call as made at the end of
-// its second, so it may ask to wait up to a second longer.
+// its second, so it may ask to wait up to a second longer. (RetryAfter is
+// to the millisecond: rounded here, as the two calls may fall in two
+// milliseconds.)
 func Example_minimumSpacing() {
 	for _, strategy := range []leakybucket.Strategy{leakybucket.Logs, leakybucket.SortedSet, leakybucket.Windows(time.Second)} {
 		limiter, err := leakybucket.New(newExampleClient(),
@@ -143,12 +145,12 @@ func Example_minimumSpacing() {
 			log.Fatal(err)
 		}
 		fmt.Printf("%-11v first allowed=%v, second allowed=%v retry-after=%v\n",
-			strategy, first.Allowed, second.Allowed, second.RetryAfter)
+			strategy, first.Allowed, second.Allowed, second.RetryAfter.Round(100*time.Millisecond))
 	}
 	// Output:
 	// logs        first allowed=true, second allowed=false retry-after=2s
 	// sorted set  first allowed=true, second allowed=false retry-after=2s
-	// windows(1s) first allowed=true, second allowed=false retry-after=2.999s
+	// windows(1s) first allowed=true, second allowed=false retry-after=3s
 }
 
 // Against brute force: with WithRecordDenied, every attempt counts, so a

@@ -85,6 +85,9 @@ func readmeCommandTable() string {
 			if sent.lock {
 				cell = "the lock, " + cell
 			}
+			if len(sent.onLoss) > 0 {
+				cell += "; after a lost reply also " + readmeCommands(sent.onLoss)
+			}
 			if extra := clusterCommands[s][m]; len(extra) > 0 {
 				cell += "; on a cluster also " + readmeCommands(extra)
 			}
