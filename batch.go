@@ -8,13 +8,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	)
+)
 
 // Batching. Concurrent AllowN calls of one process that go to the same
 // place (the same lock under Logs, the same resource otherwise) queue in
-// one line. A worker goroutine, started by the first call of an idle line
-// and gone once the line is empty, takes the waiting calls in batches and
+// one line. Worker goroutines, started as calls arrive (one per line under
+// Logs, whose lock admits one batch at a time; lockFreeWorkers otherwise)
+// and gone once the line is empty, take the waiting calls in batches and
 // hands each batch to run, which decides its calls in arrival order, each
 // seeing the ones before it, in one store round (one MULTI/EXEC, or one
 // lock's two round trips under Logs). A hot resource then costs one round
@@ -53,24 +53,34 @@ type call struct {
 	done     chan struct{} // closed once finished
 
 	// Guarded by the batcher's mu.
+	batch *batch // once taken
 	state callState
 	res   Result
 	err   error
 }
 
-// line is the calls waiting for one place, and the batch under way.
+// line is the calls waiting for one place, and its workers.
 type line struct {
-	calls   []*call // waiting, in arrival order
-	running []*call // the batch under way
-	cancel  context.CancelFunc
+	calls   []*call  // waiting, in arrival order
+	workers int      // running
 	lock    lockView // what this process knows of the lock (Logs)
 	lastErr error    // the error of the latest batch, nil if it succeeded
+}
+
+// batch is the calls one worker decides together.
+type batch struct {
+	calls  []*call
+	cancel context.CancelFunc
 }
 
 // batcher holds the lines of one Bucket.
 type batcher struct {
 	// run decides a batch: see batch.go's opening comment.
 	run func(ctx context.Context, batch []*call, lock *lockView) error
+	// workers is how many batches of one line may be under way at once:
+	// one under a lock, more where Redis's transactions alone keep the
+	// counts exact.
+	workers int
 
 	mu    sync.Mutex
 	lines map[string]*line // by key
@@ -129,14 +139,18 @@ func (q *batcher) do(key string, c *call) (Result, error) {
 	if q.lines == nil {
 		q.lines = map[string]*line{}
 	}
-	l, busy := q.lines[key]
-	if !busy {
+	l := q.lines[key]
+	if l == nil {
 		l = &line{}
 		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
+	start := l.workers < max(q.workers, 1)
+	if start {
+		l.workers++
+	}
 	q.mu.Unlock()
-	if !busy {
+	if start {
 		go q.work(key, l)
 	}
 	select {
@@ -156,8 +170,8 @@ func (q *batcher) abandon(l *line, c *call) (Result, error) {
 		return c.res, c.err
 	}
 	c.state = abandoned
-	if l.cancel != nil && allAbandoned(l.running) {
-		l.cancel()
+	if c.batch != nil && allAbandoned(c.batch.calls) {
+		c.batch.cancel()
 	}
 	return Result{}, givenUp(c.ctx, l.lock.contended(), l.lastErr)
 }
@@ -209,52 +223,57 @@ func (e *waitError) Error() string {
 
 func (e *waitError) Unwrap() []error { return []error{e.cause, e.last} }
 
-// work runs the batches of line l until it is empty.
+// work runs batches of line l until it is empty.
 func (q *batcher) work(key string, l *line) {
 	for {
-		batch, ctx, cancel := q.next(key, l)
-		if batch == nil {
+		b, ctx := q.next(key, l)
+		if b == nil {
 			return
 		}
 		err := q.hopeless(ctx)
 		if err == nil {
 			start := time.Now()
-			err = q.run(ctx, batch, &l.lock)
+			err = q.run(ctx, b.calls, &l.lock)
 			if err == nil && l.lock.freeSince(start) {
 				q.took(time.Since(start))
 			}
 		}
-		q.finish(l, batch, ctx, err)
-		cancel()
+		q.finish(l, b, ctx, err)
+		b.cancel()
 	}
 }
 
-// next takes the next batch of l, with its context; nil once l is empty,
-// which it then removes.
-func (q *batcher) next(key string, l *line) ([]*call, context.Context, context.CancelFunc) {
+// next takes the next batch of l, with its context; nil once l is empty:
+// the worker then stops, and the last one removes l.
+func (q *batcher) next(key string, l *line) (*batch, context.Context) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	batch := make([]*call, 0, min(len(l.calls), maxBatch))
+	calls := make([]*call, 0, min(len(l.calls), maxBatch))
 	rest := l.calls[:0]
 	for _, c := range l.calls {
 		switch {
 		case c.state != waiting:
 		case c.ctx.Err() != nil:
 			c.state = abandoned // its caller is giving up: start nothing for it
-		case len(batch) < maxBatch:
-			batch = append(batch, c)
+		case len(calls) < maxBatch:
+			calls = append(calls, c)
 		default:
 			rest = append(rest, c)
 		}
 	}
 	l.calls = rest
-	if len(batch) == 0 {
-		delete(q.lines, key)
-		return nil, nil, nil
+	if len(calls) == 0 {
+		if l.workers--; l.workers == 0 {
+			delete(q.lines, key)
+		}
+		return nil, nil
 	}
-	ctx, cancel := batchContext(batch)
-	l.running, l.cancel = batch, cancel
-	return batch, ctx, cancel
+	ctx, cancel := batchContext(calls)
+	b := &batch{calls: calls, cancel: cancel}
+	for _, c := range calls {
+		c.batch = b
+	}
+	return b, ctx
 }
 
 // batchContext is detached from the calls' contexts, with the latest of
@@ -277,14 +296,14 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 // finish hands the outcome of batch to its calls. If the batch's context
 // ended, every call's deadline has passed (the batch has the latest), or
 // every call gave up: each gets the error it would have got by giving up.
-func (q *batcher) finish(l *line, batch []*call, ctx context.Context, err error) {
+func (q *batcher) finish(l *line, b *batch, ctx context.Context, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err != nil && ctx.Err() != nil {
 		err = givenUp(ctx, l.lock.contended(), err)
 	}
-	l.running, l.cancel, l.lastErr = nil, nil, err
-	for _, c := range batch {
+	l.lastErr = err
+	for _, c := range b.calls {
 		if c.state == abandoned {
 			continue
 		}

@@ -53,7 +53,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 	for _, r := range cfg.rules {
 		b.maxN = min(b.maxN, r.Limit.Requests)
 	}
-	b.batches.run = b.decideBatch
+	b.batches.run, b.batches.workers = b.decideBatch, 1
+	if _, locked := st.(logsStore); !locked {
+		b.batches.workers = lockFreeWorkers
+	}
 	return b, nil
 }
 
@@ -75,6 +78,11 @@ func nodeOf(rdb redis.UniversalClient) (func(context.Context, string) (*redis.Cl
 	}
 	return nil, ErrUnsupportedClient
 }
+
+// lockFreeWorkers is how many batches of one resource a Bucket has under
+// way at once under SortedSet and Windows: a few transactions in flight
+// keep Redis busy while the replies of the others travel.
+const lockFreeWorkers = 4
 
 // siteOf returns where resource's counts live.
 func (b *Bucket) siteOf(ctx context.Context, resource string, lock *lockView) (site, error) {

@@ -56,6 +56,13 @@ func (c *redisClock) now() (int64, bool) {
 	return c.server.Add(time.Since(c.at)).UnixMilli(), true
 }
 
+// olderThan reports whether the sample is older than d, or missing.
+func (c *redisClock) olderThan(d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.valid || time.Since(c.at) > d
+}
+
 // clocks holds one redisClock per server address (a cluster's masters may
 // disagree).
 type clocks struct{ m sync.Map }

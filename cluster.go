@@ -31,7 +31,10 @@ import (
 //     of the keys are already on the target; so those reads fail rather
 //     than answer from missing keys.
 //
-// A decision under the lock needs neither guard: its first round trip sends
+// A SortedSet or Windows decision needs neither guard: it is one MULTI/EXEC
+// of keyed commands, which a MOVED or ASK on any of them aborts (EXECABORT;
+// the error returned is the command's own MOVED or ASK). A Logs decision
+// under the lock needs neither either: its first round trip sends
 // SET NX on the lock key, and its write is a MULTI/EXEC fenced by WATCH on
 // that key, which a MIGRATE of the key, or a MOVED or ASK on any queued
 // command (a new key in a slot being migrated is refused with ASK), aborts.

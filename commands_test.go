@@ -56,16 +56,14 @@ type sends struct {
 	onLoss   []string // sent only after a reply was lost (see txn.resolve)
 }
 
-// fencedTxn are what a fenced transaction (txn.go) sends around its
-// commands; after a lost reply, it reads the fence with GET and TIME.
-var (
-	fencedTxn     = []string{"set", "watch", "multi", "exec"}
-	fencedTxnLoss = []string{"get", "time"}
-)
+// txnCommands are what a transaction (txn.go) sends around its commands;
+// a marked one (Windows') also SETs its marker. After a lost reply the
+// Bucket waits for Redis to answer: PING, or GET of the marker.
+var txnCommands = []string{"multi", "exec"}
 
 // strategyCommands, by strategy (see strategyName) and method. SortedSet
-// and Windows decide in one fenced transaction, and send TIME alone once,
-// for the first estimate of Redis's clock (clock.go).
+// and Windows decide in one transaction, and send TIME alone once, for the
+// first estimate of Redis's clock (clock.go).
 var strategyCommands = map[string]map[method]sends{
 	"logs": {
 		allowMethod:    {true, []string{"scan", "time", "set"}, nil},
@@ -74,15 +72,14 @@ var strategyCommands = map[string]map[method]sends{
 		flushAllMethod: {true, []string{"scan", "del"}, nil},
 	},
 	"sortedset": {
-		allowMethod: {false, append(slices.Clone(fencedTxn), "time", "zremrangebyscore", "zcard", "zrange", "zadd",
-			"zremrangebyrank", "pexpireat", "zrem"), fencedTxnLoss},
+		allowMethod: {false, append(slices.Clone(txnCommands), "time", "zremrangebyscore", "zcard", "zrange", "zadd",
+			"zremrangebyrank", "pexpireat", "zrem"), []string{"ping"}},
 		peekMethod:     {false, []string{"time", "zcount", "zrangebyscore", "zrange"}, nil},
 		flushMethod:    {false, []string{"zrange", "multi", "del", "zrem", "exec"}, nil},
 		flushAllMethod: {false, []string{"scan", "del"}, nil},
 	},
 	"windows": {
-		allowMethod: {false, append(slices.Clone(fencedTxn), "time", "get", "hdel", "hincrby", "hgetall", "pexpireat"),
-			fencedTxnLoss},
+		allowMethod: {false, append(slices.Clone(txnCommands), "set", "time", "get", "hdel", "hincrby", "hgetall", "pexpireat"), nil},
 		peekMethod:     {false, []string{"get", "hgetall", "time"}, nil},
 		flushMethod:    {false, []string{"watch", "get", "hgetall", "time", "multi", "del", "hincrby", "pexpireat", "exec"}, nil},
 		flushAllMethod: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},

@@ -10,17 +10,19 @@
 // every rule has room for it, and then records it under every rule. A
 // denied call is a Result with Allowed false, never an error.
 //
-// A Strategy decides how the counts are kept. By default (Logs) each
-// admitted call writes one expiring access-log key stamped with Redis time
-// (SET PXAT), and rules count the live logs with SCAN MATCH; since SCAN
-// walks the whole database, keep the limiter's keys in a logical database
-// of their own, or choose SortedSet (a sorted-set sliding log) or
-// Windows(precision) (per-interval weights in a hash), whose cost does not
-// depend on the database. Under every strategy the count-then-write runs
-// under a lock built from SET NX PX and fenced by WATCH + MULTI/EXEC, so a
-// holder whose lock expired writes nothing, and an uncontended decision
-// costs two round trips. Time comes only from Redis. The README describes
-// the design in full.
+// A Strategy decides how the counts are kept. SortedSet (a sliding log
+// per rule, capped at its limit) and Windows(precision) (per-interval
+// weights in a hash) decide in one MULTI/EXEC without a lock: the
+// transaction records the call and returns the counts, and the call is
+// decided from what it returned (docs/design.md argues why that never
+// admits past a limit). Logs, the default and the original design, writes
+// one expiring access-log key per batch of admitted calls (SET PXAT) and
+// counts the live logs with SCAN MATCH under a lock built from SET NX and
+// fenced by WATCH + MULTI/EXEC: two round trips, and SCAN walks the whole
+// database, so keep its keys in a logical database of their own. Time
+// comes from Redis: the server's own clock, or this host's estimate of it
+// from TIME replies. Concurrent calls to one resource are batched into one
+// round. The README describes the design in full.
 //
 // The name: every admitted request fills the bucket by its weight and leaks
 // out of it exactly one window later, when Redis expires its log.

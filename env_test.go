@@ -214,7 +214,7 @@ func newMiniEnv(t *testing.T, s Strategy) *env {
 	})
 	client := func() *redis.Client {
 		return redis.NewClient(&redis.Options{
-			Addr:   "miniredis",
+			Addr: "miniredis",
 			Dialer: func(context.Context, string, string) (net.Conn, error) {
 				c, err := m.Dial()
 				if err != nil {

@@ -12,21 +12,27 @@ import (
 // unpadded base64url encodings, and T the Bucket's tag (w<longest window in
 // ms>, and p<precision in ms> under Windows: w60000, w3600000p60000):
 //
-//	P:T:{R}:lock                  the lock of a Bucket with a per-resource rule
-//	P:T:{R}:lock:C                the lock of a Bucket whose rules are all per-client
+//	P:T:{R}:lock                  Logs: the lock of a Bucket with a per-resource rule
+//	P:T:{R}:lock:C                Logs: the lock of a Bucket whose rules are all per-client
+//	P:T:{R}:fence:<id>            SortedSet, Windows: the fence of one transaction
+//	                              (txn.go), gone within a second
 //
 //	Logs:
 //	P:T:{R}:log:C:<ms>:<n>:<uuid> calls of total weight n (one batch's),
 //	                              made at Redis time <ms>; it expires (PXAT)
 //	                              when the longest window has passed
-//	SortedSet:
-//	P:T:{R}:zset                  the resource's calls, when a rule is per-resource
-//	P:T:{R}:zset:C                the client's calls, when every rule is per-client
-//	                              (members C:<n>:<uuid>, scored by Redis time, ms)
-//	Windows:
-//	P:T:{R}:hash                  the resource's weight per interval, when a rule
+//	SortedSet, per rule of window W ms and limit L:
+//	P:T:{R}:zset:W:L              a per-resource rule's calls (members C:<id>:<unit>)
+//	P:T:{R}:zset:W:L:C            a per-client rule's calls (members <id>:<unit>),
+//	                              one member per unit of weight, scored by Redis
+//	                              time (ms); at most L members
+//	Windows, in generation G ("" until the first FlushAll, then "@1", "@2"...):
+//	P:T:{R}:hashG                 the resource's weight per interval, when a rule
 //	                              is per-resource (field: Redis time / precision)
-//	P:T:{R}:hash:C                the client's weight per interval
+//	P:T:{R}:hashG:C               the client's weight per interval, when a rule
+//	                              is per-client
+//	P:T:{R}:gen                   the generation, once FlushAll ran; it expires
+//	                              after the longest window
 //
 // Why this shape:
 //   - The tag keeps apart Buckets that would corrupt each other's counts if
@@ -34,10 +40,11 @@ import (
 //     window would delete calls that one with a longer window still counts,
 //     and hashes of different precisions number their intervals
 //     differently. Buckets with the same tag share counts safely: each
-//     decides from all of them under the same lock, so each of their rules
-//     holds. Changing a rule's Requests keeps the counts; changing the
-//     longest window or the precision starts new ones (the old keys expire
-//     on their own).
+//     decides from all of them, and each of their rules holds. Under Logs
+//     and Windows, changing a rule's Requests keeps the counts; changing
+//     the longest window or the precision starts new ones (the old keys
+//     expire on their own). SortedSet keeps a set per (window, limit),
+//     capped at the limit, so changing a limit starts a new set.
 //   - The hash tag {R} puts every key of a resource in one cluster slot, so
 //     the lock, the counts, WATCH and MULTI/EXEC of a decision never cross
 //     slots.
@@ -45,8 +52,8 @@ import (
 //     always ends where R ends, the encoding of (resource, client) is
 //     injective whatever bytes they hold, and a MATCH pattern for one client
 //     (P:{R}:log:C:*) cannot match another client's logs.
-//   - "log:", "lock", "zset" and "hash" differ before any pattern's '*', so
-//     no pattern of one matches another.
+//   - "log:", "lock", "zset", "hash", "fence:" and "gen" differ before any
+//     pattern's '*', so no pattern of one matches another.
 //   - The prefix may hold glob metacharacters: matchPrefix escapes them. It
 //     cannot hold braces (New refuses them), or the tag would move.
 //

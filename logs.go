@@ -267,4 +267,3 @@ func (s *keyScan) finish(ctx context.Context, conn pipeliner) error {
 }
 
 func (s *keyScan) tally() *tally { return &s.t }
-

@@ -2,7 +2,7 @@ package leakybucket
 
 import (
 	"math"
-		"time"
+	"time"
 )
 
 // Result is the answer to Allow, AllowN, Peek and PeekN. All its durations are

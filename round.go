@@ -2,14 +2,17 @@ package leakybucket
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A round is one lock-free decision of a batch, as SortedSet and Windows
-// make it: one fenced MULTI/EXEC (txn.go) that records the calls and reads
-// the counts, then the calls judged in order from what it returned, then,
-// if some call was not recorded, a second fenced transaction that takes
-// its writes back.
+// make it: one MULTI/EXEC (txn.go) that records the calls and reads the
+// counts, then the calls judged in order from what it returned, then, if
+// some call was not recorded, a second transaction that takes its writes
+// back.
 type round interface {
 	// queue adds the batch's commands to t.
 	queue(t *txn)
@@ -20,20 +23,30 @@ type round interface {
 	// transaction that ran although its reply was lost: every caller got
 	// an error, so none may count.
 	takeAll(back *txn)
+	// idempotent reports whether a take-back may run twice (SortedSet's
+	// ZREM) or must run once (Windows' HINCRBY): then the transactions are
+	// marked, for resolve to tell whether they ran.
+	idempotent() bool
 }
 
+// clockRefresh is how often a decision carries TIME, to keep the estimate
+// of Redis's clock fresh.
+const clockRefresh = time.Second
+
 // decideRound runs r, built for the calls at the estimated Redis time.
-// When the transaction's reply is lost, it returns the error at once and
-// resolves in the background whether the transaction ran, to take it all
-// back if it did.
+// When the transaction's reply is lost, it returns the error at once and,
+// in the background, takes the calls back if the transaction ran.
 func decideRound(ctx context.Context, at site, newRound func(now int64) round, judge judgeFunc) error {
 	now, err := at.clock.estimate(ctx, at.node)
 	if err != nil {
 		return err
 	}
 	r := newRound(now)
-	t := newTxn(at.keys, now)
-	clock := t.add("time")
+	t := newTxn(at.keys, !r.idempotent())
+	clock := -1
+	if at.clock.olderThan(clockRefresh) {
+		clock = t.add("time")
+	}
 	r.queue(t)
 	sent := time.Now()
 	switch o, err := t.exec(ctx, at.node); o {
@@ -41,38 +54,46 @@ func decideRound(ctx context.Context, at site, newRound func(now int64) round, j
 		return err
 	case unknown:
 		at.clock.reset()
-		go func() {
-			if t.resolve(at.node) == ran {
-				back := newTxn(at.keys, now)
-				r.takeAll(back)
-				takeBack(at, back)
-			}
-		}()
+		go takeAllBack(at, r, t)
 		return err
 	}
-	if server, ok := replyTime(t.replies[clock]); ok {
-		at.clock.sample(server, sent)
+	if clock >= 0 {
+		if server, ok := replyTime(t.replies[clock]); ok {
+			at.clock.sample(server, sent)
+		}
 	}
-	back := newTxn(at.keys, now)
+	back := newTxn(at.keys, !r.idempotent())
 	if err := r.judge(t, judge, back); err != nil {
 		return err
 	}
-	takeBack(at, back)
+	takeBack(at, back, r.idempotent())
 	return nil
+}
+
+// takeAllBack takes back every call of r, whose transaction t lost its
+// reply, once resolve says it ran (or, its take-back being idempotent,
+// that it ran if it ever will).
+func takeAllBack(at site, r round, t *txn) {
+	o := t.resolve(at.node, true)
+	if o == ran || o == unknown && r.idempotent() {
+		back := newTxn(at.keys, !r.idempotent())
+		r.takeAll(back)
+		takeBack(at, back, r.idempotent())
+	}
 }
 
 // takeBackFor bounds how long a take-back is tried: the slot of the
 // resource may be moving to another node meanwhile.
 const takeBackFor = 5 * time.Second
 
-// takeBack runs back, if it holds anything, exactly once if it can: a
-// transaction that did not run is sent again with a new fence (to the
-// slot's new owner, if it was redirected); one whose reply was lost is
-// resolved, never sent twice. A take-back that cannot be made leaves the
-// calls counted: others are denied sooner, never admitted past a limit.
-// It runs detached from the callers' contexts, which may have ended: a
-// caller that gave up must not stay counted.
-func takeBack(at site, back *txn) {
+// takeBack runs back, if it holds anything: an idempotent one until it
+// ran, another exactly once if it can (one that did not run is sent again;
+// one whose reply was lost is resolved, never sent twice), to the slot's
+// new owner if it was redirected. A take-back that cannot be made leaves
+// the calls counted: others are denied sooner, never admitted past a
+// limit. It runs detached from the callers' contexts, which may have
+// ended: a caller that gave up must not stay counted.
+func takeBack(at site, back *txn, idempotent bool) {
 	if len(back.cmds) == 0 {
 		return
 	}
@@ -81,10 +102,10 @@ func takeBack(at site, back *txn) {
 	node, backoff := at.node, resolveFirstBackoff
 	for {
 		o, err := back.exec(ctx, node)
-		if o == unknown {
-			o = back.resolve(node)
+		if o == unknown && !idempotent {
+			o = back.resolve(node, false)
 		}
-		if o != notRun || ctx.Err() != nil {
+		if o == ran || o == unknown && !idempotent || ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
 			return
 		}
 		if at.route.redirected(err) != nil && at.refind != nil {
@@ -94,10 +115,6 @@ func takeBack(at site, back *txn) {
 		}
 		_ = sleep(ctx, backoff) // ctx's end is seen above
 		backoff = min(2*backoff, resolveMaxBackoff)
-		now, err := at.clock.estimate(ctx, node)
-		if err != nil {
-			continue
-		}
-		back = back.refenced(at.keys, now)
+		back = back.again(at.keys)
 	}
 }

@@ -259,6 +259,8 @@ func (b *zBatch) takeAll(back *txn) {
 	}
 }
 
+func (b *zBatch) idempotent() bool { return true }
+
 // start reads what the set held before the batch's calls.
 func (set *zSet) start(replies []any) {
 	set.held = int(replyInt(replies[set.card]))

@@ -6,66 +6,52 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// A txn is one MULTI/EXEC that runs at most once, and never after its
-// fence's deadline, sent in one round trip:
+// A txn is one MULTI/EXEC, sent in one round trip, that go-redis never
+// sends twice: its retries would run it again after a reply that was lost
+// although the transaction ran. Its commands are sent with Do, and their
+// replies read by hand from the EXEC's.
 //
-//	SET fence pending NX PXAT deadline
-//	WATCH fence
-//	MULTI, the commands, SET fence done PX fenceDoneGrace, EXEC
-//
-// Redis (>= 7.0) aborts an EXEC whose watched key expired between WATCH
-// and EXEC, so a transaction that Redis starts before its deadline and
-// finishes after it writes nothing. When its reply is lost (a timeout, a
-// cut connection), resolve learns from the fence whether it ran: "done",
-// which lives fenceDoneGrace after the transaction ran, means it did;
-// nothing there once Redis answers again and the deadline has passed means
-// it did not. A transaction that reaches Redis only after its deadline
-// (the server was paused with it unread) is not stopped by the fence, as
-// its SET then makes a key already expired, which WATCH ignores: it runs
-// as Redis resumes, and resolve, polling until Redis answers, sees its
-// "done" and takes it back. So a decision whose caller gave up is taken
-// back, or never made.
-//
-// The commands are sent with Do, and their replies read by hand from the
-// EXEC's: go-redis's TxPipelined cannot send SET and WATCH before MULTI in
-// the same round trip.
+// A txn whose effect cannot be undone by repeating an undo (Windows'
+// HINCRBY) is marked: its last command, SET marker done PX
+// fenceDoneGrace, lets resolve learn after a lost reply whether it ran.
+// Either way, once Redis answers again it has run whatever it had read
+// (a paused server runs the buffered transaction as it resumes), so
+// resolve waits until Redis has answered for resolveSettle.
 type txn struct {
-	fence    string
-	deadline int64 // Redis ms
-	cmds     [][]any
-	replies  []any // after the EXEC, by command
+	marker  string // "" if not marked
+	cmds    [][]any
+	replies []any // after the EXEC, by command
 }
 
-// fenceLife bounds how long after it was sent a transaction may start. A
-// fence's "done" lives fenceDoneGrace after its transaction ran, for
-// resolve to see. resolve polls for at most resolveFor, and decides that a
-// transaction did not run once Redis, past the deadline, has answered for
-// resolveSettle without showing "done": long enough for the server to
-// read what it had buffered when it was paused.
+// fenceDoneGrace is how long a marker lives after its transaction ran, for
+// resolve to see. resolve polls for at most resolveFor, and decides once
+// Redis has answered for resolveSettle: long enough for the server to
+// run what it had buffered while it was paused or cut off.
 const (
-	fenceLife      = 250 * time.Millisecond
 	fenceDoneGrace = 500 * time.Millisecond
 	resolveFor     = 10 * time.Second
 	resolveSettle  = 20 * time.Millisecond
 )
 
-// errFenced: the transaction reached Redis after its fence's deadline.
-var errFenced = errors.New("leakybucket: the transaction reached Redis after its deadline and was not run")
-
-// newTxn returns an empty transaction fenced in keys' slot, with the
-// deadline now (Redis ms) plus fenceLife.
-func newTxn(keys keyspace, now int64) *txn {
-	return &txn{fence: keys.fence(strconv.FormatUint(rand.Uint64(), 36)), deadline: now + fenceLife.Milliseconds()}
+// newTxn returns an empty transaction, marked in keys' slot if marked.
+func newTxn(keys keyspace, marked bool) *txn {
+	t := &txn{}
+	if marked {
+		t.marker = keys.fence(strconv.FormatUint(rand.Uint64(), 36))
+	}
+	return t
 }
 
-// refenced returns t with a new fence, to send again after it did not run.
-func (t *txn) refenced(keys keyspace, now int64) *txn {
-	fresh := newTxn(keys, now)
+// again returns t's commands as a new transaction, with a new marker, to
+// send after t did not run.
+func (t *txn) again(keys keyspace) *txn {
+	fresh := newTxn(keys, t.marker != "")
 	fresh.cmds = t.cmds
 	return fresh
 }
@@ -85,21 +71,19 @@ const (
 )
 
 // exec sends t on node and reports whether it ran. With notRun the error
-// says why (errFenced, or a command's own error, such as MOVED); with
-// unknown, why the reply was lost.
+// says why (a command's own error, such as MOVED); with unknown, why the
+// reply was lost.
 func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) {
 	var exec *redis.Cmd
 	queued := make([]*redis.Cmd, len(t.cmds))
 	_, err := node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		// Sent again after a lost reply, by go-redis's retries, the
-		// transaction would run twice (its fence says done, not pending).
-		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "set", t.fence, "pending", "nx", "pxat", t.deadline)})
-		pipe.Do(ctx, "watch", t.fence)
-		pipe.Do(ctx, "multi")
+		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
 		for i, args := range t.cmds {
 			queued[i] = pipe.Do(ctx, args...)
 		}
-		pipe.Do(ctx, "set", t.fence, "done", "px", fenceDoneGrace.Milliseconds())
+		if t.marker != "" {
+			pipe.Do(ctx, "set", t.marker, "done", "px", fenceDoneGrace.Milliseconds())
+		}
 		exec = pipe.Do(ctx, "exec")
 		return nil
 	})
@@ -107,13 +91,11 @@ func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) 
 	switch {
 	case execErr == nil:
 		replies, ok := exec.Val().([]any)
-		if !ok || len(replies) != len(t.cmds)+1 {
+		if !ok || len(replies) < len(t.cmds) {
 			return unknown, fmt.Errorf("leakybucket: EXEC replied %T with %d replies", exec.Val(), len(replies))
 		}
 		t.replies = replies[:len(t.cmds)]
 		return ran, nil
-	case errors.Is(execErr, redis.Nil):
-		return notRun, errFenced
 	case isRedisError(execErr):
 		return notRun, queuedError(queued, execErr) // EXECABORT
 	}
@@ -148,30 +130,40 @@ const (
 	resolveMaxBackoff   = 200 * time.Millisecond
 )
 
-// resolve learns whether t ran after its reply was lost, on a connection of
-// its own, detached from any caller. It returns unknown if Redis could not
-// be asked within resolveFor.
-func (t *txn) resolve(node *redis.Client) txnOutcome {
+// resolve learns whether t ran after its reply was lost, on a connection
+// of its own, detached from any caller: once Redis has answered for
+// resolveSettle, t has run if it ever will, and a marked t shows it.
+// An unmarked t resolves to unknown then: its undo is to be repeated
+// rather than known. resolve returns unknown too if Redis could not be
+// asked within resolveFor. With refusedIsGone, a refused connection means
+// the server is gone with what it had read (a decision's transaction: if
+// a proxy refused while the server ran it, its calls stay counted, which
+// is safe); else (a take-back's, which must never run twice) resolve
+// keeps asking.
+func (t *txn) resolve(node *redis.Client, refusedIsGone bool) txnOutcome {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveFor)
 	defer cancel()
 	backoff := resolveFirstBackoff
-	var answered time.Time // when Redis first answered past the deadline
+	var answered time.Time // since when Redis answers
 	for {
-		done, past, err := t.look(ctx, node)
+		done, err := t.look(ctx, node)
 		switch {
 		case done:
 			return ran
 		case errors.Is(err, redis.ErrClosed):
 			return unknown // the client was closed: nothing more can be sent
+		case refusedIsGone && errors.Is(err, syscall.ECONNREFUSED):
+			return notRun
 		case err != nil:
 			// Even a refused connection proves nothing: a proxy may refuse
 			// while the server runs what it had read.
 			answered = time.Time{}
-		case !past:
 		case answered.IsZero():
 			answered = time.Now()
-		case time.Since(answered) >= resolveSettle:
+		case time.Since(answered) >= resolveSettle && t.marker != "":
 			return notRun
+		case time.Since(answered) >= resolveSettle:
+			return unknown
 		}
 		if ctx.Err() != nil {
 			return unknown
@@ -181,20 +173,16 @@ func (t *txn) resolve(node *redis.Client) txnOutcome {
 	}
 }
 
-// look makes one attempt of resolve: whether the fence says done, and
-// whether Redis's time is past the deadline.
-func (t *txn) look(ctx context.Context, node *redis.Client) (done, past bool, err error) {
-	var get *redis.StringCmd
-	var clock *redis.TimeCmd
-	_, err = node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		get = pipe.Get(ctx, t.fence)
-		clock = pipe.Time(ctx)
-		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return false, false, err
+// look makes one attempt of resolve: whether the marker says done.
+func (t *txn) look(ctx context.Context, node *redis.Client) (bool, error) {
+	if t.marker == "" {
+		return false, node.Ping(ctx).Err()
 	}
-	return get.Val() == "done", clock.Val().UnixMilli() >= t.deadline, nil
+	done, err := node.Get(ctx, t.marker).Result()
+	if errors.Is(err, redis.Nil) {
+		err = nil
+	}
+	return done == "done", err
 }
 
 // Replies of EXEC, as go-redis reads them (RESP3 or RESP2).
@@ -243,14 +231,24 @@ func replyHash(v any) map[string]string {
 	switch h := v.(type) {
 	case map[any]any: // RESP3
 		for k, v := range h {
-			out[fmt.Sprint(k)] = fmt.Sprint(v)
+			out[replyString(k)] = replyString(v)
 		}
 	case []any: // RESP2
 		for i := 0; i+1 < len(h); i += 2 {
-			out[fmt.Sprint(h[i])] = fmt.Sprint(h[i+1])
+			out[replyString(h[i])] = replyString(h[i+1])
 		}
 	}
 	return out
+}
+
+func replyString(v any) string {
+	switch s := v.(type) {
+	case string:
+		return s
+	case int64:
+		return strconv.FormatInt(s, 10)
+	}
+	return fmt.Sprint(v)
 }
 
 // replyTime reads a TIME reply.
@@ -259,7 +257,7 @@ func replyTime(v any) (time.Time, bool) {
 	if len(parts) != 2 {
 		return time.Time{}, false
 	}
-	sec, err1 := strconv.ParseInt(fmt.Sprint(parts[0]), 10, 64)
-	usec, err2 := strconv.ParseInt(fmt.Sprint(parts[1]), 10, 64)
+	sec, err1 := strconv.ParseInt(replyString(parts[0]), 10, 64)
+	usec, err2 := strconv.ParseInt(replyString(parts[1]), 10, 64)
 	return time.Unix(sec, usec*1000), err1 == nil && err2 == nil
 }

@@ -234,6 +234,8 @@ func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn) error {
 	return nil
 }
 
+func (b *hBatch) idempotent() bool { return false }
+
 // takeAll queues the take-back of the batch's whole weight.
 func (b *hBatch) takeAll(back *txn) {
 	b.queueBack(back, func(h *hash) int { return h.added })
@@ -405,8 +407,9 @@ func (s windowsStore) takeShare(ctx context.Context, pipe redis.Pipeliner, resou
 // flushAll starts a new generation, and deletes the hashes of the resource
 // (with SCAN when a rule is per-client): a decision or take-back that
 // raced it writes to the old generation, which nothing reads. The
-// generation's key outlives the longest window, so that no decision
-// counts with what a late take-back wrote to the generation before.
+// generation's key outlives the longest window and the latest take-back
+// (resolveFor, takeBackFor), so that no decision counts with what a late
+// take-back wrote to a generation before.
 func (s windowsStore) flushAll(ctx context.Context, at site) error {
 	keys := []string{at.keys.hash(s.gen(at.keys))}
 	if s.hasClientRule {
@@ -419,7 +422,7 @@ func (s windowsStore) flushAll(ctx context.Context, at site) error {
 	var bumped *redis.IntCmd
 	_, err := at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		bumped = pipe.Incr(ctx, at.keys.generation())
-		pipe.PExpire(ctx, at.keys.generation(), time.Duration(s.longest)*time.Millisecond+fenceLife+holdGrace)
+		pipe.PExpire(ctx, at.keys.generation(), time.Duration(s.longest)*time.Millisecond+resolveFor+takeBackFor)
 		if len(keys) > 0 {
 			pipe.Del(ctx, keys...)
 		}
