@@ -101,11 +101,8 @@ func takeBack(at site, back *txn, idempotent bool) {
 	defer cancel()
 	node, backoff := at.node, resolveFirstBackoff
 	for {
-		o, err := back.exec(ctx, node)
-		if o == unknown && !idempotent {
-			o = back.resolve(node, false)
-		}
-		if o == ran || o == unknown && !idempotent || ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
+		over, err := tryTakeBack(ctx, node, back, idempotent)
+		if over || ctx.Err() != nil {
 			return
 		}
 		if at.route.redirected(err) != nil && at.refind != nil {
@@ -117,4 +114,16 @@ func takeBack(at site, back *txn, idempotent bool) {
 		backoff = min(2*backoff, resolveMaxBackoff)
 		back = back.again(at.keys)
 	}
+}
+
+// tryTakeBack makes one attempt of takeBack, and reports whether it is
+// over: it ran, it may have run and must not run twice, or the client was
+// closed.
+func tryTakeBack(ctx context.Context, node *redis.Client, back *txn, idempotent bool) (bool, error) {
+	o, err := back.exec(ctx, node)
+	if o == unknown && !idempotent {
+		o = back.resolve(node, false)
+	}
+	over := o == ran || o == unknown && !idempotent || errors.Is(err, redis.ErrClosed)
+	return over, err
 }

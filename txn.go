@@ -143,34 +143,47 @@ const (
 func (t *txn) resolve(node *redis.Client, refusedIsGone bool) txnOutcome {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveFor)
 	defer cancel()
-	backoff := resolveFirstBackoff
-	var answered time.Time // since when Redis answers
-	for {
+	r := resolution{marked: t.marker != "", refusedIsGone: refusedIsGone}
+	for backoff := resolveFirstBackoff; ; backoff = min(2*backoff, resolveMaxBackoff) {
 		done, err := t.look(ctx, node)
-		switch {
-		case done:
-			return ran
-		case errors.Is(err, redis.ErrClosed):
-			return unknown // the client was closed: nothing more can be sent
-		case refusedIsGone && errors.Is(err, syscall.ECONNREFUSED):
-			return notRun
-		case err != nil:
-			// Even a refused connection proves nothing: a proxy may refuse
-			// while the server runs what it had read.
-			answered = time.Time{}
-		case answered.IsZero():
-			answered = time.Now()
-		case time.Since(answered) >= resolveSettle && t.marker != "":
-			return notRun
-		case time.Since(answered) >= resolveSettle:
-			return unknown
+		if o, over := r.next(done, err); over {
+			return o
 		}
 		if ctx.Err() != nil {
 			return unknown
 		}
 		_ = sleep(ctx, backoff) // ctx's end is seen above
-		backoff = min(2*backoff, resolveMaxBackoff)
 	}
+}
+
+// resolution is what resolve learned so far.
+type resolution struct {
+	marked, refusedIsGone bool
+	answered              time.Time // since when Redis answers
+}
+
+// next takes one look's outcome, and returns the verdict once there is
+// one.
+func (r *resolution) next(done bool, err error) (txnOutcome, bool) {
+	switch {
+	case done:
+		return ran, true
+	case errors.Is(err, redis.ErrClosed):
+		return unknown, true // the client was closed: nothing more can be sent
+	case r.refusedIsGone && errors.Is(err, syscall.ECONNREFUSED):
+		return notRun, true
+	case err != nil:
+		// Even a refused connection proves nothing: a proxy may refuse
+		// while the server runs what it had read.
+		r.answered = time.Time{}
+	case r.answered.IsZero():
+		r.answered = time.Now()
+	case time.Since(r.answered) >= resolveSettle && r.marked:
+		return notRun, true
+	case time.Since(r.answered) >= resolveSettle:
+		return unknown, true
+	}
+	return unknown, false
 }
 
 // look makes one attempt of resolve: whether the marker says done.
