@@ -342,7 +342,7 @@ func TestCommandsPerMethod(t *testing.T) {
 			record(peekMethod, "Peek", func() error { _, err := b.Peek(ctx, "r", "a"); return err })
 			allow(b, "a", 1)
 			allow(b, "b", 1)
-			allow(b, "a", 3)                   // denied, after the cap let 1 in: taken back
+			allow(b, "a", 3) // denied, after the cap let 1 in: taken back
 			// All gone: Windows deletes their interval; and the estimate of
 			// Redis's clock is old enough for a decision to carry TIME.
 			time.Sleep(clockRefresh + 50*time.Millisecond)
