@@ -80,9 +80,11 @@ func nodeOf(rdb redis.UniversalClient) (func(context.Context, string) (*redis.Cl
 }
 
 // lockFreeWorkers is how many batches of one resource a Bucket has under
-// way at once under SortedSet and Windows: a few transactions in flight
-// keep Redis busy while the replies of the others travel.
-const lockFreeWorkers = 4
+// way at once under SortedSet and Windows: a second transaction in flight
+// keeps Redis busy while the reply of the first travels. More make the
+// batches smaller, and cost Redis more than they save (measured with 2, 4
+// and 8 in bench/).
+const lockFreeWorkers = 2
 
 // siteOf returns where resource's counts live.
 func (b *Bucket) siteOf(ctx context.Context, resource string, lock *lockView) (site, error) {
