@@ -24,12 +24,24 @@ import (
 // million, so minutes-old samples would do too); a reply delayed by a pause
 // is not taken unless there is nothing better. The
 // host's wall clock is never used: a skewed host clock changes nothing.
+//
+// A clock that does not move (miniredis after SetTime, in tests) would
+// make the estimate run ahead of it: once two replies a millisecond or
+// more apart read the same microsecond, which no running clock does, the
+// clock is taken for a test's, and the estimate is the latest reply from
+// then on (a decision whose transaction then reads another time is made
+// again: see stampOff).
 type redisClock struct {
 	mu     sync.Mutex
 	valid  bool
 	server time.Time     // Redis time (to the µs) at the midpoint of the sample
 	at     time.Time     // the host's monotonic reading at that midpoint
 	rtt    time.Duration // the sample's round trip: the estimate's error is at most half of it
+
+	last    time.Time // the latest reply, whether taken as the sample or not
+	lastAt  time.Time // when it arrived
+	stopped bool      // the server's clock was seen standing still: a test's
+	running bool      // the server's clock was seen moving
 }
 
 const clockSampleAge = 10 * time.Second
@@ -39,6 +51,13 @@ func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 	rtt := received.Sub(sent)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	apart := !c.lastAt.IsZero() && received.Sub(c.lastAt) >= time.Millisecond
+	if server.Equal(c.last) {
+		c.stopped = c.stopped || apart
+	} else {
+		c.running = c.running || apart && !c.stopped
+		c.last, c.lastAt = server, received
+	}
 	if c.valid && rtt > c.rtt && !(time.Since(c.at) > clockSampleAge && rtt <= 4*c.rtt+time.Millisecond) {
 		return // a worse sample: a round trip slowed by load or a pause
 	}
@@ -50,17 +69,13 @@ func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 func (c *redisClock) now() (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.valid {
+	switch {
+	case !c.valid:
 		return 0, false
+	case c.stopped:
+		return c.last.UnixMilli(), true
 	}
 	return c.server.Add(time.Since(c.at)).UnixMilli(), true
-}
-
-// olderThan reports whether the sample is older than d, or missing.
-func (c *redisClock) olderThan(d time.Duration) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return !c.valid || time.Since(c.at) > d
 }
 
 // clocks holds one redisClock per server address (a cluster's masters may
@@ -102,15 +117,41 @@ func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, e
 }
 
 // sample records the TIME reply (server) of a transaction sent at sent,
-// which returned just now; a reply far from the estimate resets it first.
+// which returned just now. Redis read its clock between the two, so a
+// right estimate puts the reply between its estimates of them, give or
+// take its own error and a millisecond of rounding: a reply outside means
+// the server's clock jumped, or runs at another pace (a test's stopped
+// clock), and the estimate is thrown away for this reply.
 func (c *redisClock) sample(server time.Time, sent time.Time) {
 	received := time.Now()
-	rtt := received.Sub(sent)
-	if now, ok := c.now(); ok {
-		off := time.Duration(server.UnixMilli()-now)*time.Millisecond + rtt/2
-		if off > clockJump+rtt || off < -clockJump-rtt {
-			c.reset()
-		}
+	c.mu.Lock()
+	if c.valid && !c.stopped {
+		slack := c.rtt/2 + time.Millisecond
+		early := c.server.Add(sent.Sub(c.at) - slack)
+		late := c.server.Add(received.Sub(c.at) + slack)
+		c.valid = !server.Before(early) && !server.After(late)
 	}
+	c.mu.Unlock()
 	c.observe(server, sent, received)
+}
+
+// pace is what is known of the server clock's pace.
+type pace uint8
+
+const (
+	paceUnknown pace = iota
+	paceRunning      // it was seen moving
+	paceStopped      // it was seen standing still: a test's
+)
+
+func (c *redisClock) pace() pace {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.stopped:
+		return paceStopped
+	case c.running:
+		return paceRunning
+	}
+	return paceUnknown
 }

@@ -3,6 +3,7 @@ package leakybucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,8 +18,9 @@ type round interface {
 	// queue adds the batch's commands to t.
 	queue(t *txn)
 	// judge reads t's replies, asks judge about each call in order, and
-	// queues on back the take-back of the calls not recorded.
-	judge(t *txn, judge judgeFunc, back *txn) error
+	// queues on back the take-back of the calls not recorded. now is Redis's
+	// time when t ran (ms), which the Results count from.
+	judge(t *txn, judge judgeFunc, back *txn, now int64) error
 	// takeAll queues on back the take-back of every call, for a
 	// transaction that ran although its reply was lost: every caller got
 	// an error, so none may count.
@@ -29,24 +31,39 @@ type round interface {
 	idempotent() bool
 }
 
-// clockRefresh is how often a decision carries TIME, to keep the estimate
-// of Redis's clock fresh.
-const clockRefresh = time.Second
+// errRedo: the decision must be made again, its writes having been taken
+// back or gone to keys nothing reads.
+var errRedo = errors.New("leakybucket: decision to be made again")
 
-// decideRound runs r, built for the calls at the estimated Redis time.
-// When the transaction's reply is lost, it returns the error at once and,
-// in the background, takes the calls back if the transaction ran.
+// redoAttempts bounds how often a batch is decided again.
+const redoAttempts = 3
+
+// decideRound decides the calls with rounds made by newRound for the
+// estimated Redis time, again if one says so (errRedo).
 func decideRound(ctx context.Context, at site, newRound func(now int64) round, judge judgeFunc) error {
+	var err error
+	for range redoAttempts {
+		if err = decideOnce(ctx, at, newRound, judge); !errors.Is(err, errRedo) {
+			return err
+		}
+	}
+	return err
+}
+
+// decideOnce runs one round. When the transaction's reply is lost, it
+// returns the error at once and, in the background, takes the calls back
+// if the transaction ran. When the transaction ran at a Redis time far
+// from the calls' stamp (Redis's clock jumped, or this process stalled
+// between stamping and sending), it takes the calls back and says redo:
+// a stamp too early would let the calls leave their windows early.
+func decideOnce(ctx context.Context, at site, newRound func(now int64) round, judge judgeFunc) error {
 	now, err := at.clock.estimate(ctx, at.node)
 	if err != nil {
 		return err
 	}
 	r := newRound(now)
 	t := newTxn(at.keys, !r.idempotent())
-	clock := -1
-	if at.clock.olderThan(clockRefresh) {
-		clock = t.add("time")
-	}
+	clock := t.add("time")
 	r.queue(t)
 	sent := time.Now()
 	switch o, err := t.exec(ctx, at.node); o {
@@ -57,17 +74,36 @@ func decideRound(ctx context.Context, at site, newRound func(now int64) round, j
 		go takeAllBack(at, r, t)
 		return err
 	}
-	if clock >= 0 {
-		if server, ok := replyTime(t.replies[clock]); ok {
-			at.clock.sample(server, sent)
-		}
-	}
 	back := newTxn(at.keys, !r.idempotent())
-	if err := r.judge(t, judge, back); err != nil {
+	server, ok := replyTime(t.replies[clock])
+	if !ok || stampOff(server, now, time.Since(sent), at.clock.pace()) {
+		at.clock.reset()
+		r.takeAll(back)
+		takeBack(at, back, r.idempotent())
+		return fmt.Errorf("%w: Redis ran it %d ms after its stamp", errRedo, server.UnixMilli()-now)
+	}
+	at.clock.sample(server, sent)
+	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
 		return err
 	}
 	takeBack(at, back, r.idempotent())
 	return nil
+}
+
+// stampOff reports whether a transaction stamped now ran too far from
+// it, by Redis's clock: more than clockJump beyond its round trip; at all
+// on a clock that stands still (a test's, which moves by jumps); and,
+// until the clock was seen moving, before its stamp (a running clock
+// cannot).
+func stampOff(server time.Time, now int64, rtt time.Duration, p pace) bool {
+	off := time.Duration(server.UnixMilli()-now) * time.Millisecond
+	switch p {
+	case paceStopped:
+		return off != 0
+	case paceUnknown:
+		return off < 0 || off > clockJump+rtt
+	}
+	return off > clockJump+rtt || off < -clockJump
 }
 
 // takeAllBack takes back every call of r, whose transaction t lost its

@@ -221,20 +221,25 @@ func scored(score any, members []any) []any {
 
 // judge asks judge about each call in order, given what its sets held, and
 // queues the removal of the members of the calls not recorded.
-func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn) error {
+func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 	for _, set := range b.sets {
 		set.start(t.replies)
 	}
 	undo := map[*zSet][]any{}
+	// The calls were scored with the estimate of Redis's time, off by at
+	// most its error: the Results count them from Redis's own time when it
+	// is earlier, so that a stopped clock (a test's) gives the same Results
+	// every run.
+	stamp := min(b.now, now)
 	for i, c := range b.calls {
-		v := view{now: b.now, stamp: b.now, counts: make([]count, len(b.rules))}
+		v := view{now: now, stamp: stamp, counts: make([]count, len(b.rules))}
 		for r, w := range b.of[i] {
 			v.counts[r] = w.count(t.replies, c.n, b.recordDenied)
 		}
 		recorded := judge(i, v)
 		for _, w := range b.distinct(i) {
 			evicted := int(replyInt(t.replies[w.evicted]))
-			w.set.after(w, evicted, b.now, b.recordDenied)
+			w.set.after(w, evicted, stamp, b.recordDenied)
 			// Without WithRecordDenied the cap removed the newest members,
 			// which are the call's: all of them, for a call that did not fit.
 			if !recorded && (b.recordDenied || evicted < len(w.members)) {

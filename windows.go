@@ -124,20 +124,14 @@ func (s windowsStore) hashOf(rule Rule) int {
 }
 
 // errStaleGeneration: a decision wrote to the hashes of a generation that
-// a FlushAll had ended.
-var errStaleGeneration = errors.New("leakybucket: the counts were flushed meanwhile")
+// a FlushAll had ended, which nothing reads: it is made again.
+var errStaleGeneration = fmt.Errorf("%w: the counts were flushed meanwhile", errRedo)
 
-// staleRetries bounds how often a decision is made again after a flush.
+// staleRetries bounds how often a read is made again after a flush.
 const staleRetries = 3
 
 func (s windowsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
-	for range staleRetries {
-		err := decideRound(ctx, at, func(now int64) round { return s.newBatch(at.keys, now, calls) }, judge)
-		if !errors.Is(err, errStaleGeneration) {
-			return err
-		}
-	}
-	return errStaleGeneration
+	return decideRound(ctx, at, func(now int64) round { return s.newBatch(at.keys, now, calls) }, judge)
 }
 
 // hBatch is the round of one batch on the hashes of a resource.
@@ -205,7 +199,7 @@ func fields(from, through int64) []any {
 // judge asks judge about each call in order, and queues on back the
 // take-back of the calls not recorded, and the deletion of dead fields the
 // transaction did not delete.
-func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn) error {
+func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 	if !b.saw(b.keys, b.gen, t.replies[b.genReply]) {
 		return errStaleGeneration
 	}
@@ -216,10 +210,10 @@ func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn) error {
 	stamp := b.stamp(b.now)
 	for i, c := range b.calls {
 		keys := b.hashes(b.keys, b.gen, c.client)
-		v := view{now: b.now, stamp: stamp, counts: make([]count, len(b.rules))}
+		v := view{now: now, stamp: stamp, counts: make([]count, len(b.rules))}
 		for r, rule := range b.rules {
 			h := b.byKey[keys[b.hashOf(rule)]]
-			v.counts[r] = countOf(rule, h.withCurrent(stamp, h.current+h.admitted), b.now)
+			v.counts[r] = countOf(rule, h.withCurrent(stamp, h.current+h.admitted), now)
 		}
 		recorded := judge(i, v)
 		for _, key := range keys {
