@@ -102,8 +102,12 @@ const clockJump = 50 * time.Millisecond
 
 // estimate returns the server's time in ms: the estimate, or, before the
 // first sample, a TIME round trip's reply.
+//
+// It is the estimate less its error, so that it is never later than the
+// server's time: a call stamped later than it was made would stay in its
+// windows too long, and its Result would say so.
 func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, error) {
-	if now, ok := c.now(); ok {
+	if now, ok := c.earliest(); ok {
 		return now, nil
 	}
 	sent := time.Now()
@@ -112,8 +116,21 @@ func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, e
 		return 0, err
 	}
 	c.observe(t, sent, time.Now())
-	now, _ := c.now()
+	now, _ := c.earliest()
 	return now, nil
+}
+
+// earliest is now less the estimate's error.
+func (c *redisClock) earliest() (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case !c.valid:
+		return 0, false
+	case c.stopped:
+		return c.last.UnixMilli(), true
+	}
+	return c.server.Add(time.Since(c.at) - c.rtt/2).UnixMilli(), true
 }
 
 // sample records the TIME reply (server) of a transaction sent at sent,

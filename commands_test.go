@@ -342,7 +342,7 @@ func TestCommandsPerMethod(t *testing.T) {
 			record(peekMethod, "Peek", func() error { _, err := b.Peek(ctx, "r", "a"); return err })
 			allow(b, "a", 1)
 			allow(b, "b", 1)
-			allow(b, "a", 3) // denied, after the cap let 1 in: taken back
+			allow(b, "a", 3)                   // denied, after the cap let 1 in: taken back
 			time.Sleep(250 * time.Millisecond) // all gone: Windows deletes their interval
 			allow(b, "a", 1)
 			allow(b, "b", 1)
