@@ -98,7 +98,7 @@ type batcher struct {
 // cannot finish in time.
 const probeEvery = 10 * time.Millisecond
 
-// epoch is the start of the monotonic readings of coalescer.tried.
+// epoch is the start of the monotonic readings of batcher.tried.
 var epoch = time.Now()
 
 // took records the duration of an uncontended batch.

@@ -270,7 +270,7 @@ func (m *clusterMaster) keysOn(t *testing.T, prefix string) []string {
 	return keys
 }
 
-// cleanClusterPrefix deletes every key under prefix on every master.
+// cleanPrefix deletes every key under prefix on every master.
 func (tc *testCluster) cleanPrefix(prefix string) {
 	for _, m := range tc.masters {
 		cleanPrefix(m.rdb, prefix)
@@ -583,7 +583,7 @@ func errClass(err error) string {
 	return "other: " + err.Error()
 }
 
-// tally of outcomes, by phase of the test.
+// outcomes tallies the calls' outcomes, by phase of the test.
 type outcomes struct {
 	mu       sync.Mutex
 	admitted int
@@ -594,7 +594,8 @@ type outcomes struct {
 }
 
 // wroteNothing reports whether a decision that failed with err certainly
-// recorded nothing: it never got the lock, or its EXEC applied nothing.
+// recorded nothing: it never got the lock (Logs), or its EXEC applied
+// nothing (a MOVED, an ASK or an EXECABORT).
 // After any other error (a timeout or a lost connection during the final
 // write, say) the call may have been recorded; the library says so.
 func wroteNothing(err error) bool {

@@ -15,7 +15,7 @@ import (
 )
 
 // The concurrency tests admit exactly the limit with 64 goroutines in this
-// process and 32 in each of two child processes (this test binary again,
+// process and 64 in each of three child processes (this test binary again,
 // dispatched by TestMain), all calling at once on one Redis.
 
 const (

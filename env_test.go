@@ -132,7 +132,7 @@ func forEachNode(rdb redis.UniversalClient, f func(*redis.Client) error) error {
 
 // strategies are the strategies every behaviour test runs with. Windows
 // at a precision of 1ms is exact, so the tests' exact expectations hold for
-// it too; windows_test.go checks coarser precisions against their bound.
+// it too; strategy_test.go checks coarser precisions against their bound.
 var strategies = []Strategy{Logs, SortedSet, Windows(time.Millisecond)}
 
 // fillUnrelated writes n keys under the test's prefix that no Bucket reads.

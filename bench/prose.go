@@ -82,9 +82,9 @@ func latency(x float64) string  { return round(time.Duration(x)).String() }
 func distinctProse(b *strings.Builder, rows []row) {
 	ours := cells(rows, distinct, sortedSetName, windowsName)
 	logs := cells(rows, distinct, logsName)
-	fmt.Fprintf(b, "- **Distinct keys** contend for no lock and coalesce nothing (each key has one caller at a time), so every decision pays the whole protocol: the lock taken with the read in one round trip, then a MULTI/EXEC that writes and frees it, %s round trips per decision where redis_rate, ulule/limiter and the floor pay one. "+
+	fmt.Fprintf(b, "- **Distinct keys** (distinct clients of one resource): SortedSet and Windows decide the concurrent calls of a resource in one MULTI/EXEC per batch, two batches in flight, so a decision costs %s round trips; but each call brings its own set or hash, so a batch's transaction grows with its calls, and Windows takes back each denied call in a second transaction. "+
 		"SortedSet and Windows answer %s decisions/s, %s redis_rate (%s) and %s the floor (%s); ulule/limiter answers %s. "+
-		"Logs also walks the database with SCAN, where every admitted call of every key is a key: %s round trips and %s decisions/s.\n",
+		"Logs takes its lock per client and walks the database with SCAN, where every batch of every client is a key: %s round trips and %s decisions/s.\n",
 		spanRows(ours, tripsOf, tripsFmt), spanRows(ours, rateOf, rate), spanVs(rows, ours, redisRateName),
 		spanRows(cells(rows, distinct, redisRateName), rateOf, rate), spanVs(rows, ours, floorName),
 		spanRows(cells(rows, distinct, floorName), rateOf, rate), spanRows(cells(rows, distinct, ululeName), rateOf, rate),
@@ -97,9 +97,9 @@ func hotProse(b *strings.Builder, cfg config, rows []row) {
 	atLo := cells(rows, at(hot, lo), ours...)
 	logged := cells(rows, at(hot, hi), logsName, sortedSetName)
 	win := cells(rows, at(hot, hi), windowsName)
-	fmt.Fprintf(b, "- **A hot key** is coalesced: the concurrent calls of one Bucket for one (resource, client) queue behind a leader, which decides them all under one lock, with one read and one write, so a decision costs %s round trips. "+
-		"At %s/min the limit is soon reached and every later call is denied, writing nothing: the strategies answer %s decisions/s, %s redis_rate. "+
-		"At %s/min every call is admitted and recorded, and each batch's read carries every call counted so far: Logs SCANs its log keys and SortedSet reads its whole set, %s decisions/s (%s redis_rate, p99 %s), while Windows reads one hash of at most window / precision fields: %s (%s redis_rate, p99 %s).\n",
+	fmt.Fprintf(b, "- **A hot key** is batched: the concurrent calls of one Bucket for one resource are decided together, in one MULTI/EXEC (SortedSet, Windows) or under one lock (Logs), so a decision costs %s round trips. "+
+		"At %s/min the limit is soon reached and every later call is denied: the strategies answer %s decisions/s, %s redis_rate. "+
+		"At %s/min every call is admitted and recorded: Logs SCANs every log key in the window and SortedSet adds to a set capped at the limit (O(log n)), %s decisions/s (%s redis_rate, p99 %s), while Windows adds to one hash of at most window / precision fields: %s (%s redis_rate, p99 %s).\n",
 		spanRows(cells(rows, hot, ours...), tripsOf, tripsFmt),
 		thousands(int64(lo)), spanRows(atLo, rateOf, rate), spanVs(rows, atLo, redisRateName),
 		thousands(int64(hi)), spanRows(logged, rateOf, rate), spanVs(rows, logged, redisRateName), spanRows(logged, p99Of, latency),
@@ -113,7 +113,7 @@ func hammerProse(b *strings.Builder, rows []hammerRow) {
 		pct, most, most1s, p99 = append(pct, r.ofIdeal()), append(most, float64(r.MostInCheck)), append(most1s, float64(r.MostInWindow)), append(p99, float64(r.P99))
 	}
 	count := func(x float64) string { return fmt.Sprintf("%.0f", x) }
-	fmt.Fprintf(b, "- **Under the hammer** the %d Buckets coalesce their own %d callers each, and contend with each other for the key's one lock in Redis. "+
+	fmt.Fprintf(b, "- **Under the hammer** the %d Buckets batch their own %d callers each; their transactions (Logs: their lock) meet in Redis. "+
 		"The strategies admitted %s%% of the ideal %d, never more than %s calls in any %v (%s in any %v, the difference being Redis time's whole milliseconds), with a p99 of %s.\n",
 		h.Buckets, h.Goroutines, spanOf(pct, count), h.ideal(), spanOf(most, count), h.checkSpan(), spanOf(most1s, count), h.Window, spanOf(p99, latency))
 }
@@ -130,14 +130,14 @@ func noisyProse(b *strings.Builder, rows []noisyRow) {
 	}
 	pct := func(x float64) string { return fmt.Sprintf("%.1f%%", x) }
 	fmt.Fprintf(b, "- **With a noisy neighbour** calling from %d goroutines, the other clients were served %s by this library's strategies (their p99 %s against a deadline of %v) and %s by the peers. "+
-		"Every rule being per client, each client's decisions take a lock of their own, so the noisy client competes with the others only for Redis, the connection pool and the CPU.\n",
+		"Every rule being per client, each client counts in keys of its own (and, under Logs, takes a lock of its own), so the noisy client competes with the others only for Redis, the connection pool, the batches and the CPU.\n",
 		n.Noisy, spanOf(ours, pct), spanOf(oursP99, latency), n.Pace, spanOf(peers, pct))
 }
 
 func costProse(b *strings.Builder, cfg config, rows []costRow) {
 	first, last := rows[0], rows[len(rows)-1]
-	fmt.Fprintf(b, "- **SortedSet reads its whole set** on every decision (ZRANGE key 0 -1 WITHSCORES, then each member is parsed), and the set holds every call its window counts, up to the limit. "+
-		"With the window full, one decision takes %v (p50) at a limit of %s/%s and %v at %s/%s: %s decisions/s against %s, %s fewer, at the same %.2f round trips",
+	fmt.Fprintf(b, "- **SortedSet's cost against its limit**: a decision trims, counts (ZCARD), reads the oldest and newest members and adds the call under the cap, each O(log n) in the set, which holds at most the limit. "+
+		"With the window full, one decision takes %v (p50) at a limit of %s/%s and %v at %s/%s: %s decisions/s against %s (%s slower), at %.2f round trips",
 		round(first.P50), thousands(int64(first.Limit)), shortDur(cfg.window), round(last.P50), thousands(int64(last.Limit)), shortDur(cfg.window),
 		rate(last.Rate), rate(first.Rate), slower(first.Rate, last.Rate), last.Trips)
 	if last.Errors > 0 {
