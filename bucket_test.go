@@ -539,3 +539,26 @@ func TestNilRetryStrategy(t *testing.T) {
 		}
 	})
 }
+
+// Usage reports what each rule counts now, without a call: what Peek
+// reports before its call is counted.
+func TestUsage(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		total, each := Per(3, time.Minute), Per(2, time.Minute)
+		b := e.bucket(t, PerResource(total), PerClient(each))
+		rules, err := b.Usage(ctx, "r", "a")
+		if err != nil || len(rules) != 2 || rules[0].Used != 0 || rules[0].Remaining != 3 || rules[1].ResetAfter != 0 || rules[1].RetryAfter != 0 {
+			t.Fatalf("Usage before any call = %+v, %v; want nothing used", rules, err)
+		}
+		e.run(t, b, "r", []step{{0, "a", 1, false, want{true, 1, 0, time.Minute, nil}}, {0, "a", 1, false, want{true, 0, 0, time.Minute, nil}}})
+		rules, err = b.Usage(ctx, "r", "a")
+		if err != nil || rules[0].Used != 2 || rules[0].Remaining != 1 || rules[1].Used != 2 || rules[1].Remaining != 0 ||
+			rules[0].RetryAfter != 0 || rules[1].RetryAfter <= 0 || rules[1].ResetAfter <= 0 {
+			t.Errorf("Usage after 2 calls of a = %+v, %v; want 2 used of each, a's rule full", rules, err)
+		}
+		if _, err := b.Usage(ctx, "", "a"); !errors.Is(err, ErrEmptyResource) {
+			t.Errorf("Usage with no resource: %v, want ErrEmptyResource", err)
+		}
+	})
+}

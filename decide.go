@@ -92,14 +92,43 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res
 		return Result{}, err
 	}
 	return bounded(ctx, func(ctx context.Context, _ *lockView) (Result, error) {
-		at, err := b.siteOf(ctx, resource, nil)
+		v, err := b.read(ctx, resource, client, n)
 		if err != nil {
 			return Result{}, err
 		}
-		v, err := b.store.peek(ctx, at, client, n)
-		if err != nil {
-			return Result{}, classify(b.route.redirected(err))
-		}
 		return evaluate(b.plan.rules, v, n, b.cfg.recordDenied), nil
 	})
+}
+
+// Usage returns what each rule counts for client at resource now, in the
+// order of the rules, recording nothing: Used, Remaining and ResetAfter as
+// they are, without a call, and RetryAfter as for a call of weight 1. For
+// dashboards and operators; to ask about a call, use PeekN. It costs one
+// round trip, as PeekN does.
+func (b *Bucket) Usage(ctx context.Context, resource, client string) ([]RuleResult, error) {
+	if err := b.check(resource, client, 1); err != nil {
+		return nil, err
+	}
+	return bounded(ctx, func(ctx context.Context, _ *lockView) ([]RuleResult, error) {
+		v, err := b.read(ctx, resource, client, 1)
+		if err != nil {
+			return nil, err
+		}
+		now, one := evaluate(b.plan.rules, v, 0, false), evaluate(b.plan.rules, v, 1, false)
+		for i := range now.Rules {
+			now.Rules[i].RetryAfter = one.Rules[i].RetryAfter
+		}
+		return now.Rules, nil
+	})
+}
+
+// read reads what every rule counts for a call of weight n by client at
+// resource, without writing anything.
+func (b *Bucket) read(ctx context.Context, resource, client string, n int) (view, error) {
+	at, err := b.siteOf(ctx, resource, nil)
+	if err != nil {
+		return view{}, err
+	}
+	v, err := b.store.peek(ctx, at, client, n)
+	return v, classify(b.route.redirected(err))
 }

@@ -86,7 +86,7 @@ func evaluate(rules []Rule, v view, n int, recordDenied bool) Result {
 // recorded, and works out RetryAfter (if it was denied), ResetAfter and
 // Remaining.
 func (rr *RuleResult) settle(c count, v view, n int, recorded, allowed bool) {
-	if recorded {
+	if recorded && n > 0 {
 		// The call is the newest entry of every rule.
 		c.oldest = append(c.oldest[:len(c.oldest):len(c.oldest)], logEntry{at: v.stamp, weight: n})
 		c.used = addCapped(c.used, n)
