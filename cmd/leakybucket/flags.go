@@ -1,0 +1,166 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/leakybucket/leakybucket"
+)
+
+// globals are the flags that every subcommand takes, before or after its
+// name: where Redis is, and the Bucket to make there.
+type globals struct {
+	redisURL string
+	cluster  string
+	prefix   string
+	timeout  time.Duration
+	strategy strategyFlag
+	rules    []leakybucket.Rule // in the order given, as New takes them
+}
+
+// newGlobals returns the defaults.
+func newGlobals() *globals {
+	return &globals{
+		redisURL: "redis://localhost:6379/0",
+		prefix:   leakybucket.DefaultPrefix,
+		timeout:  5 * time.Second,
+		strategy: strategyFlag{text: "logs", strategy: leakybucket.Logs},
+	}
+}
+
+// register defines the global flags on fs, with the values g holds as
+// defaults, so that flags given before the subcommand's name stay set when
+// the subcommand's flag set is made.
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.redisURL, "redis", g.redisURL, "the Redis `URL`: redis://[user:password@]host:port/db, or rediss:// for TLS")
+	fs.StringVar(&g.cluster, "cluster", g.cluster, "the nodes of a Redis Cluster, as `host:port,...`, instead of the host of -redis (whose user, password and TLS apply)")
+	fs.StringVar(&g.prefix, "prefix", g.prefix, "the `prefix` of the Bucket's keys (WithPrefix)")
+	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long the call to Redis may take")
+	fs.Var(&g.strategy, "strategy", "the Bucket's `strategy`: logs, sortedset or windows:<precision> (as windows:1s)")
+	fs.Var(ruleFlag{leakybucket.ScopeResource, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s)")
+	fs.Var(ruleFlag{leakybucket.ScopeClient, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable)")
+}
+
+// options returns the options of New for the flags, with rules as the
+// Bucket's rules.
+func (g *globals) options(rules []leakybucket.Rule) []leakybucket.Option {
+	opts := []leakybucket.Option{leakybucket.WithPrefix(g.prefix), leakybucket.WithStrategy(g.strategy.strategy)}
+	for _, r := range rules {
+		opts = append(opts, ruleOption(r))
+	}
+	return opts
+}
+
+// ruleOption returns the option that adds r.
+func ruleOption(r leakybucket.Rule) leakybucket.Option {
+	if r.Scope == leakybucket.ScopeClient {
+		return leakybucket.PerClient(r.Limit)
+	}
+	return leakybucket.PerResource(r.Limit)
+}
+
+// perClient reports whether a rule counts per client: then every
+// subcommand but flush-all needs a client.
+func (g *globals) perClient() bool {
+	for _, r := range g.rules {
+		if r.Scope == leakybucket.ScopeClient {
+			return true
+		}
+	}
+	return false
+}
+
+// ruleFlag is -resource-limit or -client-limit: each use adds a rule of its
+// scope to rules.
+type ruleFlag struct {
+	scope leakybucket.Scope
+	rules *[]leakybucket.Rule
+}
+
+// String lists the flag's rules, as "100/30m 10/1h".
+func (f ruleFlag) String() string {
+	if f.rules == nil { // the zero value, which flag.PrintDefaults makes
+		return ""
+	}
+	var limits []string
+	for _, r := range *f.rules {
+		if r.Scope == f.scope {
+			limits = append(limits, fmt.Sprintf("%d/%s", r.Limit.Requests, shortDuration(r.Limit.Window)))
+		}
+	}
+	return strings.Join(limits, " ")
+}
+
+// Set adds the rule s.
+func (f ruleFlag) Set(s string) error {
+	l, err := parseLimit(s)
+	if err != nil {
+		return err
+	}
+	*f.rules = append(*f.rules, leakybucket.Rule{Scope: f.scope, Limit: l})
+	return nil
+}
+
+// parseLimit parses "<requests>/<window>": 100/30m, 10/1m30s, 5/s (a window
+// of one unit may omit the 1). Requests must be positive and the window at
+// least 1ms, as New wants.
+func parseLimit(s string) (leakybucket.Limit, error) {
+	count, window, ok := strings.Cut(s, "/")
+	if !ok {
+		return leakybucket.Limit{}, fmt.Errorf("limit %q: want <requests>/<window>, as 100/30m", s)
+	}
+	n, err := strconv.Atoi(count)
+	if err != nil || n < 1 {
+		return leakybucket.Limit{}, fmt.Errorf("limit %q: requests %q is not a positive whole number", s, count)
+	}
+	if window != "" && unicode.IsLetter(rune(window[0])) {
+		window = "1" + window
+	}
+	d, err := time.ParseDuration(window)
+	if err != nil || d < time.Millisecond {
+		return leakybucket.Limit{}, fmt.Errorf("limit %q: window %q is not a duration of at least 1ms, as 30m or 1h", s, window)
+	}
+	return leakybucket.Per(n, d), nil
+}
+
+// strategyFlag is -strategy.
+type strategyFlag struct {
+	text     string
+	strategy leakybucket.Strategy
+}
+
+func (f *strategyFlag) String() string { return f.text }
+
+// Set parses logs, sortedset or windows:<precision>.
+func (f *strategyFlag) Set(s string) error {
+	st, err := parseStrategy(s)
+	if err != nil {
+		return err
+	}
+	*f = strategyFlag{text: s, strategy: st}
+	return nil
+}
+
+// parseStrategy parses logs, sortedset or windows:<precision>, as
+// windows:1s. New checks the precision against the rules' windows.
+func parseStrategy(s string) (leakybucket.Strategy, error) {
+	switch s {
+	case "logs":
+		return leakybucket.Logs, nil
+	case "sortedset":
+		return leakybucket.SortedSet, nil
+	}
+	precision, ok := strings.CutPrefix(s, "windows:")
+	if !ok {
+		return nil, fmt.Errorf("unknown strategy %q: want logs, sortedset or windows:<precision>, as windows:1s", s)
+	}
+	d, err := time.ParseDuration(precision)
+	if err != nil || d < time.Millisecond {
+		return nil, fmt.Errorf("strategy %q: precision %q is not a duration of at least 1ms", s, precision)
+	}
+	return leakybucket.Windows(d), nil
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/leakybucket/leakybucket"
+)
+
+// peekCommand prints the state of each rule for a (resource, client).
+var peekCommand = command{
+	name:     "peek",
+	synopsis: "peek -resource R [-client C] [-n N]",
+	summary:  "print each rule's used/limit, remaining, retry after and reset after",
+	detail: `Prints, for each rule, what client C has used at resource R now out of the
+rule's limit, the room that is left, how long until a call of weight N fits
+(retry after; 0s if it fits now) and how long until every call the rule counts
+has left its window (reset after); then whether Allow would admit a call of
+weight N now. It records nothing and takes no lock. -resource is required;
+-client too when a rule is per-client.`,
+	bind: func(fs *flag.FlagSet) action {
+		p := &peek{}
+		p.bind(fs, true)
+		fs.IntVar(&p.n, "n", 1, "the weight `N` of the call to ask about, as AllowN's n")
+		return p
+	},
+}
+
+// peek is the peek subcommand.
+type peek struct {
+	target
+	n int
+}
+
+func (p *peek) check(g *globals) error { return p.target.check(g.perClient()) }
+
+func (p *peek) do(ctx context.Context, s *session, stdout io.Writer) error {
+	res, err := s.bucket.PeekN(ctx, p.resource, p.client, p.n)
+	if err != nil {
+		return err
+	}
+	if res.Allowed {
+		if err := p.countsNow(ctx, s, res.Rules); err != nil {
+			return err
+		}
+	}
+	return printRules(stdout, res)
+}
+
+// countsNow replaces the Used, Remaining and ResetAfter of rules, which an
+// admitted PeekN reports as if its call were counted, with what the rules
+// count now. A denied PeekN reports them as they are, so they are read from
+// a probe: a Bucket with the same windows but a limit of 1 per rule, which
+// shares the counts (they are kept by strategy and windows, not limits: see
+// WithPrefix) and denies a call as soon as any rule counts one. If the
+// probe admits, every rule counts nothing.
+func (p *peek) countsNow(ctx context.Context, s *session, rules []leakybucket.RuleResult) error {
+	probe, err := s.newBucket(probeRules(s.g.rules))
+	if err != nil {
+		return err
+	}
+	now, err := probe.Peek(ctx, p.resource, p.client)
+	if err != nil {
+		return err
+	}
+	for i := range rules {
+		rr := &rules[i]
+		rr.Used, rr.ResetAfter = 0, 0
+		if !now.Allowed {
+			rr.Used, rr.ResetAfter = now.Rules[i].Used, now.Rules[i].ResetAfter
+		}
+		rr.Remaining = max(rr.Rule.Limit.Requests-rr.Used, 0)
+	}
+	return nil
+}
+
+// probeRules returns rules with a limit of 1 request each.
+func probeRules(rules []leakybucket.Rule) []leakybucket.Rule {
+	probe := make([]leakybucket.Rule, len(rules))
+	for i, r := range rules {
+		probe[i] = r
+		probe[i].Limit.Requests = 1
+	}
+	return probe
+}
+
+// printRules prints res as a table of its rules, then whether it admits.
+func printRules(w io.Writer, res leakybucket.Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "rule\tused/limit\tremaining\tretry after\treset after")
+	for _, rr := range res.Rules {
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%v\t%v\n", ruleName(rr.Rule), rr.Used, rr.Rule.Limit.Requests, rr.Remaining, rr.RetryAfter, rr.ResetAfter)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "would allow: %t\n", res.Allowed)
+	return err
+}
+
+// ruleName names a rule as "per-client 10 per 1m": Rule.String without
+// the zero units of the window.
+func ruleName(r leakybucket.Rule) string {
+	return fmt.Sprintf("%v %d per %s", r.Scope, r.Limit.Requests, shortDuration(r.Limit.Window))
+}
+
+// shortDuration formats d as time.Duration does, less trailing zero
+// minutes and seconds: 30m, 1h, 1h30m, 1m30s, 1.5s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
