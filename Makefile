@@ -9,6 +9,7 @@ FUZZTIME ?= 20s
 fuzz:
 	go test -run='^$$' -fuzz='^FuzzKeys$$' -fuzztime=$(FUZZTIME) .
 	go test -run='^$$' -fuzz='^FuzzAllowInput$$' -fuzztime=$(FUZZTIME) .
+	go test -run='^$$' -fuzz='^FuzzParseLimit$$' -fuzztime=$(FUZZTIME) ./cmd/leakybucket
 
 # make bench: the benchmark of issue 11 (bench/, a module of its own): this
 # library against redis_rate, ulule/limiter, a naive redislock baseline and
