@@ -44,49 +44,17 @@ func (p *peek) do(ctx context.Context, s *session, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if res.Allowed {
-		if err := p.countsNow(ctx, s, res.Rules); err != nil {
-			return err
-		}
+	// PeekN reports the rules as if its call were counted when it would be
+	// admitted: Usage reports them as they are.
+	now, err := s.bucket.Usage(ctx, p.resource, p.client)
+	if err != nil {
+		return err
 	}
+	for i := range now {
+		now[i].RetryAfter = res.Rules[i].RetryAfter
+	}
+	res.Rules = now
 	return printRules(stdout, res)
-}
-
-// countsNow replaces the Used, Remaining and ResetAfter of rules, which an
-// admitted PeekN reports as if its call were counted, with what the rules
-// count now. A denied PeekN reports them as they are, so they are read from
-// a probe: a Bucket with the same windows but a limit of 1 per rule, which
-// shares the counts (they are kept by strategy and windows, not limits: see
-// WithPrefix) and denies a call as soon as any rule counts one. If the
-// probe admits, every rule counts nothing.
-func (p *peek) countsNow(ctx context.Context, s *session, rules []leakybucket.RuleResult) error {
-	probe, err := s.newBucket(probeRules(s.g.rules))
-	if err != nil {
-		return err
-	}
-	now, err := probe.Peek(ctx, p.resource, p.client)
-	if err != nil {
-		return err
-	}
-	for i := range rules {
-		rr := &rules[i]
-		rr.Used, rr.ResetAfter = 0, 0
-		if !now.Allowed {
-			rr.Used, rr.ResetAfter = now.Rules[i].Used, now.Rules[i].ResetAfter
-		}
-		rr.Remaining = max(rr.Rule.Limit.Requests-rr.Used, 0)
-	}
-	return nil
-}
-
-// probeRules returns rules with a limit of 1 request each.
-func probeRules(rules []leakybucket.Rule) []leakybucket.Rule {
-	probe := make([]leakybucket.Rule, len(rules))
-	for i, r := range rules {
-		probe[i] = r
-		probe[i].Limit.Requests = 1
-	}
-	return probe
 }
 
 // printRules prints res as a table of its rules, then whether it admits.
