@@ -545,17 +545,31 @@ func TestNilRetryStrategy(t *testing.T) {
 func TestUsage(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		total, each := Per(3, time.Minute), Per(2, time.Minute)
-		b := e.bucket(t, PerResource(total), PerClient(each))
-		rules, err := b.Usage(ctx, "r", "a")
-		if err != nil || len(rules) != 2 || rules[0].Used != 0 || rules[0].Remaining != 3 || rules[1].ResetAfter != 0 || rules[1].RetryAfter != 0 {
-			t.Fatalf("Usage before any call = %+v, %v; want nothing used", rules, err)
+		b := e.bucket(t, PerResource(Per(3, time.Minute)), PerClient(Per(2, time.Minute)))
+		// used and remaining of each rule, and whether each has a wait
+		// and a reset.
+		type state struct {
+			used, remaining [2]int
+			waits, resets   [2]bool
+		}
+		usage := func() state {
+			rules, err := b.Usage(ctx, "r", "a")
+			if err != nil || len(rules) != 2 {
+				t.Fatalf("Usage = %+v, %v", rules, err)
+			}
+			var s state
+			for i, rr := range rules {
+				s.used[i], s.remaining[i], s.waits[i], s.resets[i] = rr.Used, rr.Remaining, rr.RetryAfter > 0, rr.ResetAfter > 0
+			}
+			return s
+		}
+		if got, want := usage(), (state{remaining: [2]int{3, 2}}); got != want {
+			t.Errorf("Usage before any call = %+v, want %+v", got, want)
 		}
 		e.run(t, b, "r", []step{{0, "a", 1, false, want{true, 1, 0, time.Minute, nil}}, {0, "a", 1, false, want{true, 0, 0, time.Minute, nil}}})
-		rules, err = b.Usage(ctx, "r", "a")
-		if err != nil || rules[0].Used != 2 || rules[0].Remaining != 1 || rules[1].Used != 2 || rules[1].Remaining != 0 ||
-			rules[0].RetryAfter != 0 || rules[1].RetryAfter <= 0 || rules[1].ResetAfter <= 0 {
-			t.Errorf("Usage after 2 calls of a = %+v, %v; want 2 used of each, a's rule full", rules, err)
+		want := state{used: [2]int{2, 2}, remaining: [2]int{1, 0}, waits: [2]bool{false, true}, resets: [2]bool{true, true}}
+		if got := usage(); got != want {
+			t.Errorf("Usage after 2 calls of a = %+v, want %+v", got, want)
 		}
 		if _, err := b.Usage(ctx, "", "a"); !errors.Is(err, ErrEmptyResource) {
 			t.Errorf("Usage with no resource: %v, want ErrEmptyResource", err)
