@@ -61,10 +61,19 @@ type call struct {
 
 // line is the calls waiting for one place, and its workers.
 type line struct {
-	calls   []*call  // waiting, in arrival order
-	workers int      // running
-	lock    lockView // what this process knows of the lock (Logs)
-	lastErr error    // the error of the latest batch, nil if it succeeded
+	calls   []*call // waiting, in arrival order
+	workers int     // running
+	shared  shared
+	lastErr error // the error of the latest batch, nil if it succeeded
+}
+
+// shared is what the batches of one line share, for the stores.
+type shared struct {
+	lock  lockView // what this process knows of the lock (Logs)
+	carry carried  // take-backs for the line's next transaction (round.go)
+	// busy reports whether calls wait in the line: a batch after this
+	// one will carry what this one hands on.
+	busy func() bool
 }
 
 // batch is the calls one worker decides together.
@@ -76,7 +85,7 @@ type batch struct {
 // batcher holds the lines of one Bucket.
 type batcher struct {
 	// run decides a batch: see batch.go's opening comment.
-	run func(ctx context.Context, batch []*call, lock *lockView) error
+	run func(ctx context.Context, batch []*call, sh *shared) error
 	// workers is how many batches of one line may be under way at once:
 	// one under a lock, more where Redis's transactions alone keep the
 	// counts exact.
@@ -141,7 +150,7 @@ func (q *batcher) do(key string, c *call) (Result, error) {
 	}
 	l := q.lines[key]
 	if l == nil {
-		l = &line{}
+		l = q.newLine()
 		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
@@ -161,6 +170,16 @@ func (q *batcher) do(key string, c *call) (Result, error) {
 	}
 }
 
+func (q *batcher) newLine() *line {
+	l := &line{}
+	l.shared.busy = func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(l.calls) > 0
+	}
+	return l
+}
+
 // abandon gives c up after its context ended, and cancels the batch under
 // way if no call of it is left waiting for it.
 func (q *batcher) abandon(l *line, c *call) (Result, error) {
@@ -173,7 +192,7 @@ func (q *batcher) abandon(l *line, c *call) (Result, error) {
 	if c.batch != nil && allAbandoned(c.batch.calls) {
 		c.batch.cancel()
 	}
-	return Result{}, givenUp(c.ctx, l.lock.contended(), l.lastErr)
+	return Result{}, givenUp(c.ctx, l.shared.lock.contended(), l.lastErr)
 }
 
 // settle gives c the result res, and reports whether its caller still
@@ -228,13 +247,14 @@ func (q *batcher) work(key string, l *line) {
 	for {
 		b, ctx := q.next(key, l)
 		if b == nil {
+			l.shared.carry.flush() // no batch left to carry it
 			return
 		}
 		err := q.hopeless(ctx)
 		if err == nil {
 			start := time.Now()
-			err = q.run(ctx, b.calls, &l.lock)
-			if err == nil && l.lock.freeSince(start) {
+			err = q.run(ctx, b.calls, &l.shared)
+			if err == nil && l.shared.lock.freeSince(start) {
 				q.took(time.Since(start))
 			}
 		}
@@ -300,7 +320,7 @@ func (q *batcher) finish(l *line, b *batch, ctx context.Context, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err != nil && ctx.Err() != nil {
-		err = givenUp(ctx, l.lock.contended(), err)
+		err = givenUp(ctx, l.shared.lock.contended(), err)
 	}
 	l.lastErr = err
 	for _, c := range b.calls {

@@ -26,8 +26,9 @@ import (
 // host's wall clock is never used: a skewed host clock changes nothing.
 //
 // A clock that does not move (miniredis after SetTime, in tests) would
-// make the estimate run ahead of it: once two replies a millisecond or
-// more apart read the same microsecond, which no running clock does, the
+// make the estimate run ahead of it: once a request sent a millisecond or
+// more after the latest reply arrived reads the same microsecond, which no
+// running clock does, the
 // clock is taken for a test's, and the estimate is the latest reply from
 // then on (a decision whose transaction then reads another time is made
 // again: see stampOff).
@@ -51,7 +52,10 @@ func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 	rtt := received.Sub(sent)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	apart := !c.lastAt.IsZero() && received.Sub(c.lastAt) >= time.Millisecond
+	// Sent a millisecond or more after the latest reply arrived, this
+	// request was read by the server that much later: a running clock
+	// cannot read the same.
+	apart := !c.lastAt.IsZero() && sent.Sub(c.lastAt) >= time.Millisecond
 	if server.Equal(c.last) {
 		c.stopped = c.stopped || apart
 	} else {

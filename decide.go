@@ -61,8 +61,9 @@ func (b *Bucket) batchKey(resource, client string) string {
 
 // decideBatch decides the calls of batch, all to one resource: the store
 // reads the counts and calls judge once per call, in arrival order.
-func (b *Bucket) decideBatch(ctx context.Context, batch []*call, lock *lockView) error {
-	at, err := b.siteOf(ctx, batch[0].resource, lock)
+func (b *Bucket) decideBatch(ctx context.Context, batch []*call, sh *shared) error {
+	at, err := b.siteOf(ctx, batch[0].resource, &sh.lock)
+	at.carry, at.busy = &sh.carry, sh.busy
 	if err != nil {
 		return err
 	}

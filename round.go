@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -63,15 +64,20 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 	}
 	r := newRound(now)
 	t := newTxn(at.keys, !r.idempotent())
+	carried := at.carry.take()
+	for _, cmd := range carried {
+		t.add(cmd...)
+	}
 	clock := t.add("time")
 	r.queue(t)
 	sent := time.Now()
 	switch o, err := t.exec(ctx, at.node); o {
 	case notRun:
+		handOn(at, carried, r.idempotent())
 		return err
 	case unknown:
 		at.clock.reset()
-		go takeAllBack(at, r, t)
+		go settleLost(at, r, t, carried)
 		return err
 	}
 	back := newTxn(at.keys, !r.idempotent())
@@ -86,8 +92,22 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
 		return err
 	}
-	takeBack(at, back, r.idempotent())
+	handOn(at, back.cmds, r.idempotent())
 	return nil
+}
+
+// handOn hands take-backs to the next batch of the line, which carries
+// them at no round trip of their own, when calls wait for it; else it
+// sends them now, before the callers are answered, so that their next
+// call counts without them.
+func handOn(at site, cmds [][]any, idempotent bool) {
+	if at.busy != nil && at.busy() {
+		at.carry.hand(at, cmds)
+		return
+	}
+	back := newTxn(at.keys, !idempotent)
+	back.cmds = cmds
+	takeBack(at, back, idempotent)
 }
 
 // stampOff reports whether a transaction stamped now ran too far from
@@ -106,15 +126,61 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p pace) bool {
 	return off > clockJump+rtt || off < -clockJump
 }
 
-// takeAllBack takes back every call of r, whose transaction t lost its
-// reply, once resolve says it ran (or, its take-back being idempotent,
-// that it ran if it ever will).
-func takeAllBack(at site, r round, t *txn) {
+// settleLost settles a round whose transaction t lost its reply: once
+// resolve says whether it ran, it takes back every call of r if it did
+// (none of their callers was answered), or sends alone the take-backs t
+// carried if it did not. A take-back that must not run twice is lost when
+// resolve cannot tell: the calls stay counted, which is safe.
+func settleLost(at site, r round, t *txn, carried [][]any) {
 	o := t.resolve(at.node, true)
+	back := newTxn(at.keys, !r.idempotent())
 	if o == ran || o == unknown && r.idempotent() {
-		back := newTxn(at.keys, !r.idempotent())
 		r.takeAll(back)
-		takeBack(at, back, r.idempotent())
+	}
+	if o == notRun || o == unknown && r.idempotent() {
+		back.cmds = append(back.cmds, carried...)
+	}
+	takeBack(at, back, r.idempotent())
+}
+
+// carried is the take-backs that a line's next transaction carries.
+type carried struct {
+	mu   sync.Mutex
+	cmds [][]any
+	at   site // where to send them alone
+}
+
+// hand adds cmds, the take-backs of a batch at at, for the next one.
+func (c *carried) hand(at site, cmds [][]any) {
+	if c == nil || len(cmds) == 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cmds, c.at = append(c.cmds, cmds...), at
+}
+
+// take returns the commands to carry, and forgets them.
+func (c *carried) take() [][]any {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cmds := c.cmds
+	c.cmds = nil
+	return cmds
+}
+
+// flush sends what is left to carry alone: the line has no batch left.
+func (c *carried) flush() {
+	c.mu.Lock()
+	at := c.at
+	c.mu.Unlock()
+	if cmds := c.take(); len(cmds) > 0 {
+		back := newTxn(at.keys, true)
+		back.cmds = cmds
+		takeBack(at, back, false)
 	}
 }
 

@@ -177,6 +177,10 @@ type site struct {
 	clock *redisClock // the node's clock
 	route *clusterRoute
 	lock  *lockView // what this process knows of the resource's lock (Logs)
+	// carry holds take-backs for the next transaction of the batch's
+	// line, while busy says calls wait in it; nil outside a batch.
+	carry *carried
+	busy  func() bool
 	// refind looks up the node that owns the keys again, after a
 	// redirect.
 	refind func(context.Context) (*redis.Client, error)
