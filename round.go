@@ -102,7 +102,7 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 // call counts without them.
 func handOn(at site, cmds [][]any, idempotent bool) {
 	if at.busy != nil && at.busy() {
-		at.carry.hand(at, cmds)
+		at.carry.hand(at, cmds, idempotent)
 		return
 	}
 	back := newTxn(at.keys, !idempotent)
@@ -145,19 +145,20 @@ func settleLost(at site, r round, t *txn, carried [][]any) {
 
 // carried is the take-backs that a line's next transaction carries.
 type carried struct {
-	mu   sync.Mutex
-	cmds [][]any
-	at   site // where to send them alone
+	mu         sync.Mutex
+	cmds       [][]any
+	at         site // where to send them alone
+	idempotent bool // as the round's take-backs (round.idempotent)
 }
 
 // hand adds cmds, the take-backs of a batch at at, for the next one.
-func (c *carried) hand(at site, cmds [][]any) {
+func (c *carried) hand(at site, cmds [][]any, idempotent bool) {
 	if c == nil || len(cmds) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cmds, c.at = append(c.cmds, cmds...), at
+	c.cmds, c.at, c.idempotent = append(c.cmds, cmds...), at, idempotent
 }
 
 // take returns the commands to carry, and forgets them.
@@ -175,12 +176,12 @@ func (c *carried) take() [][]any {
 // flush sends what is left to carry alone: the line has no batch left.
 func (c *carried) flush() {
 	c.mu.Lock()
-	at := c.at
+	at, idempotent := c.at, c.idempotent
 	c.mu.Unlock()
 	if cmds := c.take(); len(cmds) > 0 {
-		back := newTxn(at.keys, true)
+		back := newTxn(at.keys, !idempotent)
 		back.cmds = cmds
-		takeBack(at, back, false)
+		takeBack(at, back, idempotent)
 	}
 }
 
