@@ -82,7 +82,7 @@ func latency(x float64) string  { return round(time.Duration(x)).String() }
 func distinctProse(b *strings.Builder, rows []row) {
 	ours := cells(rows, distinct, sortedSetName, windowsName)
 	logs := cells(rows, distinct, logsName)
-	fmt.Fprintf(b, "- **Distinct keys** (distinct clients of one resource): SortedSet and Windows decide the concurrent calls of a resource in one MULTI/EXEC per batch, two batches in flight, so a decision costs %s round trips; but each call brings its own set or hash, so a batch's transaction grows with its calls, and Windows takes back each denied call in a second transaction. "+
+	fmt.Fprintf(b, "- **Distinct keys** (distinct clients of one resource): SortedSet and Windows decide the concurrent calls of a resource in one MULTI/EXEC per batch, two batches in flight, so a decision costs %s round trips; but each call brings its own set or hash, so a batch's transaction grows with its calls. Windows also reads each client's whole hash (HGETALL), marks each transaction (a SET of a short-lived key, so that a lost reply can be resolved) and reads the generation, and each of its denied calls must be taken back (by the next batch's transaction): that is why it stays near redis_rate here, short of SortedSet. "+
 		"SortedSet and Windows answer %s decisions/s, %s redis_rate (%s) and %s the floor (%s); ulule/limiter answers %s. "+
 		"Logs takes its lock per client and walks the database with SCAN, where every batch of every client is a key: %s round trips and %s decisions/s.\n",
 		spanRows(ours, tripsOf, tripsFmt), spanRows(ours, rateOf, rate), spanVs(rows, ours, redisRateName),
