@@ -23,6 +23,7 @@ type Bucket struct {
 	keyPrefix string // the prefix and the tag of the strategy's key layout
 	clocks    clocks
 	batches   batcher
+	denials   denials
 }
 
 // New returns a Bucket that applies the rules among opts (PerResource,

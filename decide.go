@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"time"
 )
 
 // The decision path, top to bottom: AllowN validates its input and queues
@@ -26,7 +27,8 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 //
 // Concurrent calls of one Bucket to the same resource are batched: a worker
 // decides them all in arrival order, each with its own Result, in one round
-// (see batch.go). AllowN returns by ctx's deadline whatever Redis does;
+// (see batch.go). A call of weight 1 that every rule, all per-client,
+// denied is answered in-process until a rule has room again (denials.go). AllowN returns by ctx's deadline whatever Redis does;
 // what it left under way (the batch, the release of a lock) finishes in the
 // background.
 //
@@ -44,7 +46,25 @@ func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (re
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	return b.batches.do(b.batchKey(resource, client), &call{ctx: ctx, resource: resource, client: client, n: n})
+	if b.clockRuns(ctx, resource) {
+		if res, ok := b.denials.answer(resource, client, n); ok {
+			return res, nil // see denials.go
+		}
+	}
+	start := time.Now()
+	res, err = b.batches.do(b.batchKey(resource, client), &call{ctx: ctx, resource: resource, client: client, n: n})
+	if err == nil {
+		b.denials.keep(resource, client, n, b.cfg.recordDenied, res, start)
+	}
+	return res, err
+}
+
+// clockRuns reports whether the clock of the server that holds resource
+// was seen moving at the pace of this host's: only then may the denial
+// cache count time for it (a test's stopped clock moves by jumps).
+func (b *Bucket) clockRuns(ctx context.Context, resource string) bool {
+	node, err := b.node(ctx, b.keysOf(resource).slotKey())
+	return err == nil && b.clocks.of(node.Options().Addr).pace() == paceRunning
 }
 
 // batchKey names the line of a call: calls that can be decided in one

@@ -5,7 +5,7 @@ import (
 )
 
 // Flush forgets the counts of client at resource: its own, and its share of
-// the resource's. A decision running at the same time is either forgotten
+// the resource's, and the denials this Bucket cached for it. A decision running at the same time is either forgotten
 // with them or counted after the flush, never half of each. Under Logs it
 // takes the lock as a decision does, and costs two round trips (when the
 // SCAN fits in one page); SortedSet and Windows read, then write.
@@ -18,6 +18,7 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error)
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
+	b.denials.forget(resource, &client)
 	_, err = bounded(ctx, func(ctx context.Context, lock *lockView) (struct{}, error) {
 		at, err := b.siteOf(ctx, resource, lock)
 		if err != nil {
@@ -25,6 +26,7 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error)
 		}
 		return struct{}{}, classify(b.route.redirected(b.store.flush(ctx, at, client)))
 	})
+	b.denials.forget(resource, &client) // one cached by a decision that raced the flush
 	return err
 }
 
@@ -39,6 +41,7 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
 	if resource == "" {
 		return ErrEmptyResource
 	}
+	b.denials.forget(resource, nil)
 	_, err = bounded(ctx, func(ctx context.Context, lock *lockView) (struct{}, error) {
 		at, err := b.siteOf(ctx, resource, lock)
 		if err != nil {
@@ -46,6 +49,7 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
 		}
 		return struct{}{}, classify(b.route.redirected(b.store.flushAll(ctx, at)))
 	})
+	b.denials.forget(resource, nil) // those cached by decisions that raced the flush
 	return err
 }
 

@@ -177,3 +177,42 @@ func TestCostIndependentOfDatabaseSize(t *testing.T) {
 		}
 	}
 }
+
+// A call of weight 1 that every rule, all per-client, denied is answered
+// in-process until a rule has room again: with no round trip, and the
+// Result Redis would give, its durations moved on; Flush forgets it.
+func TestDenialCache(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		limit := Per(2, time.Minute)
+		b := e.bucket(t, PerClient(limit), PerClient(Per(5, time.Hour)))
+		deny := []Rule{{ScopeClient, limit}}
+		e.run(t, b, "r", []step{
+			{0, "a", 1, false, want{true, 1, 0, time.Hour, nil}},
+			{0, "a", 1, false, want{true, 0, 0, time.Hour, nil}},
+			// Denied by the minute rule only: asked again, from Redis.
+			{time.Second, "a", 1, false, want{false, 0, 59 * time.Second, 59*time.Minute + 59*time.Second, deny}},
+		})
+		if trips := e.trips.count(func() { _, _ = b.Allow(ctx, "r", "a") }); trips == 0 {
+			t.Errorf("a call denied by one of two rules was answered from the cache")
+		}
+		// The cache counts time only once the server's clock was seen
+		// moving: hence the second between the calls.
+		full := e.bucket(t, WithPrefix(e.prefix+":full"), PerClient(limit))
+		e.run(t, full, "r", []step{
+			{0, "a", 1, false, want{true, 1, 0, time.Minute, nil}},
+			{time.Second, "a", 1, false, want{true, 0, 0, time.Minute, nil}},
+			{0, "a", 1, false, want{false, 0, 59 * time.Second, time.Minute, []Rule{{ScopeClient, limit}}}},
+		})
+		var res Result
+		if trips := e.trips.count(func() { res, _ = full.Allow(ctx, "r", "a") }); trips != 0 || res.Allowed || res.Rules[0].Used != 2 {
+			t.Errorf("a call every rule denied: %+v in %d round trips, want denied from the cache", res, trips)
+		}
+		if err := full.Flush(ctx, "r", "a"); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := full.Allow(ctx, "r", "a"); err != nil || !res.Allowed {
+			t.Errorf("after Flush: %+v, %v; want admitted (the cached denial forgotten)", res, err)
+		}
+	})
+}
