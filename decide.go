@@ -46,7 +46,7 @@ func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (re
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	if b.clockRuns(ctx, resource) {
+	if !b.denials.empty() && b.clockRuns(ctx, resource) {
 		if res, ok := b.denials.answer(resource, client, n); ok {
 			return res, nil // see denials.go
 		}

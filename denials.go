@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,7 +29,11 @@ const maxDenials = 100_000
 type denials struct {
 	mu      sync.Mutex
 	entries map[denialKey]denial
+	size    atomic.Int64 // len(entries), read without mu: most Buckets cache nothing
 }
+
+// empty reports, without a lock, whether nothing is cached.
+func (d *denials) empty() bool { return d.size.Load() == 0 }
 
 type denialKey struct{ resource, client string }
 
@@ -79,6 +84,7 @@ func (d *denials) keep(resource, client string, n int, recordDenied bool, res Re
 		}
 	}
 	d.entries[denialKey{resource, client}] = denial{res: res, at: now, until: now.Add(valid)}
+	d.size.Store(int64(len(d.entries)))
 }
 
 // sweep drops the entries that have expired.
@@ -88,12 +94,13 @@ func (d *denials) sweep(now time.Time) {
 			delete(d.entries, k)
 		}
 	}
+	d.size.Store(int64(len(d.entries)))
 }
 
 // answer returns the cached answer to a call of weight 1 by client at
 // resource, its durations moved on, if there is one still valid.
 func (d *denials) answer(resource, client string, n int) (Result, bool) {
-	if n != 1 {
+	if n != 1 || d.empty() {
 		return Result{}, false
 	}
 	now := time.Now()
@@ -101,6 +108,7 @@ func (d *denials) answer(resource, client string, n int) (Result, bool) {
 	e, ok := d.entries[denialKey{resource, client}]
 	if ok && !now.Before(e.until) {
 		delete(d.entries, denialKey{resource, client})
+		d.size.Store(int64(len(d.entries)))
 		ok = false
 	}
 	d.mu.Unlock()
@@ -120,6 +128,7 @@ func (d *denials) forget(resource string, client *string) {
 			delete(d.entries, k)
 		}
 	}
+	d.size.Store(int64(len(d.entries)))
 }
 
 // after returns res as it reads elapsed later, with nothing counted or
