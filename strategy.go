@@ -3,6 +3,7 @@ package leakybucket
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -156,15 +157,17 @@ type logEntry struct {
 	weight int
 }
 
-// countOf is what rule counts at now among entries, sorted oldest first.
+// countOf is what rule counts at now among entries, sorted oldest first:
+// the entries it counts are the newest ones, a tail of entries, shared
+// rather than copied (a batch asks once per call and rule).
 func countOf(rule Rule, entries []logEntry, now int64) count {
-	var c count
-	for _, e := range entries {
-		if counts(rule, e, now) {
-			c.used = addCapped(c.used, e.weight)
-			c.oldest = append(c.oldest, e)
-			c.newest = max(c.newest, e.at)
-		}
+	from := sort.Search(len(entries), func(i int) bool { return counts(rule, entries[i], now) })
+	c := count{oldest: entries[from:]}
+	for _, e := range c.oldest {
+		c.used = addCapped(c.used, e.weight)
+	}
+	if len(c.oldest) > 0 {
+		c.newest = c.oldest[len(c.oldest)-1].at
 	}
 	return c
 }
