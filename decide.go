@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"runtime"
 	"time"
 )
 
@@ -48,6 +49,9 @@ func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (re
 	}
 	if !b.denials.empty() && b.clockRuns(ctx, resource) {
 		if res, ok := b.denials.answer(resource, client, n); ok {
+			// A caller that loops on its denials would now never wait:
+			// let the others of this process run first.
+			runtime.Gosched()
 			return res, nil // see denials.go
 		}
 	}
