@@ -70,17 +70,7 @@ func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 
 // now returns the server's estimated time in ms, and false until a sample
 // was observed.
-func (c *redisClock) now() (int64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case !c.valid:
-		return 0, false
-	case c.stopped:
-		return c.last.UnixMilli(), true
-	}
-	return c.server.Add(time.Since(c.at)).UnixMilli(), true
-}
+func (c *redisClock) now() (int64, bool) { return c.estimateLess(false) }
 
 // clocks holds one redisClock per server address (a cluster's masters may
 // disagree).
@@ -125,7 +115,11 @@ func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, e
 }
 
 // earliest is now less the estimate's error.
-func (c *redisClock) earliest() (int64, bool) {
+func (c *redisClock) earliest() (int64, bool) { return c.estimateLess(true) }
+
+// estimateLess is the estimate in ms, less its error if lessError, and
+// false until a sample was observed.
+func (c *redisClock) estimateLess(lessError bool) (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -134,7 +128,11 @@ func (c *redisClock) earliest() (int64, bool) {
 	case c.stopped:
 		return c.last.UnixMilli(), true
 	}
-	return c.server.Add(time.Since(c.at) - c.rtt/2).UnixMilli(), true
+	elapsed := time.Since(c.at)
+	if lessError {
+		elapsed -= c.rtt / 2
+	}
+	return c.server.Add(elapsed).UnixMilli(), true
 }
 
 // sample records the TIME reply (server) of a transaction sent at sent,
