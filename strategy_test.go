@@ -88,8 +88,29 @@ func TestWindowsPrecision(t *testing.T) {
 			}
 			time.Sleep(time.Minute)
 		}
-		if n := e.admin.HLen(context.Background(), hourly.keysOf("r").hash("")).Val(); n > 62 {
-			t.Errorf("the resource's hash has %d fields, want at most 61 intervals and the incarnation", n)
+		if n := e.admin.HLen(context.Background(), hourly.keysOf("r").hash("")).Val(); n > 61+tidyAt-1 {
+			t.Errorf("the resource's hash has %d fields, want at most 61 intervals and %d dead ones", n, tidyAt-1)
+		}
+	})
+}
+
+// A Windows hash used now and then, never idle long enough to expire,
+// keeps at most tidyAt-1 intervals that left its window: they are deleted
+// although no call lands just as they die.
+func TestWindowsSparseCallsBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newMiniEnv(t, Windows(ms))
+		b := e.bucket(t, PerResource(Per(1000, 100*ms)))
+		const every = 7 * ms
+		live := int64(100*ms/every) + 1
+		for i := range 300 {
+			if _, err := b.Allow(context.Background(), "r", "a"); err != nil {
+				t.Fatal(err)
+			}
+			if n := e.admin.HLen(context.Background(), b.keysOf("r").hash("")).Val(); n > live+tidyAt-1 {
+				t.Fatalf("after call %d the hash has %d fields, want at most %d live and %d dead", i, n, live, tidyAt-1)
+			}
+			time.Sleep(every)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"strconv"
 	"syscall"
@@ -238,20 +239,24 @@ func replyFloat(v any) float64 {
 	return 0
 }
 
-// replyHash reads an HGETALL reply.
-func replyHash(v any) map[string]string {
-	out := map[string]string{}
-	switch h := v.(type) {
-	case map[any]any: // RESP3
-		for k, v := range h {
-			out[replyString(k)] = replyString(v)
-		}
-	case []any: // RESP2
-		for i := 0; i+1 < len(h); i += 2 {
-			out[replyString(h[i])] = replyString(h[i+1])
+// replyFields reads an HGETALL reply as its fields and values.
+func replyFields(v any) iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		switch h := v.(type) {
+		case map[any]any: // RESP3
+			for k, v := range h {
+				if !yield(replyString(k), replyString(v)) {
+					return
+				}
+			}
+		case []any: // RESP2
+			for i := 0; i+1 < len(h); i += 2 {
+				if !yield(replyString(h[i]), replyString(h[i+1])) {
+					return
+				}
+			}
 		}
 	}
-	return out
 }
 
 func replyString(v any) string {

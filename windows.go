@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -43,10 +45,11 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 // one hash serves every rule of its scope: a rule counts the intervals
 // whose end is inside its window. The resource's hash exists when a rule
 // is per-resource, each client's when a rule is per-client. Per batch,
-// the transaction reads the resource's generation (GET, see below),
-// deletes the intervals that just left the longest window, adds the
-// batch's weight to the current interval of each hash (HINCRBY), reads
+// the transaction reads the resource's generation (GET, see below), adds
+// the batch's weight to the current interval of each hash (HINCRBY), reads
 // every hash (HGETALL) and sets it to expire with the current interval.
+// The intervals that left the longest window are deleted later, a few at
+// a time (tidyAt).
 //
 // The calls are then judged in order: each counts the intervals read, less
 // the batch's own weight, plus the weight of the batch's calls admitted
@@ -178,23 +181,20 @@ func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatc
 
 func (b *hBatch) queue(t *txn) {
 	b.genReply = t.add("get", b.keys.generation())
-	dead := b.lastDead(b.now)
 	for _, h := range b.order {
-		t.add(append([]any{"hdel", h.key}, fields(dead-3, dead)...)...)
 		t.add("hincrby", h.key, b.interval, h.added)
 		h.read = t.add("hgetall", h.key)
 		t.add("pexpireat", h.key, b.expireAt(b.now))
 	}
 }
 
-// fields names the intervals from to through.
-func fields(from, through int64) []any {
-	var out []any
-	for i := from; i <= through; i++ {
-		out = append(out, strconv.FormatInt(i, 10))
-	}
-	return out
-}
+// tidyAt is how many dead intervals a hash may hold before a decision that
+// read them deletes them (HDEL). Deleting the intervals that might have
+// died in every transaction would cost a command per hash for nothing most
+// of the time, and miss those that died while nobody called; this way a
+// hash holds at most tidyAt-1 dead intervals beyond those of its longest
+// window, and they cost a round trip once per tidyAt deaths at most.
+const tidyAt = 16
 
 // judge asks judge about each call in order, and queues on back the
 // take-back of the calls not recorded, and the deletion of dead fields the
@@ -204,7 +204,7 @@ func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 		return errStaleGeneration
 	}
 	for _, h := range b.order {
-		h.parse(b.windowsStore, b.now, replyHash(t.replies[h.read]))
+		h.parse(b.windowsStore, b.now, replyFields(t.replies[h.read]))
 		h.current -= h.added
 	}
 	stamp := b.stamp(b.now)
@@ -235,9 +235,11 @@ func (b *hBatch) takeAll(back *txn) {
 	b.queueBack(back, func(h *hash) int { return h.added })
 }
 
-// queueBack queues, per hash, the take-back of weight(h) and the deletion
-// of the dead fields read.
+// queueBack queues, per hash, the take-back of weight(h), and the deletion
+// of the dead fields read if there is a take-back to carry it or enough of
+// them (tidyAt).
 func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
+	tidy := false
 	for _, h := range b.order {
 		if n := weight(h); n > 0 {
 			back.add("hincrby", h.key, b.interval, -n)
@@ -245,8 +247,9 @@ func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
 			// hash again: let it expire.
 			back.add("pexpireat", h.key, b.expireAt(b.now))
 		}
+		tidy = tidy || len(h.dead) >= tidyAt
 	}
-	if len(back.cmds) == 0 {
+	if len(back.cmds) == 0 && !tidy {
 		return
 	}
 	for _, h := range b.order {
@@ -258,7 +261,7 @@ func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
 
 // parse reads a hash's fields at now: its intervals, and the fields no
 // window counts any more. Fields that are not an interval are not ours.
-func (h *hash) parse(s windowsStore, now int64, fields map[string]string) {
+func (h *hash) parse(s windowsStore, now int64, fields iter.Seq2[string, string]) {
 	current, lastDead := now/s.precision, s.lastDead(now)
 	for field, value := range fields {
 		index, err := strconv.ParseInt(field, 10, 64)
@@ -274,13 +277,21 @@ func (h *hash) parse(s windowsStore, now int64, fields map[string]string) {
 		}
 	}
 	slices.SortFunc(h.entries, func(a, b logEntry) int { return cmp.Compare(a.at, b.at) })
+	h.entries = slices.Grow(h.entries, 1) // room for withCurrent
 }
 
 // withCurrent returns the hash's intervals with the current one, stamped
-// at stamp, holding weight.
+// at stamp, holding weight. It is the newest unless another process wrote
+// to a later interval (its estimate of Redis's clock is ahead of this
+// one's); then the intervals are copied, else the current one goes in the
+// room parse left, so that a batch judges its calls without allocating:
+// the result is valid until the next call.
 func (h *hash) withCurrent(stamp int64, weight int) []logEntry {
 	if weight <= 0 {
 		return h.entries
+	}
+	if n := len(h.entries); n == 0 || h.entries[n-1].at < stamp {
+		return append(h.entries, logEntry{at: stamp, weight: weight})
 	}
 	at, _ := slices.BinarySearchFunc(h.entries, stamp, func(e logEntry, t int64) int { return cmp.Compare(e.at, t) })
 	out := make([]logEntry, 0, len(h.entries)+1)
@@ -322,7 +333,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client 
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
 			hashes[i] = &hash{key: keys[i]}
-			hashes[i].parse(s, now, read.Val())
+			hashes[i].parse(s, now, maps.All(read.Val()))
 		}
 		return now, hashes, nil
 	}
