@@ -24,6 +24,8 @@ type Bucket struct {
 	clocks    clocks
 	batches   batcher
 	denials   denials
+
+	local *localCounts // non-nil for NewLocal: then none of the above is used
 }
 
 // New returns a Bucket that applies the rules among opts (PerResource,
@@ -34,6 +36,26 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg, p, err := configure(opts)
+	if err != nil {
+		return nil, err
+	}
+	st, err := cfg.strategy.newStore(p)
+	if err != nil {
+		return nil, err
+	}
+	b := newBucket(cfg, p)
+	b.store, b.node, b.route = st, node, clusterRouteOf(rdb)
+	b.keyPrefix = cfg.prefix + ":" + st.tag()
+	b.batches.run, b.batches.workers = b.decideBatch, 1
+	if _, locked := st.(logsStore); !locked {
+		b.batches.workers = lockFreeWorkers
+	}
+	return b, nil
+}
+
+// configure applies and checks opts.
+func configure(opts []Option) (config, plan, error) {
 	cfg := defaultConfig()
 	for _, opt := range opts {
 		if opt != nil {
@@ -41,24 +63,19 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 		}
 	}
 	if err := cfg.validate(); err != nil {
-		return nil, err
+		return cfg, plan{}, err
 	}
-	p := newPlan(cfg)
-	st, err := cfg.strategy.newStore(p)
-	if err != nil {
-		return nil, err
-	}
-	b := &Bucket{cfg: cfg, plan: p, store: st, node: node, route: clusterRouteOf(rdb), maxN: cfg.rules[0].Limit.Requests}
-	b.keyPrefix = cfg.prefix + ":" + st.tag()
-	b.hasClientRule = p.hasClientRule
+	return cfg, newPlan(cfg), nil
+}
+
+// newBucket returns a Bucket of cfg's rules, with no counts yet: New
+// keeps them in Redis, NewLocal in memory.
+func newBucket(cfg config, p plan) *Bucket {
+	b := &Bucket{cfg: cfg, plan: p, hasClientRule: p.hasClientRule, maxN: cfg.rules[0].Limit.Requests}
 	for _, r := range cfg.rules {
 		b.maxN = min(b.maxN, r.Limit.Requests)
 	}
-	b.batches.run, b.batches.workers = b.decideBatch, 1
-	if _, locked := st.(logsStore); !locked {
-		b.batches.workers = lockFreeWorkers
-	}
-	return b, nil
+	return b
 }
 
 // nodeOf returns how to find the client of the node that owns a key.

@@ -397,7 +397,7 @@ func TestBadInput(t *testing.T) {
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-time.Second))}, ErrInvalidOption},
 			{[]Option{PerClient(PerMinute(1)), PerResource(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption},
 		} {
-			if _, err := New(e.rdb, tc.opts...); !errors.Is(err, tc.want) {
+			if _, err := e.new(tc.opts...); !errors.Is(err, tc.want) {
 				t.Errorf("New(%d options) error = %v, want %v", len(tc.opts), err, tc.want)
 			}
 		}
@@ -450,6 +450,7 @@ func TestBadInput(t *testing.T) {
 // alongside fill the database with keys of their own.)
 func TestRoundTrips(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
+		e.needsRedis(t, "round trips")
 		ctx := context.Background()
 		both := e.bucket(t, WithScanCount(1<<20), PerResource(Per(2, time.Minute)), PerClient(Per(1, time.Minute)))
 		one := e.bucket(t, WithScanCount(1<<20), WithPrefix(e.prefix+":one"), PerClient(Per(1, time.Minute)))
@@ -513,7 +514,7 @@ func TestHugeWeightsDoNotOverflow(t *testing.T) {
 		// SortedSet keeps a member per unit of weight, and Windows adds
 		// weights with HINCRBY: New refuses limits they cannot keep.
 		if bound, ok := map[string]int{"sortedset": 1000, "windows": MaxWindowsRequests}[strategyName(e.strategy)]; ok {
-			if _, err := New(e.rdb, WithStrategy(e.strategy), PerClient(huge)); !errors.Is(err, ErrInvalidOption) {
+			if _, err := e.new(WithStrategy(e.strategy), PerClient(huge)); !errors.Is(err, ErrInvalidOption) {
 				t.Fatalf("New(%v, %v): %v, want ErrInvalidOption", e.strategy, huge, err)
 			}
 			huge = Per(bound, time.Minute)

@@ -302,6 +302,7 @@ func (l *commandLog) all() []string {
 // must send the connection commands listed.
 func TestCommandsPerMethod(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
+		e.needsRedis(t, "commands")
 		ctx := context.Background()
 		s := strategyName(e.strategy)
 		_, cluster := e.rdb.(*redis.ClusterClient)

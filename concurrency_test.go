@@ -183,14 +183,24 @@ func runJob(t testing.TB, job helperJob, n int) map[string]int {
 	for admin.Exists(ctx, job.Prefix+":go").Val() == 0 {
 		time.Sleep(time.Millisecond)
 	}
+	return callScenario(t, b, spec.clients, n, nil)
+}
+
+// callScenario makes callsEach calls from each of n goroutines, which
+// start together once start is closed (at once if nil), cycling through
+// clients, and returns how many each client had admitted.
+func callScenario(t testing.TB, b *Bucket, clients []string, n int, start chan struct{}) map[string]int {
 	var mu sync.Mutex
 	admitted := map[string]int{}
 	var wg sync.WaitGroup
 	for g := range n {
 		wg.Go(func() {
+			if start != nil {
+				<-start
+			}
 			for i := range callsEach {
-				client := spec.clients[(g+i)%len(spec.clients)]
-				ctx, cancel := context.WithTimeout(ctx, time.Minute)
+				client := clients[(g+i)%len(clients)]
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				res, err := b.Allow(ctx, "resource", client)
 				cancel()
 				if err != nil {
@@ -204,6 +214,9 @@ func runJob(t testing.TB, job helperJob, n int) map[string]int {
 				}
 			}
 		})
+	}
+	if start != nil {
+		close(start)
 	}
 	wg.Wait()
 	return admitted

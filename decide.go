@@ -47,6 +47,9 @@ func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (re
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
+	if b.local != nil {
+		return b.decideLocal(ctx, resource, client, n) // local.go
+	}
 	if !b.denials.empty() && b.clockRuns(ctx, resource) {
 		if res, ok := b.denials.answer(resource, client, n); ok {
 			// A caller that loops on its denials would now never wait:
@@ -150,6 +153,9 @@ func (b *Bucket) Usage(ctx context.Context, resource, client string) ([]RuleResu
 // read reads what every rule counts for a call of weight n by client at
 // resource, without writing anything.
 func (b *Bucket) read(ctx context.Context, resource, client string, n int) (view, error) {
+	if b.local != nil {
+		return b.local.peek(resource, client), nil // bounded saw ctx
+	}
 	at, err := b.siteOf(ctx, resource, nil)
 	if err != nil {
 		return view{}, err

@@ -58,22 +58,58 @@ type env struct {
 	clock    modelClock            // the model's time, for run
 	trips    *roundTrips
 	mini     *miniredis.Miniredis // nil on a real Redis
+	local    *[]*Bucket           // in process: the Buckets made, whose counts keys lists; else nil
+}
+
+// newLocalEnv returns an env whose Buckets keep their counts in process
+// (NewLocal), on the fake time of the synctest bubble: it has no Redis,
+// and no clients.
+func newLocalEnv(s Strategy) *env {
+	// trips and sent count nothing: nothing goes over a network.
+	return &env{strategy: s, prefix: "t", clock: newModelClock(), local: &[]*Bucket{}, trips: &roundTrips{}, sent: &commandLog{}}
+}
+
+// needsRedis skips a test of what a Bucket keeps or sends in Redis, such as
+// its keys or round trips, in an env without one (NewLocal's).
+func (e *env) needsRedis(t *testing.T, what string) {
+	t.Helper()
+	if e.local != nil {
+		t.Skip("in process there is no Redis: " + what)
+	}
 }
 
 // bucket returns a Bucket on the test's prefix.
 func (e *env) bucket(t *testing.T, opts ...Option) *Bucket {
 	t.Helper()
-	b, err := New(e.rdb, append([]Option{WithStrategy(e.strategy), WithPrefix(e.prefix)}, opts...)...)
+	b, err := e.new(append([]Option{WithStrategy(e.strategy), WithPrefix(e.prefix)}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	return b
 }
 
+// new returns New(e.rdb, opts...), or in process NewLocal(opts...).
+func (e *env) new(opts ...Option) (*Bucket, error) {
+	if e.local == nil {
+		return New(e.rdb, opts...)
+	}
+	b, err := NewLocal(opts...)
+	if err == nil {
+		*e.local = append(*e.local, b)
+	}
+	return b, err
+}
+
 // keys returns every key that starts with the test's prefix.
 func (e *env) keys(t *testing.T) []string {
 	t.Helper()
 	var all []string
+	if e.local != nil {
+		for _, b := range *e.local {
+			all = append(all, b.local.keys()...)
+		}
+		return all
+	}
 	err := forEachNode(e.admin, func(node *redis.Client) error {
 		iter := node.Scan(context.Background(), 0, matchPrefix(e.prefix), 1000).Iterator()
 		for iter.Next(context.Background()) {
@@ -148,8 +184,9 @@ func (e *env) fillUnrelated(t *testing.T, n int) {
 	}
 }
 
-// each runs test with every strategy, against miniredis on fake time, the
-// real Redis, and the real 3-master cluster.
+// each runs test with every strategy, against miniredis on fake time, in
+// process (NewLocal) on fake time, the real Redis, and the real 3-master
+// cluster.
 func each(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Helper()
 	eachOf(t, strategies, test)
@@ -162,7 +199,10 @@ var lockedStrategies = []Strategy{Logs}
 // eachLocked is each, with the strategies that take a lock.
 func eachLocked(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Helper()
-	eachOf(t, lockedStrategies, test)
+	eachOf(t, lockedStrategies, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the lock is a Redis key")
+		test(t, e)
+	})
 }
 
 func eachOf(t *testing.T, strategies []Strategy, test func(t *testing.T, e *env)) {
@@ -174,6 +214,11 @@ func eachOf(t *testing.T, strategies []Strategy, test func(t *testing.T, e *env)
 			t.Run("miniredis", func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					test(t, newMiniEnv(t, s))
+				})
+			})
+			t.Run("local", func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					test(t, newLocalEnv(s))
 				})
 			})
 			t.Run("redis", func(t *testing.T) {

@@ -52,6 +52,31 @@ func ExampleNew() {
 	// denied: Retry-After: 60
 }
 
+// A service of one instance, or a test without Redis, keeps its counts in
+// process with NewLocal: the same Bucket, rules and Results, so moving to
+// Redis later is a change to this line only.
+func ExampleNewLocal() {
+	limiter, err := leakybucket.NewLocal(
+		leakybucket.PerClient(leakybucket.PerMinute(2)),
+		leakybucket.WithStrategy(leakybucket.SortedSet),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 3 {
+		res, err := limiter.Allow(ctx, "POST /login", "203.0.113.7")
+		if err != nil {
+			log.Fatal(err) // only a context that ended
+		}
+		fmt.Printf("allowed %v, %d left\n", res.Allowed, res.Remaining)
+	}
+	// Output:
+	// allowed true, 1 left
+	// allowed true, 0 left
+	// allowed false, 0 left
+}
+
 // newExampleClient returns a client of an in-memory Redis whose clock is
 // frozen, so that the examples' durations print the same on every run.
 func newExampleClient() *redis.Client {

@@ -18,6 +18,9 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error)
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
+	if b.local != nil {
+		return b.local.flush(ctx, resource, client)
+	}
 	b.denials.forget(resource, &client)
 	_, err = bounded(ctx, func(ctx context.Context, lock *lockView) (struct{}, error) {
 		at, err := b.siteOf(ctx, resource, lock)
@@ -40,6 +43,9 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
 	defer b.observe(ctx, b.observed(), OpFlushAll, resource, "", 0, nil, &err)
 	if resource == "" {
 		return ErrEmptyResource
+	}
+	if b.local != nil {
+		return b.local.flushAll(ctx, resource)
 	}
 	b.denials.forget(resource, nil)
 	_, err = bounded(ctx, func(ctx context.Context, lock *lockView) (struct{}, error) {

@@ -218,6 +218,7 @@ func (duplicateScans) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 func TestScanDuplicatesCountOnce(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
+		e.needsRedis(t, "SCAN")
 		e.addHook(duplicateScans{})
 		b := e.bucket(t, PerResource(Per(4, time.Minute)))
 		deny := []Rule{{ScopeResource, Per(4, time.Minute)}}

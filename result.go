@@ -87,8 +87,11 @@ func evaluate(rules []Rule, v view, n int, recordDenied bool) Result {
 // Remaining.
 func (rr *RuleResult) settle(c count, v view, n int, recorded, allowed bool) {
 	if recorded && n > 0 {
-		// The call is the newest entry of every rule.
-		c.oldest = append(c.oldest[:len(c.oldest):len(c.oldest)], logEntry{at: v.stamp, weight: n})
+		// The call is the newest entry of every rule; RetryAfter, for a
+		// call denied and recorded, counts it too.
+		if !allowed {
+			c.oldest = append(c.oldest[:len(c.oldest):len(c.oldest)], logEntry{at: v.stamp, weight: n})
+		}
 		c.used = addCapped(c.used, n)
 		c.newest = max(c.newest, v.stamp)
 	}

@@ -304,11 +304,16 @@ func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
 }
 
 // peek counts without writing: ZCOUNT of the live members, the oldest n
-// and the newest, per set, at the estimated Redis time.
+// and the newest, per set, at the estimated Redis time. With
+// WithRecordDenied a denied call counts too, so RetryAfter may wait for
+// the oldest 2n to leave: those are read.
 func (s sortedSetStore) peek(ctx context.Context, at site, client string, n int) (view, error) {
 	now, err := at.clock.estimate(ctx, at.node)
 	if err != nil {
 		return view{}, err
+	}
+	if s.recordDenied {
+		n *= 2
 	}
 	type reads struct {
 		live   *redis.IntCmd

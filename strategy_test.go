@@ -204,6 +204,7 @@ func TestCostIndependentOfDatabaseSize(t *testing.T) {
 // Result Redis would give, its durations moved on; Flush forgets it.
 func TestDenialCache(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the denial cache saves round trips to Redis")
 		ctx := context.Background()
 		limit := Per(2, time.Minute)
 		b := e.bucket(t, PerClient(limit), PerClient(Per(5, time.Hour)))

@@ -162,6 +162,8 @@ type results struct {
 	hammer []hammerRow
 	noisy  []noisyRow
 	cost   []costRow
+	// inProcess is issue 13's table: NewLocal.
+	inProcess []inProcessRow
 }
 
 // Names of the tables, for -table.
@@ -170,9 +172,10 @@ const (
 	hammerTable     = "hammer"
 	noisyTable      = "neighbour"
 	costTable       = "sortedset"
+	inProcessTable  = "inprocess"
 )
 
-var tableNames = []string{throughputTable, hammerTable, noisyTable, costTable}
+var tableNames = []string{throughputTable, hammerTable, noisyTable, costTable, inProcessTable}
 
 // run measures every table that -table selects, in order.
 func (r *runner) run(ctx context.Context) (results, error) {
@@ -185,6 +188,7 @@ func (r *runner) run(ctx context.Context) (results, error) {
 		{hammerTable, r.hammerAll},
 		{noisyTable, r.noisyAll},
 		{costTable, r.costAll},
+		{inProcessTable, r.inProcessAll},
 	}
 	for _, s := range steps {
 		if !r.cfg.tables.MatchString(s.name) {

@@ -131,8 +131,11 @@ func tables(cfg config, res results) string {
 	if len(res.cost) > 0 {
 		fmt.Fprintf(&b, "## SortedSet cost\n\n%s\n", costTableMD(res.cost, cfg.window))
 	}
+	if len(res.inProcess) > 0 {
+		fmt.Fprintf(&b, "## In process\n\n%s\n", inProcessTableMD(res.inProcess))
+	}
 	if ts := targets(cfg, res); len(ts) > 0 {
-		fmt.Fprintf(&b, "## Issue 11's targets\n\n%s", targetsTableMD(ts))
+		fmt.Fprintf(&b, "## Targets\n\n%s", targetsTableMD(ts))
 	}
 	return b.String()
 }
@@ -155,6 +158,9 @@ func document(cfg config, res results, run runInfo, chart string) string {
 	}
 	if len(res.cost) > 0 {
 		costSection(&b, cfg, res.cost)
+	}
+	if len(res.inProcess) > 0 {
+		inProcessSection(&b, res.inProcess)
 	}
 	if prose := whereTheTimeGoes(cfg, res); prose != "" {
 		fmt.Fprintf(&b, "## Where the time goes\n\n%s", prose)
@@ -288,7 +294,7 @@ func costLimitsList(rows []costRow) string {
 
 // targetsSection is the target table, first in the document.
 func targetsSection(b *strings.Builder, ts []target) {
-	b.WriteString("## Issue 11's targets\n\n")
+	b.WriteString("## Targets\n\n")
 	b.WriteString("Each target is judged on this run's figures, as ratios between cells of the same run. " +
 		"The throughput targets hold at both limits, for Windows and SortedSet; " +
 		"\"Logs at most 2 round trips and >= 1.0x on a hot key at 10/min\" is read as both conditions on that one cell. " +

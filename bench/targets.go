@@ -23,7 +23,8 @@ func targets(cfg config, res results) []target {
 			out = append(out, throughputTargets(res.rows, w, limit, limit == cfg.limits[0])...)
 		}
 	}
-	return append(append(out, hammerTargets(res.hammer)...), noisyTargets(res.noisy)...)
+	out = append(append(out, hammerTargets(res.hammer)...), noisyTargets(res.noisy)...)
+	return append(out, inProcessTargets(res.inProcess)...)
 }
 
 // speedup is one target on decisions/s against redis_rate.

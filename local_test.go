@@ -1,0 +1,116 @@
+package leakybucket
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// A local Bucket admits exactly the limit to 256 goroutines calling at
+// once, as Buckets on one Redis do across processes (concurrency_test.go).
+func TestConcurrentGoroutinesLocal(t *testing.T) {
+	for strategy, s := range concurrentStrategies {
+		for name, spec := range scenarios {
+			t.Run(strategy+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				b, err := NewLocal(append([]Option{WithStrategy(s)}, spec.rules...)...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				admitted := callScenario(t, b, spec.clients, 256, make(chan struct{}))
+				checkAdmitted(t, name, admitted)
+			})
+		}
+	}
+}
+
+// A local Bucket gives the Results a Bucket on Redis gives, to the
+// millisecond: the same random calls (weights, several rules, clients,
+// Peek, Flush and FlushAll) on miniredis and in process, on one fake
+// clock, for every strategy, with and without WithRecordDenied.
+func TestLocalMatchesRedis(t *testing.T) {
+	for _, s := range append(strategies, Windows(ms)) {
+		for _, recordDenied := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/recordDenied=%v", s, recordDenied), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					e := newMiniEnv(t, s)
+					opts := []Option{PerResource(Per(12, 1500*ms)), PerClient(Per(5, 300*ms)), PerClient(Per(3, 100*ms))}
+					if recordDenied {
+						opts = append(opts, WithRecordDenied())
+					}
+					onRedis := e.bucket(t, opts...)
+					local, err := NewLocal(append([]Option{WithStrategy(s)}, opts...)...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					compareRandomCalls(t, onRedis, local, uint64(len(s.String())))
+				})
+			})
+		}
+	}
+}
+
+// compareRandomCalls makes the same 600 random calls on a and b, and fails
+// at the first whose outcome differs.
+func compareRandomCalls(t *testing.T, a, b *Bucket, seed uint64) {
+	t.Helper()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	for i := range 600 {
+		time.Sleep(time.Duration(rng.IntN(40)) * ms)
+		client, n := "c"+strconv.Itoa(rng.IntN(3)), 1+rng.IntN(3)
+		var call string
+		var do func(*Bucket) (any, error)
+		switch k := rng.IntN(20); {
+		case k == 0:
+			call, do = "Flush "+client, func(b *Bucket) (any, error) { return nil, b.Flush(ctx, "r", client) }
+		case k == 1:
+			call, do = "FlushAll", func(b *Bucket) (any, error) { return nil, b.FlushAll(ctx, "r") }
+		case k < 5:
+			call, do = fmt.Sprintf("PeekN(%s, %d)", client, n), func(b *Bucket) (any, error) { return b.PeekN(ctx, "r", client, n) }
+		default:
+			call, do = fmt.Sprintf("AllowN(%s, %d)", client, n), func(b *Bucket) (any, error) { return b.AllowN(ctx, "r", client, n) }
+		}
+		got, gotErr := do(b)
+		want, wantErr := do(a)
+		if !reflect.DeepEqual(got, want) || fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+			t.Fatalf("call %d, %s: in process %+v, %v; on Redis %+v, %v", i, call, got, gotErr, want, wantErr)
+		}
+	}
+}
+
+// The state of a key is freed once no window counts it: a million
+// distinct clients, then a window later calls from a thousand others to
+// another resource, leave the state of those thousand only.
+func TestLocalMemoryBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		b, err := NewLocal(PerResource(Per(10_000_000, time.Minute)), PerClient(Per(1, time.Minute)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		const clients = 1_000_000
+		for i := range clients {
+			if res, err := b.Allow(ctx, "r", strconv.Itoa(i)); err != nil || !res.Allowed {
+				t.Fatalf("client %d: %+v, %v", i, res, err)
+			}
+		}
+		if n := len(b.local.keys()); n != clients+1 {
+			t.Fatalf("%d scopes held after %d clients, want %d", n, clients, clients+1)
+		}
+		time.Sleep(time.Minute)
+		for i := range sweepEvery * localShards {
+			if _, err := b.Allow(ctx, "other", strconv.Itoa(i%1000)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := len(b.local.keys()); n > 1000+1 {
+			t.Errorf("%d scopes held a window after the million, want at most the 1001 used since", n)
+		}
+	})
+}
