@@ -10,7 +10,7 @@ import (
 // scope is the calls of one scope of a local Bucket (see localCounts),
 // oldest first: entries[head:], the older ones trimmed. cums[i] is the
 // weight of the calls up to entries[i] since the scope was made, so that
-// what a rule counts is two binary searches and a subtraction however many
+// what a rule counts is one binary search and a subtraction however many
 // calls its window holds (the weights are capped at math.MaxInt, where
 // they are summed again instead).
 type scope struct {
