@@ -109,6 +109,28 @@ type modelClock struct {
 	start    time.Time     // before the env's first call
 	now      time.Duration // the model's time: the steps' waits so far
 	recorded []modelCall
+	// spans are the intervals the rules count in (Windows), when the
+	// model starts at a multiple of them all: see env.align.
+	spans []time.Duration
+}
+
+// align starts the model afresh at the next multiple of the longest of
+// spans since the Unix epoch (at once on fake time, which starts at
+// midnight), where fixed windows and intervals begin, so that a step's
+// interval is the same in the model and in Redis; the other spans must
+// divide the longest. On a real clock a call that landed in another
+// interval voids the attempt (see late).
+func (e *env) align(spans ...time.Duration) {
+	longest := slices.Max(spans)
+	now := time.Now()
+	start := now.Add(-(time.Duration(now.UnixNano()) % longest))
+	if start.Before(now) {
+		start = start.Add(longest)
+	}
+	time.Sleep(time.Until(start))
+	// The model starts at the multiple, not when the sleep ended: the
+	// oversleep is lag like any other.
+	e.clock = modelClock{start: start, spans: spans}
 }
 
 // modelCall is a call recorded by a step: its Bucket, its model time, and
@@ -128,6 +150,14 @@ func (c *modelClock) record(b *Bucket, before time.Time) {
 // late says why a call of b that ended at after may have missed a call that
 // the model counts in a window of b's rules, or "" if it cannot have.
 func (c *modelClock) late(b *Bucket, after time.Time) string {
+	for _, span := range c.spans {
+		// Time in a later interval than the model's, or so close to its
+		// end that the estimate of Redis time may be past it, changes
+		// every stamp of the call.
+		if real := after.Sub(c.start); real/span != c.now/span || real%span >= span-2*ms {
+			return fmt.Sprintf("it ended at %v, not in the interval of %v of the model's %v", real, span, c.now)
+		}
+	}
 	for _, r := range c.recorded {
 		if r.b != b {
 			continue

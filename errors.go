@@ -11,15 +11,24 @@ var (
 	// ErrNoRule: New was given neither a PerResource nor a PerClient rule.
 	ErrNoRule = errors.New("leakybucket: no rule: pass PerResource or PerClient to New")
 
-	// ErrInvalidLimit: a rule's Limit has Requests <= 0 or a Window shorter
-	// than one millisecond.
+	// ErrInvalidLimit: a rule's Limit has Requests <= 0, a Window shorter
+	// than one millisecond, or an invalid Precision (then the error matches
+	// ErrInvalidPrecision too).
 	ErrInvalidLimit = errors.New("leakybucket: invalid limit")
 
 	// ErrInvalidOption: an option other than a rule is out of range (an empty
 	// prefix or one with a brace, a lock TTL under a millisecond, a SCAN COUNT
 	// below 1, a nil retry factory, a nil strategy, or a Windows precision
-	// under a millisecond or longer than a rule's window).
+	// that does not fit a rule, see ErrInvalidPrecision).
 	ErrInvalidOption = errors.New("leakybucket: invalid option")
+
+	// ErrInvalidPrecision: a precision, a Limit's or the Windows strategy's,
+	// is under one millisecond, longer than the window of a rule that
+	// counts in it, or more than MaxIntervals intervals of that window; or a
+	// Limit has a Precision under a strategy other than Windows. The error
+	// matches ErrInvalidLimit too when the Limit's precision is wrong, and
+	// ErrInvalidOption when the strategy's is.
+	ErrInvalidPrecision = errors.New("leakybucket: invalid precision")
 
 	// ErrUnsupportedClient: New was given a nil client, or a
 	// redis.UniversalClient that is not a *redis.Client, *redis.ClusterClient

@@ -286,3 +286,35 @@ func ExampleWithObserver() {
 	// allow GET /search/: error (invalid_input): leakybucket: empty client with a per-client rule
 	// admitted: 3
 }
+
+// Seed 002's notification sender: all event types of a user together at
+// most 3 per fixed half hour (Windows(0): a rule without a precision is a
+// fixed window, which resets at :00 and :30 UTC), each type at most 2 per
+// sliding half hour counted by the minute.
+func ExampleLimit_WithPrecision() {
+	limiter, err := leakybucket.New(newExampleClient(),
+		leakybucket.WithStrategy(leakybucket.Windows(0)),
+		leakybucket.PerResource(leakybucket.Per(3, 30*time.Minute)),
+		leakybucket.PerClient(leakybucket.Per(2, 30*time.Minute).WithPrecision(time.Minute)),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, event := range []string{"invoice", "invoice", "invoice", "alert", "digest"} {
+		res, err := limiter.Allow(ctx, "user-7", event)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%-7s allowed=%v denied-by=%v\n", event, res.Allowed, res.DeniedBy)
+		if !res.Allowed && res.RetryAfter > 31*time.Minute {
+			fmt.Println("retry after more than a window and a precision:", res.RetryAfter)
+		}
+	}
+	// Output:
+	// invoice allowed=true denied-by=[]
+	// invoice allowed=true denied-by=[]
+	// invoice allowed=false denied-by=[per-client 2 per 30m0s at 1m0s]
+	// alert   allowed=true denied-by=[]
+	// digest  allowed=false denied-by=[per-resource 3 per 30m0s]
+}

@@ -10,7 +10,9 @@ import (
 
 // Key layout. For prefix P, resource r and client c, with R and C their
 // unpadded base64url encodings, and T the Bucket's tag (w<longest window in
-// ms>, and p<precision in ms> under Windows: w60000, w3600000p60000):
+// ms>, and p<precision in ms> under Windows: w60000, w3600000p60000; with
+// several precisions or fixed windows, one such part per lane, f<window>
+// for a fixed one, see layout.tag):
 //
 //	P:T:{R}:lock                  Logs: the lock of a Bucket with a per-resource rule
 //	P:T:{R}:lock:C                Logs: the lock of a Bucket whose rules are all per-client
@@ -28,7 +30,9 @@ import (
 //	                              time (ms); at most L members
 //	Windows, in generation G ("" until the first FlushAll, then "@1", "@2"...):
 //	P:T:{R}:hashG                 the resource's weight per interval, when a rule
-//	                              is per-resource (field: Redis time / precision)
+//	                              is per-resource (field: Redis time / precision,
+//	                              <precision>:<Redis time / precision> for the
+//	                              precisions after the first, see intervals.go)
 //	P:T:{R}:hashG:C               the client's weight per interval, when a rule
 //	                              is per-client
 //	P:T:{R}:gen                   the generation, once FlushAll ran; it expires

@@ -8,11 +8,23 @@ import (
 // A Limit admits at most Requests (in weight: AllowN counts n) in any sliding
 // window of length Window. Windows are kept in whole milliseconds, the
 // resolution of Redis expiry; a fraction of a millisecond is dropped.
+//
+// Under the Windows strategy a Limit is counted in intervals of Precision:
+// a sliding window that may deny for up to Precision longer than an exact
+// one, and never admits more. A Limit without a Precision takes the
+// strategy's (Windows(p)); under Windows(0), which has none, it is a fixed
+// window: it counts from each multiple of Window since the Unix epoch, in
+// Redis time, and starts again from zero at the next.
 type Limit struct {
 	// Requests is the most weight admitted in one window; at least 1.
 	Requests int
 	// Window is the length of the sliding window; at least 1ms.
 	Window time.Duration
+	// Precision is the length of the intervals the Windows strategy counts
+	// this Limit in: at least 1ms, at most Window, and Window/Precision at
+	// most MaxIntervals. Zero: the strategy's. The other strategies are
+	// exact and refuse a Precision.
+	Precision time.Duration
 }
 
 // Per returns a Limit of requests per window.
@@ -29,10 +41,29 @@ func PerMinute(n int) Limit { return Per(n, time.Minute) }
 // PerHour returns a Limit of n requests per hour.
 func PerHour(n int) Limit { return Per(n, time.Hour) }
 
-// String returns the limit as "10 per 1m0s".
+// WithPrecision returns l counted, under the Windows strategy, in intervals
+// of precision: PerHour(100).WithPrecision(time.Minute) is seed 002's
+// [3600, 100, 60].
+func (l Limit) WithPrecision(precision time.Duration) Limit {
+	l.Precision = precision
+	return l
+}
+
+// String returns the limit as "10 per 1m0s", or with a precision as "10
+// per 1h0m0s at 1m0s".
 func (l Limit) String() string {
+	if l.Precision != 0 {
+		return fmt.Sprintf("%d per %v at %v", l.Requests, l.Window, l.Precision)
+	}
 	return fmt.Sprintf("%d per %v", l.Requests, l.Window)
 }
+
+// MaxIntervals bounds Window/Precision under the Windows strategy: a
+// decision reads every interval of its hash that holds a call, up to one
+// per precision of the longest window, so past a few million a busy key
+// costs Redis more per decision than a deadline allows. It admits an hour
+// at a precision of 1ms and 48 days at 1s.
+const MaxIntervals = 1 << 22
 
 func (l Limit) validate() error {
 	if l.Requests <= 0 {
@@ -40,6 +71,25 @@ func (l Limit) validate() error {
 	}
 	if l.Window < time.Millisecond {
 		return fmt.Errorf("%w: %v: window must be at least 1ms", ErrInvalidLimit, l)
+	}
+	if l.Precision != 0 {
+		if err := checkPrecision(l.Precision, l.Window); err != nil {
+			return fmt.Errorf("%w: %v: %w", ErrInvalidLimit, l, err)
+		}
+	}
+	return nil
+}
+
+// checkPrecision checks intervals of precision for a window: at least 1ms,
+// at most the window, and at most MaxIntervals of them in it.
+func checkPrecision(precision, window time.Duration) error {
+	switch {
+	case precision < time.Millisecond:
+		return fmt.Errorf("%w: %v is under 1ms", ErrInvalidPrecision, precision)
+	case precision > window:
+		return fmt.Errorf("%w: %v is longer than the window %v", ErrInvalidPrecision, precision, window)
+	case window.Milliseconds()/precision.Milliseconds() > MaxIntervals:
+		return fmt.Errorf("%w: %v is more than MaxIntervals (%d) intervals of %v", ErrInvalidPrecision, window, MaxIntervals, precision)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package leakybucket
 import (
 	"context"
 	"hash/maphash"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,15 +60,23 @@ const localShards = 256
 // Redis strategies hold them.
 type localCounts struct {
 	plan
-	// stamp is when a call made at now leaves the windows, less each
-	// window: now, or under Windows the end of now's interval.
-	stamp func(now int64) int64
 	// capped: SortedSet with WithRecordDenied keeps the newest Requests
 	// attempts of each rule (see WithRecordDenied).
 	capped bool
-	// merged: Windows keeps one count per interval, not a call's
-	// client, so a per-resource count loses whose calls it holds.
+	// merged: Windows keeps one count per interval of each lane of its
+	// rules (intervals.go), not a call's client, so a per-resource count
+	// loses whose calls it holds.
 	merged bool
+	layout layout
+	// reach is how far past a call's time its stamps can be (Windows
+	// stamps a call at the end of its interval): a scope's written is the
+	// call's time plus reach, at least every stamp it holds, and grows in
+	// the order of the calls.
+	reach int64
+	// counts are the counts a call is recorded in, and reads the one each
+	// rule reads.
+	counts []countSpec
+	reads  []int
 	start  time.Time
 	seed   maphash.Seed
 	turns  atomic.Uint64 // decisions made: see sweepNext
@@ -87,28 +96,75 @@ type localShard struct {
 }
 
 // scopeKey names a scope: the resource's (client ""), or a client's; and
-// under SortedSet with WithRecordDenied, which caps each rule's count, the
-// rule's (its index + 1).
+// part says which of its counts: under SortedSet with WithRecordDenied,
+// which caps each rule's count, the rule's (its index + 1); under Windows,
+// a lane's (its index).
 type scopeKey struct {
 	resource, client string
-	rule             int
+	part             int
 }
 
+// countSpec is one count a call is recorded in: per resource or per
+// client, which part, and the rule whose window and Requests cap it (see
+// capped).
+type countSpec struct {
+	perClient bool
+	part      int
+	rule      int
+}
+
+// key is the key of the count c of client at resource.
+func (c countSpec) key(resource, client string) scopeKey {
+	if !c.perClient {
+		client = ""
+	}
+	return scopeKey{resource: resource, client: client, part: c.part}
+}
+
+// listCounts lists the counts a call is recorded in, and the one each rule
+// reads: as the Redis strategies keep them. Under Windows a client's
+// counts hold every lane, as its hash holds every span, so that Flush can
+// take its share out of the resource's.
+func (l *localCounts) listCounts() {
+	add := func(c countSpec) int {
+		if i := slices.IndexFunc(l.counts, func(have countSpec) bool { return have.perClient == c.perClient && have.part == c.part }); i >= 0 {
+			return i
+		}
+		l.counts = append(l.counts, c)
+		return len(l.counts) - 1
+	}
+	for i, rule := range l.rules {
+		c := countSpec{perClient: rule.Scope == ScopeClient, rule: i}
+		switch {
+		case l.capped:
+			c.part = i + 1
+		case l.merged:
+			c.part = l.layout.ofRule[i]
+		}
+		l.reads = append(l.reads, add(c))
+		if l.merged && l.hasClientRule {
+			add(countSpec{perClient: true, part: c.part, rule: i})
+		}
+	}
+}
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
-	l := &localCounts{plan: p, stamp: func(now int64) int64 { return now }, start: time.Now(), seed: maphash.MakeSeed()}
-	switch s := s.(type) {
-	case windowsStrategy:
-		st, err := s.newStore(p)
-		if err != nil {
-			return nil, err
+	l := &localCounts{plan: p, start: time.Now(), seed: maphash.MakeSeed()}
+	st, err := s.newStore(p) // checks the rules as New does
+	if err != nil {
+		return nil, err
+	}
+	switch st := st.(type) {
+	case windowsStore:
+		l.layout, l.merged = st.layout, true
+		for _, lane := range st.lanes {
+			if !lane.fixed {
+				l.reach = max(l.reach, lane.span-1)
+			}
 		}
-		l.stamp, l.merged = st.(windowsStore).stamp, true
-	case sortedSetStrategy:
-		if _, err := s.newStore(p); err != nil {
-			return nil, err
-		}
+	case sortedSetStore:
 		l.capped = p.recordDenied
 	}
+	l.listCounts()
 	for i := range l.shards {
 		l.shards[i].scopes = map[scopeKey]*scope{}
 		l.shards[i].counts = make([]count, len(p.rules))
@@ -135,28 +191,6 @@ func (l *localCounts) shard(resource, client string) *localShard {
 	return &l.shards[h.Sum64()%localShards]
 }
 
-// keyOf returns the key of the scope that rule i counts in for client at
-// resource, and whether no rule before i counts in it.
-func (l *localCounts) keyOf(i int, resource, client string) (scopeKey, bool) {
-	key := func(i int) scopeKey {
-		k := scopeKey{resource: resource}
-		if l.rules[i].Scope == ScopeClient {
-			k.client = client
-		}
-		if l.capped {
-			k.rule = i + 1
-		}
-		return k
-	}
-	k := key(i)
-	for j := range i {
-		if key(j) == k {
-			return k, false
-		}
-	}
-	return k, true
-}
-
 // decide decides a call of weight n by client to resource with judge, and
 // records it if judge says so.
 func (l *localCounts) decide(resource, client string, n int, judge func(view) bool) {
@@ -170,10 +204,8 @@ func (l *localCounts) decide(resource, client string, n int, judge func(view) bo
 	if !judge(v) {
 		return
 	}
-	for i, rule := range l.rules {
-		if key, first := l.keyOf(i, resource, client); first {
-			sh.record(l, key, rule, client, n, v.stamp, now)
-		}
+	for _, c := range l.counts {
+		sh.record(l, c, resource, client, n, now)
 	}
 }
 
@@ -190,18 +222,29 @@ func (l *localCounts) peek(resource, client string) view {
 // view is what each rule counts for a call by client now, in sh's scratch
 // counts.
 func (sh *localShard) view(l *localCounts, resource, client string, now int64) view {
-	v := view{now: now, stamp: l.stamp(now), counts: sh.counts}
+	v := view{now: now, counts: sh.counts}
 	for i, rule := range l.rules {
-		key, _ := l.keyOf(i, resource, client)
-		v.counts[i] = sh.scopes[key].count(rule, now)
+		c := l.counts[l.reads[i]]
+		v.counts[i] = sh.scopes[c.key(resource, client)].count(rule, now)
+		v.counts[i].stamp = l.stamp(c, now)
 	}
 	return v
 }
 
-// record adds a call of weight n by client, stamped at stamp, to the scope
-// of key, made if need be, and moves the scope to the newest end of the
-// list.
-func (sh *localShard) record(l *localCounts, key scopeKey, rule Rule, client string, n int, stamp, now int64) {
+// stamp is when a call made at now starts to leave the windows of count
+// c, less each window: now, or under Windows its interval's stamp in c's
+// lane.
+func (l *localCounts) stamp(c countSpec, now int64) int64 {
+	if l.merged {
+		return l.layout.lanes[c.part].stamp(now)
+	}
+	return now
+}
+
+// record adds a call of weight n by client at now to count c, made if need
+// be, and moves its scope to the newest end of the list.
+func (sh *localShard) record(l *localCounts, c countSpec, resource, client string, n int, now int64) {
+	key := c.key(resource, client)
 	s := sh.scopes[key]
 	if s == nil {
 		s = &scope{key: key}
@@ -209,9 +252,9 @@ func (sh *localShard) record(l *localCounts, key scopeKey, rule Rule, client str
 	} else {
 		sh.unlink(s)
 	}
-	s.written = stamp // the newest call: the scope is idle once it left every window
+	s.written = now + l.reach // the scope is idle once its newest call left every window
 	sh.link(s)
-	e := logEntry{at: stamp, weight: n}
+	e := logEntry{at: l.stamp(c, now), weight: n}
 	if !l.merged && key.client == "" {
 		e.client = client // a per-resource count keeps whose call it is, for Flush
 	}
@@ -222,9 +265,10 @@ func (sh *localShard) record(l *localCounts, key scopeKey, rule Rule, client str
 	}
 	// As SortedSet's set of the rule: its window, then its newest
 	// Requests.
-	s.trim(now, rule.Limit.windowMillis())
+	limit := l.rules[c.rule].Limit
+	s.trim(now, limit.windowMillis())
 	s.add(e, false)
-	s.cap(rule.Limit.Requests)
+	s.cap(limit.Requests)
 }
 
 // sweepEvery is how many decisions make one sweep of another shard: the
@@ -298,15 +342,16 @@ func (l *localCounts) flush(ctx context.Context, resource, client string) error 
 	sh := l.shard(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	mine := sh.scopes[scopeKey{resource: resource, client: client}] // under Windows, never capped
-	for i, rule := range l.rules {
-		key, first := l.keyOf(i, resource, client)
-		switch {
-		case !first:
-		case rule.Scope == ScopeClient:
-			sh.drop(key)
-		case sh.scopes[key] != nil:
-			sh.scopes[key].takeShare(client, mine, l.merged)
+	for _, c := range l.counts {
+		if s := sh.scopes[c.key(resource, client)]; s != nil && !c.perClient {
+			// Under Windows, the client's count of the same lane.
+			mine := sh.scopes[countSpec{perClient: true, part: c.part}.key(resource, client)]
+			s.takeShare(client, mine, l.merged)
+		}
+	}
+	for _, c := range l.counts {
+		if c.perClient {
+			sh.drop(c.key(resource, client))
 		}
 	}
 	return nil

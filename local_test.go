@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 	"testing/synctest"
@@ -32,14 +33,23 @@ func TestConcurrentGoroutinesLocal(t *testing.T) {
 // A local Bucket gives the Results a Bucket on Redis gives, to the
 // millisecond: the same random calls (weights, several rules, clients,
 // Peek, Flush and FlushAll) on miniredis and in process, on one fake
-// clock, for every strategy, with and without WithRecordDenied.
+// clock, for every strategy, with and without WithRecordDenied; and under
+// Windows with several precisions and fixed windows in one Bucket.
 func TestLocalMatchesRedis(t *testing.T) {
-	for _, s := range append(strategies, Windows(ms)) {
+	rules := []Option{PerResource(Per(12, 1500*ms)), PerClient(Per(5, 300*ms)), PerClient(Per(3, 100*ms))}
+	configs := map[Strategy][]Option{
+		Windows(0):       {PerResource(Per(12, 1500*ms)), PerResource(Per(8, 600*ms).WithPrecision(100 * ms)), PerClient(Per(5, 300*ms).WithPrecision(50 * ms)), PerClient(Per(3, 100*ms).WithPrecision(10 * ms)), PerClient(Per(4, 300*ms))},
+		Windows(20 * ms): {PerResource(Per(12, 1500*ms).WithPrecision(100 * ms)), PerClient(Per(5, 300*ms)), PerClient(Per(3, 100*ms).WithPrecision(ms))},
+	}
+	for _, s := range strategies {
+		configs[s] = rules
+	}
+	for s, rules := range configs {
 		for _, recordDenied := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/recordDenied=%v", s, recordDenied), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					e := newMiniEnv(t, s)
-					opts := []Option{PerResource(Per(12, 1500*ms)), PerClient(Per(5, 300*ms)), PerClient(Per(3, 100*ms))}
+					opts := slices.Clone(rules)
 					if recordDenied {
 						opts = append(opts, WithRecordDenied())
 					}

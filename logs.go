@@ -34,7 +34,12 @@ type logsStrategy struct{}
 
 func (logsStrategy) String() string { return "logs" }
 
-func (logsStrategy) newStore(p plan) (store, error) { return logsStore{p}, nil }
+func (st logsStrategy) newStore(p plan) (store, error) {
+	if err := exact(st, p); err != nil {
+		return nil, err
+	}
+	return logsStore{p}, nil
+}
 
 // logsStore is the Logs strategy: one key per batch of calls of a client,
 // counted with SCAN under the lock (lock.go).

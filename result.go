@@ -58,7 +58,7 @@ type RuleResult struct {
 // evaluate decides a call of weight n given v, what each rule counted
 // before it. A call is admitted only if every rule has room for it; then,
 // or also when denied if recordDenied, it counts under every rule at once,
-// stamped at v.stamp.
+// stamped at its count's stamp.
 func evaluate(rules []Rule, v view, n int, recordDenied bool) Result {
 	res := Result{Allowed: true, Rules: make([]RuleResult, len(rules))}
 	for i, rule := range rules {
@@ -90,10 +90,10 @@ func (rr *RuleResult) settle(c count, v view, n int, recorded, allowed bool) {
 		// The call is the newest entry of every rule; RetryAfter, for a
 		// call denied and recorded, counts it too.
 		if !allowed {
-			c.oldest = append(c.oldest[:len(c.oldest):len(c.oldest)], logEntry{at: v.stamp, weight: n})
+			c.oldest = append(c.oldest[:len(c.oldest):len(c.oldest)], logEntry{at: c.stamp, weight: n})
 		}
 		c.used = addCapped(c.used, n)
-		c.newest = max(c.newest, v.stamp)
+		c.newest = max(c.newest, c.stamp)
 	}
 	rr.Used = c.used
 	if !allowed {

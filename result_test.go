@@ -3,6 +3,7 @@ package leakybucket
 import (
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -64,7 +65,11 @@ func TestEvaluate(t *testing.T) {
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := evaluate(c.rules, view{now: 1000, stamp: 1000, counts: c.counts}, c.n, c.recordDenied)
+			counts := slices.Clone(c.counts)
+			for i := range counts {
+				counts[i].stamp = 1000
+			}
+			got := evaluate(c.rules, view{now: 1000, counts: counts}, c.n, c.recordDenied)
 			if !reflect.DeepEqual(got, c.want) {
 				t.Errorf("evaluate =\n%+v\nwant\n%+v", got, c.want)
 			}

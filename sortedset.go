@@ -21,6 +21,9 @@ func (sortedSetStrategy) String() string { return "sorted set" }
 const MaxSortedSetRequests = 1_000_000
 
 func (st sortedSetStrategy) newStore(p plan) (store, error) {
+	if err := exact(st, p); err != nil {
+		return nil, err
+	}
 	s := sortedSetStore{plan: p, setOf: make([]int, len(p.rules))}
 	for i, r := range p.rules {
 		if r.Limit.Requests > MaxSortedSetRequests {
@@ -232,9 +235,10 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 	// every run.
 	stamp := min(b.now, now)
 	for i, c := range b.calls {
-		v := view{now: now, stamp: stamp, counts: make([]count, len(b.rules))}
+		v := view{now: now, counts: make([]count, len(b.rules))}
 		for r, w := range b.of[i] {
 			v.counts[r] = w.count(t.replies, c.n, b.recordDenied)
+			v.counts[r].stamp = stamp
 		}
 		recorded := judge(i, v)
 		for _, w := range b.distinct(i) {
@@ -333,10 +337,10 @@ func (s sortedSetStore) peek(ctx context.Context, at site, client string, n int)
 	if err != nil {
 		return view{}, err
 	}
-	v := view{now: now, stamp: now, counts: make([]count, len(s.rules))}
+	v := view{now: now, counts: make([]count, len(s.rules))}
 	for r := range s.rules {
 		set := sets[s.setOf[r]]
-		c := count{used: int(set.live.Val())}
+		c := count{stamp: now, used: int(set.live.Val())}
 		for _, z := range set.oldest.Val() {
 			c.oldest = append(c.oldest, logEntry{at: int64(z.Score), weight: 1})
 		}

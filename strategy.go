@@ -20,7 +20,7 @@ import (
 //	strategy            round trips  exact              a decision walks     memory per count
 //	Logs                2, locked    to the ms          the whole database   one key per batch of calls in the window
 //	SortedSet           1            to the ms          O(log n) of one set  at most Requests members per rule
-//	Windows(precision)  1            up to a precision  one hash per scope   one field per precision in the window
+//	Windows(precision)  1            up to a precision  one hash per scope   one field per interval of each precision in the window
 //
 // Choose SortedSet or Windows for speed (one MULTI/EXEC per decision, no
 // lock: docs/design.md says why that never over-admits); Logs for nothing
@@ -69,8 +69,14 @@ var (
 // precision longer (RetryAfter says for how long). Per(1, d) thus spaces
 // calls by at least d and at most d+precision.
 //
-// The precision is kept in whole milliseconds; it must be at least one and
-// at most the shortest window of the rules, or New returns ErrInvalidOption.
+// precision is the default of the rules: a Limit with a Precision of its
+// own counts in that one (Limit.WithPrecision), and under Windows(0) a
+// rule without one is a fixed window, which counts from each multiple of
+// its Window since the Unix epoch and starts again from zero at the next.
+// The precision is kept in whole milliseconds; it must be at least one, at
+// most the window of each rule that takes it and at most MaxIntervals
+// intervals of it, or New returns an error matching ErrInvalidOption and
+// ErrInvalidPrecision.
 func Windows(precision time.Duration) Strategy { return windowsStrategy{precision} }
 
 // plan is what the stores need to know of the rules and options.
@@ -136,13 +142,16 @@ type judgeFunc func(i int, v view) (recorded bool)
 // view is what a store read for one call.
 type view struct {
 	now    int64   // Redis time, ms
-	stamp  int64   // when the call starts to leave the windows, less each window (see Windows)
 	counts []count // by rule, in the order of the rules
 }
 
 // count is what one rule counts before a call.
 type count struct {
-	used int
+	// stamp is when the call starts to leave the rule's window, less the
+	// window: the time of the call, or under Windows its interval's (see
+	// lane.at).
+	stamp int64
+	used  int
 	// oldest are the counted calls, oldest first: all of them, or at
 	// least as many as must leave the window for the call to fit.
 	oldest []logEntry
@@ -153,7 +162,7 @@ type count struct {
 type logEntry struct {
 	id     string // its key, member or field
 	client string // base64url, as in the keys; empty for Windows
-	at     int64  // when it is counted from (see view.stamp), ms
+	at     int64  // when it is counted from (see count.stamp), ms
 	weight int
 }
 
@@ -199,6 +208,18 @@ type pipeliner interface {
 	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
+// exact checks that no rule has a precision: a strategy other than Windows
+// counts every call at its millisecond, and a precision would say that it
+// does not.
+func exact(s Strategy, p plan) error {
+	for _, r := range p.rules {
+		if r.Limit.Precision != 0 {
+			return invalidStrategy(s, "rule %v: %w: only Windows counts in intervals", r, ErrInvalidPrecision)
+		}
+	}
+	return nil
+}
+
 func invalidStrategy(s Strategy, format string, args ...any) error {
-	return fmt.Errorf("%w: strategy %v: %s", ErrInvalidOption, s, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: strategy %v: %w", ErrInvalidOption, s, fmt.Errorf(format, args...))
 }

@@ -38,13 +38,14 @@ func (t *tally) sort() {
 // view is what each of rules counts for a call by client stamped at
 // stamp, t sorted.
 func (t *tally) view(rules []Rule, client string, stamp int64) view {
-	v := view{now: t.now, stamp: stamp, counts: make([]count, len(rules))}
+	v := view{now: t.now, counts: make([]count, len(rules))}
 	for i, rule := range rules {
 		entries := t.all
 		if rule.Scope == ScopeClient {
 			entries = t.of(client)
 		}
 		v.counts[i] = countOf(rule, entries, t.now)
+		v.counts[i].stamp = stamp
 	}
 	return v
 }

@@ -17,7 +17,13 @@ import (
 
 type windowsStrategy struct{ precision time.Duration }
 
-func (w windowsStrategy) String() string { return "windows(" + w.precision.String() + ")" }
+// String returns "windows(1s)", or "windows" for Windows(0).
+func (w windowsStrategy) String() string {
+	if w.precision == 0 {
+		return "windows"
+	}
+	return "windows(" + w.precision.String() + ")"
+}
 
 // MaxWindowsRequests bounds the Requests of a rule under Windows, so that
 // no interval's HINCRBY can overflow, even with a thousand calls of the
@@ -25,31 +31,35 @@ func (w windowsStrategy) String() string { return "windows(" + w.precision.Strin
 const MaxWindowsRequests = 1 << 50
 
 func (w windowsStrategy) newStore(p plan) (store, error) {
-	if w.precision < time.Millisecond {
-		return nil, invalidStrategy(w, "precision under 1ms")
+	if w.precision != 0 && w.precision < time.Millisecond {
+		return nil, invalidStrategy(w, "%w: %v is under 1ms", ErrInvalidPrecision, w.precision)
 	}
 	for _, r := range p.rules {
 		if r.Limit.Requests > MaxWindowsRequests {
 			return nil, invalidStrategy(w, "rule %v: more than MaxWindowsRequests (%d)", r, MaxWindowsRequests)
 		}
-		if r.Limit.Window < w.precision {
-			return nil, invalidStrategy(w, "precision longer than the window of rule %v", r)
+		if r.Limit.Precision != 0 || w.precision == 0 {
+			continue // its own precision (checked by New), or a fixed window
+		}
+		if err := checkPrecision(w.precision, r.Limit.Window); err != nil {
+			return nil, invalidStrategy(w, "rule %v: %w", r, err)
 		}
 	}
-	return windowsStore{plan: p, precision: w.precision.Milliseconds(), gens: &sync.Map{}}, nil
+	return windowsStore{plan: p, layout: newLayout(w.precision, p.rules), gens: &sync.Map{}}, nil
 }
 
 // windowsStore is the Windows strategy: precision-bucket sliding windows,
-// decided in one fenced MULTI/EXEC without a lock (round.go). Each hash
-// maps an interval (Redis time / precision) to the weight added in it, and
-// one hash serves every rule of its scope: a rule counts the intervals
-// whose end is inside its window. The resource's hash exists when a rule
-// is per-resource, each client's when a rule is per-client. Per batch,
-// the transaction reads the resource's generation (GET, see below), adds
-// the batch's weight to the current interval of each hash (HINCRBY), reads
-// every hash (HGETALL) and sets it to expire with the current interval.
-// The intervals that left the longest window are deleted later, a few at
-// a time (tidyAt).
+// and fixed ones, decided in one fenced MULTI/EXEC without a lock
+// (round.go). Each hash maps an interval to the weight added in it, per
+// span of the rules' intervals (intervals.go), and one hash serves every
+// rule of its scope: a rule counts the intervals of its span whose stamp
+// is inside its window. The resource's hash exists when a rule is
+// per-resource, each client's when a rule is per-client. Per batch, the
+// transaction reads the resource's generation (GET, see below), adds the
+// batch's weight to the current interval of each span of each hash
+// (HINCRBY), reads every hash (HGETALL) and sets it to expire with the
+// current interval. The intervals that left every window are deleted
+// later, a few at a time (tidyAt).
 //
 // The calls are then judged in order: each counts the intervals read, less
 // the batch's own weight, plus the weight of the batch's calls admitted
@@ -67,20 +77,9 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 // (its process had not seen the flush yet) is made again.
 type windowsStore struct {
 	plan
-	precision int64     // ms
-	gens      *sync.Map // by resource (keyspace.base): the latest generation seen
+	layout
+	gens *sync.Map // by resource (keyspace.base): the latest generation seen
 }
-
-// stamp is the last millisecond of now's interval: every call of an
-// interval counts as made then, so none leaves a window early.
-func (s windowsStore) stamp(now int64) int64 { return (now/s.precision+1)*s.precision - 1 }
-
-// lastDead is the newest interval that no window counts at now.
-func (s windowsStore) lastDead(now int64) int64 { return (now+1-s.longest)/s.precision - 1 }
-
-// expireAt is when a hash written at now has no interval left in any
-// window.
-func (s windowsStore) expireAt(now int64) int64 { return s.stamp(now) + s.longest }
 
 // gen is the generation of keys' hashes as last seen.
 func (s windowsStore) gen(keys keyspace) string {
@@ -140,13 +139,13 @@ func (s windowsStore) decide(ctx context.Context, at site, calls []request, judg
 // hBatch is the round of one batch on the hashes of a resource.
 type hBatch struct {
 	windowsStore
-	keys          keyspace
-	gen           string
-	now, interval int64
-	calls         []request
-	byKey         map[string]*hash
-	order         []*hash
-	genReply      int
+	keys     keyspace
+	gen      string
+	now      int64
+	calls    []request
+	byKey    map[string]*hash
+	order    []*hash
+	genReply int
 }
 
 // hash is one hash of a batch: its weight in the batch, where its read is
@@ -156,15 +155,20 @@ type hash struct {
 	added int // the batch's weight
 	read  int
 
-	entries  []logEntry // the intervals other than the current one, oldest first
-	current  int        // the current interval's weight before the batch
-	admitted int        // the batch's weight admitted so far
-	denied   int        // the batch's weight to take back
-	dead     []any      // fields no window counts any more
+	lanes    [][]logEntry // by lane: the intervals other than the current ones, stamped for it, oldest first
+	current  []int        // by span: the current interval's weight before the batch
+	admitted int          // the batch's weight admitted so far
+	denied   int          // the batch's weight to take back
+	dead     []any        // fields no window counts any more
+
+	// Room for lanes and current in the usual case, one lane, so that
+	// reading a hash allocates no more than the intervals it holds.
+	laneRoom    [1][]logEntry
+	currentRoom [1]int
 }
 
 func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatch {
-	b := &hBatch{windowsStore: s, keys: keys, gen: s.gen(keys), now: now, interval: now / s.precision, calls: calls, byKey: map[string]*hash{}}
+	b := &hBatch{windowsStore: s, keys: keys, gen: s.gen(keys), now: now, calls: calls, byKey: map[string]*hash{}}
 	for _, c := range calls {
 		for _, key := range s.hashes(keys, b.gen, c.client) {
 			h := b.byKey[key]
@@ -182,7 +186,9 @@ func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatc
 func (b *hBatch) queue(t *txn) {
 	b.genReply = t.add("get", b.keys.generation())
 	for _, h := range b.order {
-		t.add("hincrby", h.key, b.interval, h.added)
+		for g := range b.spans {
+			t.add("hincrby", h.key, b.current(g, b.now), h.added)
+		}
 		h.read = t.add("hgetall", h.key)
 		t.add("pexpireat", h.key, b.expireAt(b.now))
 	}
@@ -204,16 +210,17 @@ func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 		return errStaleGeneration
 	}
 	for _, h := range b.order {
-		h.parse(b.windowsStore, b.now, replyFields(t.replies[h.read]))
-		h.current -= h.added
+		h.parse(b.layout, b.now, replyFields(t.replies[h.read]))
+		for g := range h.current {
+			h.current[g] -= h.added
+		}
 	}
-	stamp := b.stamp(b.now)
 	for i, c := range b.calls {
 		keys := b.hashes(b.keys, b.gen, c.client)
-		v := view{now: now, stamp: stamp, counts: make([]count, len(b.rules))}
+		v := view{now: now, counts: make([]count, len(b.rules))}
 		for r, rule := range b.rules {
 			h := b.byKey[keys[b.hashOf(rule)]]
-			v.counts[r] = countOf(rule, h.withCurrent(stamp, h.current+h.admitted), now)
+			v.counts[r] = h.count(b.layout, r, rule, b.now, now, h.admitted)
 		}
 		recorded := judge(i, v)
 		for _, key := range keys {
@@ -242,7 +249,9 @@ func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
 	tidy := false
 	for _, h := range b.order {
 		if n := weight(h); n > 0 {
-			back.add("hincrby", h.key, b.interval, -n)
+			for g := range b.spans {
+				back.add("hincrby", h.key, b.current(g, b.now), -n)
+			}
 			// A take-back that raced a FlushAll makes an old generation's
 			// hash again: let it expire.
 			back.add("pexpireat", h.key, b.expireAt(b.now))
@@ -261,41 +270,67 @@ func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
 
 // parse reads a hash's fields at now: its intervals, and the fields no
 // window counts any more. Fields that are not an interval are not ours.
-func (h *hash) parse(s windowsStore, now int64, fields iter.Seq2[string, string]) {
-	current, lastDead := now/s.precision, s.lastDead(now)
+func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string]) {
+	h.lanes, h.current = h.laneRoom[:], h.currentRoom[:]
+	if len(y.lanes) > len(h.laneRoom) {
+		h.lanes, h.current = make([][]logEntry, len(y.lanes)), make([]int, len(y.spans))
+	}
 	for field, value := range fields {
-		index, err := strconv.ParseInt(field, 10, 64)
-		n, err2 := strconv.Atoi(value)
+		g, index, ok := y.interval(field)
+		n, err := strconv.Atoi(value)
 		switch {
-		case err != nil || err2 != nil:
-		case index <= lastDead:
+		case !ok || err != nil:
+		case index <= y.lastDead(g, now):
 			h.dead = append(h.dead, field)
-		case index == current:
-			h.current = n
+		case index == now/y.spans[g]:
+			h.current[g] = n
 		case n > 0:
-			h.entries = append(h.entries, logEntry{id: field, at: (index+1)*s.precision - 1, weight: n})
+			for _, l := range y.lanesOf[g] {
+				h.lanes[l] = append(h.lanes[l], logEntry{id: field, at: y.lanes[l].at(index), weight: n})
+			}
 		}
 	}
-	slices.SortFunc(h.entries, func(a, b logEntry) int { return cmp.Compare(a.at, b.at) })
-	h.entries = slices.Grow(h.entries, 1) // room for withCurrent
+	for l, entries := range h.lanes {
+		slices.SortFunc(entries, func(a, b logEntry) int { return cmp.Compare(a.at, b.at) })
+		h.lanes[l] = slices.Grow(entries, 1) // room for withCurrent
+	}
 }
 
-// withCurrent returns the hash's intervals with the current one, stamped
-// at stamp, holding weight. It is the newest unless another process wrote
-// to a later interval (its estimate of Redis's clock is ahead of this
-// one's); then the intervals are copied, else the current one goes in the
-// room parse left, so that a batch judges its calls without allocating:
-// the result is valid until the next call.
-func (h *hash) withCurrent(stamp int64, weight int) []logEntry {
+// count is what rule r counts in h at now, for a call made at at (now, or
+// the batch's estimate of it, which chose the interval the call was added
+// to) with extra weight in its interval on top of what the hash held.
+//
+// A fixed rule counts at at, not now: a call whose estimate was still in
+// the last window when Redis ran the transaction in the next was added to
+// the last window's interval, and must be judged with the calls of that
+// window, or the next would admit it uncounted.
+func (h *hash) count(y layout, r int, rule Rule, at, now int64, extra int) count {
+	l := y.lane(r)
+	stamp := l.stamp(at)
+	if l.fixed {
+		now = at
+	}
+	c := countOf(rule, withCurrent(h.lanes[y.ofRule[r]], stamp, h.current[l.group]+extra), now)
+	c.stamp = stamp
+	return c
+}
+
+// withCurrent returns a lane's intervals with the current one, stamped at
+// stamp, holding weight. It is the newest unless another process wrote to
+// a later interval (its estimate of Redis's clock is ahead of this one's);
+// then the intervals are copied, else the current one goes in the room
+// parse left, so that a batch judges its calls without allocating: the
+// result is valid until the next call.
+func withCurrent(entries []logEntry, stamp int64, weight int) []logEntry {
 	if weight <= 0 {
-		return h.entries
+		return entries
 	}
-	if n := len(h.entries); n == 0 || h.entries[n-1].at < stamp {
-		return append(h.entries, logEntry{at: stamp, weight: weight})
+	if n := len(entries); n == 0 || entries[n-1].at < stamp {
+		return append(entries, logEntry{at: stamp, weight: weight})
 	}
-	at, _ := slices.BinarySearchFunc(h.entries, stamp, func(e logEntry, t int64) int { return cmp.Compare(e.at, t) })
-	out := make([]logEntry, 0, len(h.entries)+1)
-	out = append(append(append(out, h.entries[:at]...), logEntry{at: stamp, weight: weight}), h.entries[at:]...)
+	at, _ := slices.BinarySearchFunc(entries, stamp, func(e logEntry, t int64) int { return cmp.Compare(e.at, t) })
+	out := make([]logEntry, 0, len(entries)+1)
+	out = append(append(append(out, entries[:at]...), logEntry{at: stamp, weight: weight}), entries[at:]...)
 	return out
 }
 
@@ -333,7 +368,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client 
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
 			hashes[i] = &hash{key: keys[i]}
-			hashes[i].parse(s, now, maps.All(read.Val()))
+			hashes[i].parse(s.layout, now, maps.All(read.Val()))
 		}
 		return now, hashes, nil
 	}
@@ -345,11 +380,9 @@ func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (
 	if err != nil {
 		return view{}, err
 	}
-	stamp := s.stamp(now)
-	v := view{now: now, stamp: stamp, counts: make([]count, len(s.rules))}
+	v := view{now: now, counts: make([]count, len(s.rules))}
 	for r, rule := range s.rules {
-		h := hashes[s.hashOf(rule)]
-		v.counts[r] = countOf(rule, h.withCurrent(stamp, h.current), now)
+		v.counts[r] = hashes[s.hashOf(rule)].count(s.layout, r, rule, now, now, 0)
 	}
 	return v, nil
 }
@@ -398,12 +431,14 @@ func (s windowsStore) flush(ctx context.Context, at site, client string) error {
 }
 
 // takeShare queues the subtraction of mine's live intervals from the
-// resource's hash.
+// resource's hash: of each span's, as the span's first lane holds them.
 func (s windowsStore) takeShare(ctx context.Context, pipe redis.Pipeliner, resource string, mine *hash, now int64) {
-	share := append(mine.entries, logEntry{id: strconv.FormatInt(now/s.precision, 10), weight: mine.current})
-	for _, e := range share {
-		if e.weight > 0 {
-			pipe.HIncrBy(ctx, resource, e.id, -int64(e.weight))
+	for g, span := range s.spans {
+		current := logEntry{id: s.fieldName(g, now/span), weight: mine.current[g]}
+		for _, e := range append(mine.lanes[s.lanesOf[g][0]], current) {
+			if e.weight > 0 {
+				pipe.HIncrBy(ctx, resource, e.id, -int64(e.weight))
+			}
 		}
 	}
 	pipe.PExpireAt(ctx, resource, time.UnixMilli(s.expireAt(now)))
@@ -440,8 +475,5 @@ func (s windowsStore) flushAll(ctx context.Context, at site) error {
 	return at.route.owns(ctx, at.node, at.keys)
 }
 
-// tag carries the precision too: hashes of different precisions number
-// their intervals differently.
-func (s windowsStore) tag() string {
-	return "w" + strconv.FormatInt(s.longest, 10) + "p" + strconv.FormatInt(s.precision, 10)
-}
+// tag is the layout's: see layout.tag.
+func (s windowsStore) tag() string { return s.layout.tag() }

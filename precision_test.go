@@ -1,0 +1,320 @@
+package leakybucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// fixedWindows is the strategy in which a rule without a precision is a
+// fixed window.
+var fixedWindows = []Strategy{Windows(0)}
+
+// A rule without a precision under Windows(0) is a fixed window: it counts
+// from each multiple of its window and starts again from zero at the next,
+// where a sliding window would still count the calls; RetryAfter and
+// ResetAfter say when that is.
+func TestFixedWindow(t *testing.T) {
+	eachOf(t, fixedWindows, func(t *testing.T, e *env) {
+		fixed := Per(3, time.Second)
+		b := e.bucket(t, PerClient(fixed))
+		deny := []Rule{{ScopeClient, fixed}}
+		e.align(time.Second)
+		e.run(t, b, "r", []step{
+			{100 * ms, "a", 1, false, want{true, 2, 0, 900 * ms, nil}},
+			{0, "a", 1, false, want{true, 1, 0, 900 * ms, nil}},
+			{400 * ms, "a", 1, false, want{true, 0, 0, 500 * ms, nil}},
+			// t=600: full until the window's end at 1000.
+			{100 * ms, "a", 1, false, want{false, 0, 400 * ms, 400 * ms, deny}},
+			{0, "a", 1, true, want{false, 0, 400 * ms, 400 * ms, deny}},
+			{0, "b", 1, false, want{true, 2, 0, 400 * ms, nil}},
+			// t=1010: a new window, empty. A sliding one would count the
+			// calls of t=100 until 1100.
+			{410 * ms, "a", 1, false, want{true, 2, 0, 990 * ms, nil}},
+			{0, "a", 3, false, want{false, 2, 990 * ms, 990 * ms, deny}},
+			{0, "a", 2, false, want{true, 0, 0, 990 * ms, nil}},
+		})
+	})
+}
+
+// Each rule counts in its own precision: a call counts as made at the end
+// of its interval of each rule, 100ms for the first rule here and the
+// strategy's 1s for the second.
+func TestPerRulePrecision(t *testing.T) {
+	eachOf(t, []Strategy{Windows(time.Second)}, func(t *testing.T, e *env) {
+		fine, coarse := Per(2, time.Second).WithPrecision(100*ms), Per(3, 2*time.Second)
+		b := e.bucket(t, PerClient(fine), PerClient(coarse))
+		e.align(time.Second, 100*ms)
+		e.run(t, b, "r", []step{
+			// t=10: stamped 99 by fine (out at 1099), 999 by coarse (out at 2999).
+			{10 * ms, "a", 1, false, want{true, 1, 0, 2989 * ms, nil}},
+			{20 * ms, "a", 1, false, want{true, 0, 0, 2969 * ms, nil}},
+			// t=110: fine is full until 1099 (exactly: 1030).
+			{80 * ms, "a", 1, false, want{false, 0, 989 * ms, 2889 * ms, []Rule{{ScopeClient, fine}}}},
+			// t=1110: fine is empty; the call is coarse's third, stamped 1999.
+			{1000 * ms, "a", 1, false, want{true, 0, 0, 2889 * ms, nil}},
+			// t=1120: coarse is full until its first two leave at 2999.
+			{10 * ms, "a", 1, false, want{false, 0, 1879 * ms, 2879 * ms, []Rule{{ScopeClient, coarse}}}},
+		})
+	})
+}
+
+// Seed 002's notification sender, at a scale a test can wait for: all
+// event types together at most 5 per fixed 3s window, each type at most 2
+// per sliding 3s at a precision of 1s.
+func TestFixedAndSlidingTogether(t *testing.T) {
+	eachOf(t, fixedWindows, func(t *testing.T, e *env) {
+		total, each := Per(5, 3*time.Second), Per(2, 3*time.Second).WithPrecision(time.Second)
+		b := e.bucket(t, PerResource(total), PerClient(each))
+		byTotal, byEach := []Rule{{ScopeResource, total}}, []Rule{{ScopeClient, each}}
+		e.align(3*time.Second, time.Second)
+		e.run(t, b, "user", []step{
+			// t=10: the total resets at 3000; each type's call leaves at 3999.
+			{10 * ms, "a", 1, false, want{true, 1, 0, 3989 * ms, nil}},
+			{0, "a", 1, false, want{true, 0, 0, 3989 * ms, nil}},
+			{0, "a", 1, false, want{false, 0, 3989 * ms, 3989 * ms, byEach}},
+			{0, "b", 1, false, want{true, 1, 0, 3989 * ms, nil}},
+			{0, "b", 1, false, want{true, 0, 0, 3989 * ms, nil}},
+			{0, "c", 1, false, want{true, 0, 0, 3989 * ms, nil}},
+			// t=20: the total is full until its window ends at 3000.
+			{10 * ms, "d", 1, false, want{false, 0, 2980 * ms, 2980 * ms, byTotal}},
+			// t=3010: a new total window; a's calls still count until 3999.
+			{2990 * ms, "d", 1, false, want{true, 1, 0, 3989 * ms, nil}},
+			{0, "a", 1, false, want{false, 0, 989 * ms, 2990 * ms, byEach}},
+		})
+	})
+}
+
+// A precision out of range is refused with ErrInvalidPrecision, and with
+// ErrInvalidLimit when it is the Limit's or ErrInvalidOption when it is
+// the strategy's; nothing is written. Only Windows takes a precision.
+func TestInvalidPrecision(t *testing.T) {
+	eachOf(t, append(strategies, Windows(0)), func(t *testing.T, e *env) {
+		most := Per(1, MaxIntervals*ms).WithPrecision(ms)
+		for _, tc := range []struct {
+			opts []Option
+			want error
+		}{
+			{[]Option{PerClient(PerSecond(1).WithPrecision(-ms))}, ErrInvalidLimit},
+			{[]Option{PerClient(PerSecond(1).WithPrecision(999 * time.Microsecond))}, ErrInvalidLimit},
+			{[]Option{PerClient(PerSecond(1).WithPrecision(1001 * ms))}, ErrInvalidLimit},
+			{[]Option{PerClient(Per(1, most.Window+ms).WithPrecision(ms))}, ErrInvalidLimit},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-ms))}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(time.Microsecond))}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption},
+			{[]Option{PerClient(Per(1, most.Window+ms)), WithStrategy(Windows(ms))}, ErrInvalidOption},
+		} {
+			_, err := e.new(append(tc.opts, WithPrefix(e.prefix))...)
+			if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalidPrecision) {
+				t.Errorf("New(%v) error = %v, want %v and ErrInvalidPrecision", tc.opts, err, tc.want)
+			}
+		}
+		checkPrecisionInRange(t, e, most)
+		if keys := e.keys(t); len(keys) != 0 {
+			t.Errorf("keys after New only: %q", keys)
+		}
+	})
+}
+
+// checkPrecisionInRange checks that rules with a precision in range, the
+// most intervals among them, are taken under Windows whatever the
+// strategy's precision, and refused under the other strategies.
+func checkPrecisionInRange(t *testing.T, e *env, most Limit) {
+	t.Helper()
+	_, windows := e.strategy.(windowsStrategy)
+	for _, opts := range [][]Option{
+		{PerClient(most)},
+		{PerClient(PerSecond(1).WithPrecision(time.Second)), PerResource(PerMinute(10))},
+	} {
+		_, err := e.new(append(opts, WithStrategy(e.strategy), WithPrefix(e.prefix))...)
+		switch {
+		case windows && err != nil:
+			t.Errorf("New with a precision under %v: %v", e.strategy, err)
+		case !windows && (!errors.Is(err, ErrInvalidOption) || !errors.Is(err, ErrInvalidPrecision)):
+			t.Errorf("New with a precision under %v: error %v, want ErrInvalidOption and ErrInvalidPrecision", e.strategy, err)
+		}
+	}
+}
+
+// Whatever the calls, no rule admits more than its limit: a fixed rule in
+// any of its windows, a sliding one at any precision in any window of its
+// length (it is exact or stricter). Random calls of random weights over
+// many intervals, on miniredis and in process, with several precisions in
+// one Bucket.
+func TestPrecisionNeverOverAdmits(t *testing.T) {
+	rules := []Rule{
+		{ScopeResource, Per(12, 600*ms)},                              // fixed under Windows(0)
+		{ScopeResource, Per(25, time.Second).WithPrecision(300 * ms)}, // does not divide the window
+		{ScopeClient, Per(3, 200*ms).WithPrecision(50 * ms)},
+		{ScopeClient, Per(5, 600*ms).WithPrecision(50 * ms)}, // shares its intervals with the rule above
+	}
+	for _, s := range []Strategy{Windows(0), Windows(100 * ms)} {
+		for _, where := range []string{"miniredis", "local"} {
+			t.Run(s.String()+"/"+where, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					opts := []Option{WithStrategy(s)}
+					for _, r := range rules {
+						opts = append(opts, ruleOption(r))
+					}
+					e := newLocalEnv(s)
+					if where == "miniredis" {
+						e = newMiniEnv(t, s)
+					}
+					b, err := e.new(append(opts, WithPrefix(e.prefix))...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkNeverOverAdmits(t, b, s, admitRandomCalls(t, b))
+				})
+			})
+		}
+	}
+}
+
+// ruleOption returns the option that adds r.
+func ruleOption(r Rule) Option {
+	if r.Scope == ScopeClient {
+		return PerClient(r.Limit)
+	}
+	return PerResource(r.Limit)
+}
+
+// admitted is a call a test saw admitted: when (the fake clock, ms), by
+// whom, of what weight.
+type admitted struct {
+	at     int64
+	client string
+	n      int
+}
+
+// admitRandomCalls makes 2000 random calls to b and returns those
+// admitted; it fails if a rule of b denied none, which would not test it.
+func admitRandomCalls(t *testing.T, b *Bucket) []admitted {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(3, 5))
+	var out []admitted
+	denials := map[Rule]int{}
+	defer func() {
+		for _, rule := range b.Rules() {
+			if denials[rule] == 0 {
+				t.Errorf("rule %v denied no call", rule)
+			}
+		}
+	}()
+	for range 2000 {
+		time.Sleep(time.Duration(rng.IntN(25)) * ms)
+		client, n := "c"+strconv.Itoa(rng.IntN(3)), 1+rng.IntN(2)
+		res, err := b.AllowN(context.Background(), "r", client, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Allowed {
+			out = append(out, admitted{time.Now().UnixMilli(), client, n})
+		}
+		for _, rule := range res.DeniedBy {
+			denials[rule]++
+		}
+	}
+	return out
+}
+
+// checkNeverOverAdmits checks calls against every rule of b under s: the
+// weight in each fixed window, or in every sliding window, at most the
+// limit.
+func checkNeverOverAdmits(t *testing.T, b *Bucket, s Strategy, calls []admitted) {
+	t.Helper()
+	if len(calls) < 300 {
+		t.Fatalf("only %d calls admitted: too few to tell", len(calls))
+	}
+	for _, rule := range b.Rules() {
+		fixed := rule.Limit.Precision == 0 && s.(windowsStrategy).precision == 0
+		for i, c := range calls {
+			if used := usedBy(rule, fixed, calls[:i+1], c); used > rule.Limit.Requests {
+				t.Fatalf("rule %v: %d admitted in the window of the call of %s at %d", rule, used, c.client, c.at)
+			}
+		}
+	}
+}
+
+// usedBy is the weight of calls that rule counts with c, the last of them:
+// in the fixed window of c, or in the sliding window that ends with c.
+func usedBy(rule Rule, fixed bool, calls []admitted, c admitted) int {
+	window, used := rule.Limit.windowMillis(), 0
+	for _, d := range calls {
+		inWindow := d.at > c.at-window
+		if fixed {
+			inWindow = d.at/window == c.at/window
+		}
+		if inWindow && (rule.Scope == ScopeResource || d.client == c.client) {
+			used += d.n
+		}
+	}
+	return used
+}
+
+// A Bucket of one precision keeps the key layout it had before rules had
+// precisions; several lanes tag apart, and lanes of one span share it.
+func TestLayoutTag(t *testing.T) {
+	one := newLayout(time.Second, []Rule{{ScopeClient, PerMinute(1)}, {ScopeResource, PerHour(5)}})
+	if got := one.tag(); got != "w3600000p1000" {
+		t.Errorf("tag of one precision = %q, want w3600000p1000", got)
+	}
+	y := mixedLayout()
+	if got, want := y.tag(), "w1800000f1800000w1800000p60000w3600000p1800000"; got != want {
+		t.Errorf("tag = %q, want %q", got, want)
+	}
+	if len(y.spans) != 2 || len(y.lanesOf[0]) != 2 {
+		t.Errorf("spans %v, lanes %v: want the fixed and the sliding 30m in one span", y.spans, y.lanesOf)
+	}
+}
+
+// mixedLayout is seed 002's notification sender's, with an hourly rule at
+// a precision of its fixed window's length.
+func mixedLayout() layout {
+	return newLayout(0, []Rule{
+		{ScopeResource, Per(100, 30*time.Minute)},
+		{ScopeClient, Per(10, 30*time.Minute).WithPrecision(time.Minute)},
+		{ScopeClient, Per(5, time.Hour).WithPrecision(30 * time.Minute)},
+	})
+}
+
+// Every span names its fields apart, and reads back only its own.
+func TestLayoutFields(t *testing.T) {
+	y := mixedLayout()
+	for g := range y.spans {
+		name := y.fieldName(g, 42)
+		if got, index, ok := y.interval(name); !ok || got != g || index != 42 {
+			t.Errorf("interval(%q) = %d, %d, %v; want %d, 42", name, got, index, ok, g)
+		}
+		if fmt.Sprint(y.current(g, 42*y.spans[g])) != name {
+			t.Errorf("current(%d) = %v, want %q", g, y.current(g, 42*y.spans[g]), name)
+		}
+	}
+	for _, field := range []string{"x", "7:1", "60000:x", ""} {
+		if _, _, ok := y.interval(field); ok {
+			t.Errorf("interval(%q) ok, want a field not ours", field)
+		}
+	}
+}
+
+// A call whose estimate of Redis time was still in the last fixed window
+// when Redis ran its transaction in the next was added to the last one's
+// interval: it is judged with the calls of that window, not the next's.
+func TestFixedWindowCountsAtTheEstimate(t *testing.T) {
+	rule := Rule{ScopeClient, Per(3, time.Second)}
+	y := newLayout(0, []Rule{rule})
+	var h hash
+	// The estimate is 999 (window 0, which held 3 calls before this
+	// one's); Redis ran it at 1000 (window 1, empty).
+	h.parse(y, 999, func(yield func(string, string) bool) { yield("0", "4") })
+	h.current[0] -= 1
+	c := h.count(y, 0, rule, 999, 1000, 0)
+	if c.used != 3 || c.stamp != 0 {
+		t.Errorf("count = used %d, stamp %d; want the 3 of window 0, stamped 0", c.used, c.stamp)
+	}
+}
