@@ -213,3 +213,42 @@ func TestBinary(t *testing.T) {
 		t.Errorf("leakybucket flush without -resource: %v, want exit status %d", err, exitUsage)
 	}
 }
+
+// TestEndToEndPrecision checks peek on a Bucket of fixed and precise
+// windows: the rule's precision in its name, and when each frees.
+func TestEndToEndPrecision(t *testing.T) {
+	r := newTestRedis(t)
+	b, err := leakybucket.New(r.rdb, leakybucket.WithPrefix(r.prefix), leakybucket.WithStrategy(leakybucket.Windows(0)),
+		leakybucket.PerResource(leakybucket.Per(100, 30*time.Minute)), leakybucket.PerClient(leakybucket.PerMinute(10).WithPrecision(10*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &e2e{t: t, r: r, bucket: b, global: []string{"-redis", r.url, "-prefix", r.prefix, "-strategy", "windows", "-resource-limit", "100/30m", "-client-limit", "10/1m@10s"}}
+	before := time.Now()
+	e.allow("alice", 10)
+	rows, last := peekRows(t, e.args("peek", "-resource", "r", "-client", "alice")...)
+	res, cl := rows["per-resource 100 per 30m"], rows["per-client 10 per 1m"]
+	if len(res) != 4 || len(cl) != 6 || res[0] != "10/100" || !slices.Equal(cl[:4], []string{"at", "10s", "10/10", "0"}) || last != "would allow: false" {
+		t.Fatalf("peek alice: per-resource %q, per-client %q, %q", res, cl, last)
+	}
+	// The fixed window resets at the next half hour (a multiple of it
+	// since the Unix epoch, and so since the zero time); alice's calls
+	// leave a minute after the end of their 10s interval.
+	took := time.Since(before) + time.Second
+	boundary := before.Truncate(30 * time.Minute).Add(30 * time.Minute)
+	within(t, "per-resource reset after", res[3], boundary.Sub(before)-took, boundary.Sub(before)+time.Second)
+	within(t, "per-client retry after", cl[4], time.Minute-took, 70*time.Second)
+	e.mustRun("flush", "-resource", "r", "-client", "alice")
+	rows, last = peekRows(t, e.args("peek", "-resource", "r", "-client", "alice")...)
+	if res, cl := rows["per-resource 100 per 30m"], rows["per-client 10 per 1m"]; res[0] != "0/100" || cl[2] != "0/10" || last != "would allow: true" {
+		t.Errorf("after flush: per-resource %q, per-client %q, %q", res, cl, last)
+	}
+}
+
+// within checks that the duration peek printed as what is from lo to hi.
+func within(t *testing.T, what, printed string, lo, hi time.Duration) {
+	t.Helper()
+	if d, err := time.ParseDuration(printed); err != nil || d < lo || d > hi {
+		t.Errorf("%s %q, want from %v to %v", what, printed, lo, hi)
+	}
+}

@@ -40,9 +40,9 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.cluster, "cluster", g.cluster, "the nodes of a Redis Cluster, as `host:port,...`, instead of the host of -redis (whose user, password and TLS apply)")
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "the `prefix` of the Bucket's keys (WithPrefix)")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long the call to Redis may take")
-	fs.Var(&g.strategy, "strategy", "the Bucket's `strategy`: logs, sortedset or windows:<precision> (as windows:1s)")
-	fs.Var(ruleFlag{leakybucket.ScopeResource, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s)")
-	fs.Var(ruleFlag{leakybucket.ScopeClient, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable)")
+	fs.Var(&g.strategy, "strategy", "the Bucket's `strategy`: logs, sortedset, windows:<precision> (as windows:1s), or windows (Windows(0): a rule without a precision is a fixed window)")
+	fs.Var(ruleFlag{leakybucket.ScopeResource, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s; 100/1h@1m counts it at a precision of 1m under windows)")
+	fs.Var(ruleFlag{leakybucket.ScopeClient, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable; 10/1h@1m for a precision)")
 }
 
 // options returns the options of New for the flags, with rules as the
@@ -81,7 +81,7 @@ type ruleFlag struct {
 	rules *[]leakybucket.Rule
 }
 
-// String lists the flag's rules, as "100/30m 10/1h".
+// String lists the flag's rules, as "100/30m 10/1h@1m".
 func (f ruleFlag) String() string {
 	if f.rules == nil { // the zero value, which flag.PrintDefaults makes
 		return ""
@@ -89,10 +89,19 @@ func (f ruleFlag) String() string {
 	var limits []string
 	for _, r := range *f.rules {
 		if r.Scope == f.scope {
-			limits = append(limits, fmt.Sprintf("%d/%s", r.Limit.Requests, shortDuration(r.Limit.Window)))
+			limits = append(limits, formatLimit(r.Limit))
 		}
 	}
 	return strings.Join(limits, " ")
+}
+
+// formatLimit spells l as parseLimit reads it.
+func formatLimit(l leakybucket.Limit) string {
+	s := fmt.Sprintf("%d/%s", l.Requests, shortDuration(l.Window))
+	if l.Precision != 0 {
+		s += "@" + shortDuration(l.Precision)
+	}
+	return s
 }
 
 // Set adds the rule s.
@@ -105,11 +114,26 @@ func (f ruleFlag) Set(s string) error {
 	return nil
 }
 
-// parseLimit parses "<requests>/<window>": 100/30m, 10/1m30s, 5/s (a window
-// of one unit may omit the 1). Requests must be positive and the window at
-// least 1ms, as New wants.
+// parseLimit parses "<requests>/<window>[@<precision>]": 100/30m, 10/1m30s,
+// 5/s (a window of one unit may omit the 1), 100/1h@1m. Requests must be
+// positive, the window at least 1ms and the precision between 1ms and the
+// window, as New wants (which also bounds window/precision).
 func parseLimit(s string) (leakybucket.Limit, error) {
-	count, window, ok := strings.Cut(s, "/")
+	rest, precision, precise := strings.Cut(s, "@")
+	l, err := parseRate(s, rest)
+	if err != nil || !precise {
+		return l, err
+	}
+	d, err := time.ParseDuration(precision)
+	if err != nil || d < time.Millisecond || d > l.Window {
+		return leakybucket.Limit{}, fmt.Errorf("limit %q: precision %q is not a duration from 1ms to the window, as 1m", s, precision)
+	}
+	return l.WithPrecision(d), nil
+}
+
+// parseRate parses the "<requests>/<window>" of limit s.
+func parseRate(s, rate string) (leakybucket.Limit, error) {
+	count, window, ok := strings.Cut(rate, "/")
 	if !ok {
 		return leakybucket.Limit{}, fmt.Errorf("limit %q: want <requests>/<window>, as 100/30m", s)
 	}
@@ -135,7 +159,7 @@ type strategyFlag struct {
 
 func (f *strategyFlag) String() string { return f.text }
 
-// Set parses logs, sortedset or windows:<precision>.
+// Set parses logs, sortedset, windows or windows:<precision>.
 func (f *strategyFlag) Set(s string) error {
 	st, err := parseStrategy(s)
 	if err != nil {
@@ -145,18 +169,21 @@ func (f *strategyFlag) Set(s string) error {
 	return nil
 }
 
-// parseStrategy parses logs, sortedset or windows:<precision>, as
-// windows:1s. New checks the precision against the rules' windows.
+// parseStrategy parses logs, sortedset, windows (Windows(0)) or
+// windows:<precision>, as windows:1s. New checks the precision against the
+// rules' windows.
 func parseStrategy(s string) (leakybucket.Strategy, error) {
 	switch s {
 	case "logs":
 		return leakybucket.Logs, nil
 	case "sortedset":
 		return leakybucket.SortedSet, nil
+	case "windows":
+		return leakybucket.Windows(0), nil
 	}
 	precision, ok := strings.CutPrefix(s, "windows:")
 	if !ok {
-		return nil, fmt.Errorf("unknown strategy %q: want logs, sortedset or windows:<precision>, as windows:1s", s)
+		return nil, fmt.Errorf("unknown strategy %q: want logs, sortedset, windows or windows:<precision>, as windows:1s", s)
 	}
 	d, err := time.ParseDuration(precision)
 	if err != nil || d < time.Millisecond {

@@ -35,6 +35,16 @@ func TestParseLimit(t *testing.T) {
 		{"10/minute", leakybucket.Limit{}},
 		{"10/1m/2", leakybucket.Limit{}},
 		{"99999999999999999999/1m", leakybucket.Limit{}},
+		{"100/1h@1m", leakybucket.Per(100, time.Hour).WithPrecision(time.Minute)},
+		{"10/s@100ms", leakybucket.Per(10, time.Second).WithPrecision(100 * time.Millisecond)},
+		{"10/1m@1m", leakybucket.Per(10, time.Minute).WithPrecision(time.Minute)},
+		{"10/1m@2m", leakybucket.Limit{}},
+		{"10/1m@0s", leakybucket.Limit{}},
+		{"10/1m@999us", leakybucket.Limit{}},
+		{"10/1m@", leakybucket.Limit{}},
+		{"10/1m@m", leakybucket.Limit{}},
+		{"10/1m@1s@1s", leakybucket.Limit{}},
+		{"10@1s/1m", leakybucket.Limit{}},
 	} {
 		got, err := parseLimit(tc.in)
 		if (err != nil) != (tc.want == leakybucket.Limit{}) || got != tc.want {
@@ -47,7 +57,7 @@ func TestParseLimit(t *testing.T) {
 // accepts is a Limit New accepts, which it parses again from its own
 // spelling.
 func FuzzParseLimit(f *testing.F) {
-	for _, s := range []string{"100/30m", "10/s", "1/1ms", "0/1m", "10/1m/2", "5/µs", "/", "9223372036854775807/2562047h47m16.854775807s"} {
+	for _, s := range []string{"100/30m", "10/s", "1/1ms", "0/1m", "10/1m/2", "5/µs", "/", "9223372036854775807/2562047h47m16.854775807s", "100/1h@1m", "1/1ms@1ms", "1/1m@1h"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -55,10 +65,10 @@ func FuzzParseLimit(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if l.Requests < 1 || l.Window < time.Millisecond {
+		if l.Requests < 1 || l.Window < time.Millisecond || l.Precision != 0 && (l.Precision < time.Millisecond || l.Precision > l.Window) {
 			t.Fatalf("parseLimit(%q) = %v, out of range", s, l)
 		}
-		again, err := parseLimit(fmt.Sprintf("%d/%v", l.Requests, l.Window))
+		again, err := parseLimit(formatLimit(l))
 		if err != nil || again != l {
 			t.Fatalf("parseLimit(%q) = %v, but its spelling parses as %v, %v", s, l, again, err)
 		}
@@ -76,7 +86,7 @@ func TestParseStrategy(t *testing.T) {
 		{"", ""},
 		{"Logs", ""},
 		{"sorted set", ""},
-		{"windows", ""},
+		{"windows", leakybucket.Windows(0).String()},
 		{"windows:", ""},
 		{"windows:0s", ""},
 		{"windows:10us", ""},
