@@ -193,3 +193,32 @@ func BenchmarkDatabaseSizeRatio(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLocal: NewLocal on 10 000 keys called in turn, every call
+// admitted, with AllowNInto and one Result per goroutine, as bench/'s
+// in-process table measures it; reports allocations.
+func BenchmarkLocal(b *testing.B) { eachStrategy(b, benchmarkLocal) }
+
+func benchmarkLocal(b *testing.B, s Strategy) {
+	bucket, err := NewLocal(WithStrategy(s), PerClient(Per(1_000_000, time.Second)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, 10_000)
+	for i := range keys {
+		keys[i] = strconv.Itoa(i)
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		var res Result
+		for pb.Next() {
+			if err := bucket.AllowNInto(ctx, "r", keys[next.Add(1)%int64(len(keys))], 1, &res); err != nil || !res.Allowed {
+				b.Errorf("AllowNInto = %+v, %v", res, err)
+				return
+			}
+		}
+	})
+}

@@ -290,7 +290,9 @@ func ExampleWithObserver() {
 // Seed 002's notification sender: all event types of a user together at
 // most 3 per fixed half hour (Windows(0): a rule without a precision is a
 // fixed window, which resets at :00 and :30 UTC), each type at most 2 per
-// sliding half hour counted by the minute.
+// sliding half hour counted by the minute. The example's Redis stands at
+// 12:00:00: the fixed window ends at 12:30, and the invoices, counted at
+// the end of their minute, leave at 12:30:59.999.
 func ExampleLimit_WithPrecision() {
 	limiter, err := leakybucket.New(newExampleClient(),
 		leakybucket.WithStrategy(leakybucket.Windows(0)),
@@ -306,15 +308,35 @@ func ExampleLimit_WithPrecision() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("%-7s allowed=%v denied-by=%v\n", event, res.Allowed, res.DeniedBy)
-		if !res.Allowed && res.RetryAfter > 31*time.Minute {
-			fmt.Println("retry after more than a window and a precision:", res.RetryAfter)
-		}
+		fmt.Printf("%-7s allowed=%-5v retry-after=%-9v denied-by=%v\n", event, res.Allowed, res.RetryAfter, res.DeniedBy)
 	}
 	// Output:
-	// invoice allowed=true denied-by=[]
-	// invoice allowed=true denied-by=[]
-	// invoice allowed=false denied-by=[per-client 2 per 30m0s at 1m0s]
-	// alert   allowed=true denied-by=[]
-	// digest  allowed=false denied-by=[per-resource 3 per 30m0s]
+	// invoice allowed=true  retry-after=0s        denied-by=[]
+	// invoice allowed=true  retry-after=0s        denied-by=[]
+	// invoice allowed=false retry-after=30m59.999s denied-by=[per-client 2 per 30m0s at 1m0s]
+	// alert   allowed=true  retry-after=0s        denied-by=[]
+	// digest  allowed=false retry-after=30m0s     denied-by=[per-resource 3 per 30m0s]
+}
+
+// A worker that decides in process keeps one Result and lets AllowNInto
+// write each decision in it: no allocation per call.
+func ExampleBucket_AllowNInto() {
+	limiter, err := leakybucket.NewLocal(leakybucket.PerClient(leakybucket.PerSecond(3)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	var res leakybucket.Result
+	sent := 0
+	for range 5 {
+		if err := limiter.AllowNInto(ctx, "smtp", "tenant-1", 1, &res); err != nil {
+			log.Fatal(err)
+		}
+		if res.Allowed {
+			sent++
+		}
+	}
+	fmt.Printf("sent %d of 5, then denied by %v\n", sent, res.DeniedBy)
+	// Output:
+	// sent 3 of 5, then denied by [per-client 3 per 1s]
 }

@@ -38,16 +38,17 @@ func NewLocal(opts ...Option) (*Bucket, error) {
 	return b, nil
 }
 
-// decideLocal is AllowN on a local Bucket.
-func (b *Bucket) decideLocal(ctx context.Context, resource, client string, n int) (res Result, err error) {
+// decideLocal is AllowNInto on a local Bucket.
+func (b *Bucket) decideLocal(ctx context.Context, resource, client string, n int, res *Result) error {
 	if ctx.Err() != nil {
-		return Result{}, givenUp(ctx, false, nil)
+		*res = Result{}
+		return givenUp(ctx, false, nil)
 	}
 	b.local.decide(resource, client, n, func(v view) bool {
-		res = evaluate(b.plan.rules, v, n, b.cfg.recordDenied)
+		evaluateInto(res, b.plan.rules, v, n, b.cfg.recordDenied)
 		return res.Allowed || b.cfg.recordDenied
 	})
-	return res, nil
+	return nil
 }
 
 // localShards is how many locks the keys of a local Bucket are spread
@@ -225,7 +226,7 @@ func (sh *localShard) view(l *localCounts, resource, client string, now int64) v
 	v := view{now: now, counts: sh.counts}
 	for i, rule := range l.rules {
 		c := l.counts[l.reads[i]]
-		v.counts[i] = sh.scopes[c.key(resource, client)].count(rule, now)
+		v.counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.longest)
 		v.counts[i].stamp = l.stamp(c, now)
 	}
 	return v

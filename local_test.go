@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -123,4 +124,46 @@ func TestLocalMemoryBounded(t *testing.T) {
 			t.Errorf("%d scopes held a window after the million, want at most the 1001 used since", n)
 		}
 	})
+}
+
+// AllowNInto gives AllowN's Results, in the Result it is given. With an
+// error the Result is the zero one.
+func TestAllowNInto(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		b := e.bucket(t, PerResource(Per(100, time.Minute)), PerClient(Per(2, time.Minute)))
+		var res Result
+		for i, want := range []bool{true, true, false} {
+			if err := b.AllowNInto(ctx, "r", "a", 1, &res); err != nil || res.Allowed != want || len(res.Rules) != 2 {
+				t.Fatalf("call %d: AllowNInto = %+v, %v; want Allowed %v and 2 rules", i, res, err, want)
+			}
+		}
+		if len(res.DeniedBy) != 1 || res.DeniedBy[0].Limit.Requests != 2 {
+			t.Errorf("DeniedBy = %v, want the per-client rule", res.DeniedBy)
+		}
+		if err := b.AllowNInto(ctx, "r", "", 1, &res); !errors.Is(err, ErrEmptyClient) || res.Rules != nil || res.Allowed {
+			t.Errorf("AllowNInto with no client = %+v, %v; want the zero Result and ErrEmptyClient", res, err)
+		}
+	})
+}
+
+// In process, AllowNInto on a key whose state is made allocates nothing,
+// admitted or denied, with every strategy: it writes in the Result's room.
+// (Not in a synctest bubble: AllocsPerRun runs alone.)
+func TestAllowNIntoAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	for _, s := range append(strategies, Windows(0)) {
+		b, err := NewLocal(WithStrategy(s), PerResource(Per(1_000_000, time.Minute)), PerClient(Per(500, time.Minute)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res Result
+		_ = b.AllowNInto(ctx, "r", "a", 1, &res) // the key's state is made
+		if n := testing.AllocsPerRun(1000, func() { _ = b.AllowNInto(ctx, "r", "a", 1, &res) }); n != 0 {
+			t.Errorf("%v: AllowNInto in process: %v allocations a decision, want 0", s, n)
+		}
+		if res.Allowed {
+			t.Errorf("%v: the 1001st call was admitted, want the denials measured too", s)
+		}
+	}
 }

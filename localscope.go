@@ -19,6 +19,9 @@ type scope struct {
 	cums    []int
 	base    int // the weight before entries[0]
 	head    int
+	// oldest is entries[head].at, when head < len(entries): trim looks
+	// here, not at an entry far from the newest, most likely out of cache.
+	oldest  int64
 	written int64 // the stamp of the newest call, ms: see localShard.sweep
 
 	prev, next *scope // in the shard's list, by written
@@ -26,6 +29,13 @@ type scope struct {
 
 // live returns the calls held, oldest first.
 func (s *scope) live() []logEntry { return s.entries[s.head:] }
+
+// headMoved notes entries[head].at in oldest.
+func (s *scope) headMoved() {
+	if s.head < len(s.entries) {
+		s.oldest = s.entries[s.head].at
+	}
+}
 
 // before is the weight of the calls before entries[i].
 func (s *scope) before(i int) int {
@@ -35,12 +45,15 @@ func (s *scope) before(i int) int {
 	return s.cums[i-1]
 }
 
-// count is what rule counts at now: countOf's answer. A nil scope holds
-// nothing.
-func (s *scope) count(rule Rule, now int64) count {
+// count is what rule counts at now, when no window is longer than
+// longest: countOf's answer. It first drops the calls that no window
+// counts any more, so that a rule of the longest window counts every call
+// left without a search. A nil scope holds nothing.
+func (s *scope) count(rule Rule, now, longest int64) count {
 	if s == nil {
 		return count{}
 	}
+	s.trim(now, longest)
 	live := s.live()
 	if len(live) == 0 {
 		return count{}
@@ -48,7 +61,10 @@ func (s *scope) count(rule Rule, now int64) count {
 	if s.cums[len(s.cums)-1] == math.MaxInt {
 		return countOf(rule, live, now) // capped: the differences would be wrong
 	}
-	from := sort.Search(len(live), func(i int) bool { return counts(rule, live[i], now) })
+	from := 0
+	if rule.Limit.windowMillis() < longest {
+		from = sort.Search(len(live), func(i int) bool { return counts(rule, live[i], now) })
+	}
 	c := count{oldest: live[from:]}
 	if len(c.oldest) > 0 {
 		c.used = s.cums[len(s.cums)-1] - s.before(s.head+from)
@@ -59,7 +75,9 @@ func (s *scope) count(rule Rule, now int64) count {
 
 // add appends e, the newest call, or adds its weight to the newest if
 // merge and their stamps agree (Windows' interval). It reuses the room of
-// the calls trimmed: a scope in steady use allocates nothing.
+// the calls trimmed once they are at least half the entries: a scope in
+// steady use allocates nothing, and moves each call at most once on
+// average.
 func (s *scope) add(e logEntry, merge bool) {
 	last := len(s.entries) - 1
 	if merge && last >= s.head && s.entries[last].at == e.at {
@@ -67,12 +85,15 @@ func (s *scope) add(e logEntry, merge bool) {
 		s.cums[last] = addCapped(s.cums[last], e.weight)
 		return
 	}
-	if len(s.entries) == cap(s.entries) && s.head > 0 {
+	if len(s.entries) == cap(s.entries) && s.head >= len(s.entries)/2 {
 		s.base = s.before(s.head)
 		n := copy(s.entries, s.entries[s.head:])
 		copy(s.cums, s.cums[s.head:])
 		clear(s.entries[n:])
 		s.entries, s.cums, s.head = s.entries[:n], s.cums[:n], 0
+	}
+	if s.head == len(s.entries) {
+		s.oldest = e.at // the only call
 	}
 	s.cums = append(s.cums, addCapped(s.before(len(s.entries)), e.weight))
 	s.entries = append(s.entries, e)
@@ -97,15 +118,20 @@ func (s *scope) cap(limit int) {
 		*e = logEntry{}
 		s.head++
 	}
+	s.headMoved()
 }
 
 // trim drops the calls that no window counts at now, whose windows are at
 // most longest.
 func (s *scope) trim(now, longest int64) {
+	if s.head == len(s.entries) || s.oldest+longest > now {
+		return
+	}
 	for s.head < len(s.entries) && s.entries[s.head].at+longest <= now {
 		s.entries[s.head] = logEntry{} // let go of the client's name
 		s.head++
 	}
+	s.headMoved()
 }
 
 // takeShare takes client's calls out of s, a per-resource scope: those
@@ -124,4 +150,5 @@ func (s *scope) takeShare(client string, mine *scope, merged bool) {
 	for i := s.head; i < len(s.entries); i++ {
 		s.cums[i] = addCapped(s.before(i), s.entries[i].weight)
 	}
+	s.headMoved()
 }

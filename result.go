@@ -60,7 +60,14 @@ type RuleResult struct {
 // or also when denied if recordDenied, it counts under every rule at once,
 // stamped at its count's stamp.
 func evaluate(rules []Rule, v view, n int, recordDenied bool) Result {
-	res := Result{Allowed: true, Rules: make([]RuleResult, len(rules))}
+	var res Result
+	evaluateInto(&res, rules, v, n, recordDenied)
+	return res
+}
+
+// evaluateInto is evaluate writing into res, in the room of its slices.
+func evaluateInto(res *Result, rules []Rule, v view, n int, recordDenied bool) {
+	*res = Result{Allowed: true, Rules: roomFor(res.Rules, len(rules)), DeniedBy: res.DeniedBy[:0]}
 	for i, rule := range rules {
 		// Compared as room, not as Used+n, which could overflow.
 		if !hasRoom(rule, v.counts[i].used, n) {
@@ -79,7 +86,16 @@ func evaluate(rules []Rule, v view, n int, recordDenied bool) Result {
 		res.RetryAfter = max(res.RetryAfter, rr.RetryAfter)
 		res.ResetAfter = max(res.ResetAfter, rr.ResetAfter)
 	}
-	return res
+}
+
+// roomFor returns s with length n, zeroed, in its room if it has enough.
+func roomFor(s []RuleResult, n int) []RuleResult {
+	if cap(s) < n {
+		return make([]RuleResult, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
 }
 
 // settle fills rr once the call is decided: counts the call if it was

@@ -42,8 +42,15 @@ type inProcessRow struct {
 	Ours                bool
 }
 
-// inProcessLimiter is what the table measures: one decision.
-type inProcessLimiter func(key string) bool
+// inProcessLimiter is what the table measures: it returns the decision
+// function of one goroutine, which may keep state of its own (NewLocal's
+// rows keep the goroutine's Result, as AllowNInto asks).
+type inProcessLimiter func() func(key string) bool
+
+// shared is an inProcessLimiter whose goroutines all call decide.
+func shared(decide func(key string) bool) inProcessLimiter {
+	return func() func(string) bool { return decide }
+}
 
 // inProcessImpls are the table's rows, made for spec.
 func inProcessImpls(spec inProcessSpec) []struct {
@@ -51,16 +58,24 @@ func inProcessImpls(spec inProcessSpec) []struct {
 	ours bool
 	make func() (inProcessLimiter, error)
 } {
-	local := func(s leakybucket.Strategy) func() (inProcessLimiter, error) {
+	local := func(s leakybucket.Strategy, into bool) func() (inProcessLimiter, error) {
 		return func() (inProcessLimiter, error) {
 			b, err := leakybucket.NewLocal(leakybucket.WithStrategy(s), leakybucket.PerClient(leakybucket.Per(spec.Limit, spec.Window)))
 			if err != nil {
 				return nil, err
 			}
 			ctx := context.Background()
-			return func(key string) bool {
-				res, err := b.Allow(ctx, "r", key)
-				return err == nil && res.Allowed
+			if !into {
+				return shared(func(key string) bool {
+					res, err := b.Allow(ctx, "r", key)
+					return err == nil && res.Allowed
+				}), nil
+			}
+			return func() func(string) bool {
+				var res leakybucket.Result
+				return func(key string) bool {
+					return b.AllowNInto(ctx, "r", key, 1, &res) == nil && res.Allowed
+				}
 			}, nil
 		}
 	}
@@ -69,17 +84,18 @@ func inProcessImpls(spec inProcessSpec) []struct {
 		ours bool
 		make func() (inProcessLimiter, error)
 	}{
-		{"NewLocal Logs", true, local(leakybucket.Logs)},
-		{"NewLocal SortedSet", true, local(leakybucket.SortedSet)},
-		{"NewLocal " + strings.TrimPrefix(windowsName, "leakybucket "), true, local(leakybucket.Windows(windowsPrecision))},
-		{"x/time/rate, a map under a mutex", false, func() (inProcessLimiter, error) { return timeRate(spec), nil }},
-		{"floor: sharded mutex, fixed window", false, func() (inProcessLimiter, error) { return shardedFloor(spec), nil }},
+		{"NewLocal Logs", true, local(leakybucket.Logs, true)},
+		{"NewLocal SortedSet", true, local(leakybucket.SortedSet, true)},
+		{"NewLocal " + strings.TrimPrefix(windowsName, "leakybucket "), true, local(leakybucket.Windows(windowsPrecision), true)},
+		{"NewLocal SortedSet, Allow: a Result each call", false, local(leakybucket.SortedSet, false)},
+		{"x/time/rate, a map under a mutex", false, func() (inProcessLimiter, error) { return shared(timeRate(spec)), nil }},
+		{"floor: sharded mutex, fixed window", false, func() (inProcessLimiter, error) { return shared(shardedFloor(spec)), nil }},
 	}
 }
 
 // timeRate is a map of x/time/rate limiters, one per key, as its users
 // write it: a token bucket of spec.Limit a window, bursting to it.
-func timeRate(spec inProcessSpec) inProcessLimiter {
+func timeRate(spec inProcessSpec) func(key string) bool {
 	var mu sync.Mutex
 	limiters := map[string]*xrate.Limiter{}
 	every := xrate.Every(spec.Window / time.Duration(spec.Limit))
@@ -97,7 +113,7 @@ func timeRate(spec inProcessSpec) inProcessLimiter {
 
 // shardedFloor counts per key in fixed windows, in 256 maps under a mutex
 // each: the least work an exact in-process limiter does.
-func shardedFloor(spec inProcessSpec) inProcessLimiter {
+func shardedFloor(spec inProcessSpec) func(key string) bool {
 	type counter struct {
 		window int64
 		n      int
@@ -160,26 +176,38 @@ func (r *runner) inProcessAll(ctx context.Context, res *results) error {
 }
 
 // measureInProcess calls lim from spec.Goroutines goroutines, each over
-// every key in turn from its own start, for d, after one call per key to
-// make their state.
+// every key in turn from its own start, for d, once the keys' state is in
+// its steady state: after one window of the same calls, which fills each
+// key's counts with a window of calls (the state grows until then, and
+// with it the allocations of its slices).
 func measureInProcess(ctx context.Context, spec inProcessSpec, lim inProcessLimiter, d time.Duration) inProcessRow {
 	keys := make([]string, spec.Keys)
 	for i := range keys {
 		keys[i] = "client-" + strconv.Itoa(i)
-		lim(keys[i])
 	}
+	flatOut(ctx, spec, lim, keys, spec.Window)
 	runtime.GC()
 	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	row := flatOut(ctx, spec, lim, keys, d)
+	runtime.ReadMemStats(&after)
+	row.Allocs = float64(after.Mallocs-before.Mallocs) / float64(max(row.Decisions, 1))
+	return row
+}
+
+// flatOut calls lim as measureInProcess says, for d, and returns the
+// decisions made and their rate.
+func flatOut(ctx context.Context, spec inProcessSpec, lim inProcessLimiter, keys []string, d time.Duration) inProcessRow {
 	var stop atomic.Bool
 	var decisions, admitted atomic.Int64
 	var wg sync.WaitGroup
-	runtime.ReadMemStats(&before)
 	start := time.Now()
 	for g := range spec.Goroutines {
 		wg.Go(func() {
 			var n, ok int64
+			decide := lim()
 			for i := g * len(keys) / spec.Goroutines; !stop.Load(); i++ {
-				if lim(keys[i%len(keys)]) {
+				if decide(keys[i%len(keys)]) {
 					ok++
 				}
 				n++
@@ -194,11 +222,8 @@ func measureInProcess(ctx context.Context, spec inProcessSpec, lim inProcessLimi
 	}
 	stop.Store(true)
 	wg.Wait()
-	took := time.Since(start)
-	runtime.ReadMemStats(&after)
 	row := inProcessRow{Spec: spec, Decisions: decisions.Load(), Admitted: admitted.Load()}
-	row.Rate = float64(row.Decisions) / took.Seconds()
-	row.Allocs = float64(after.Mallocs-before.Mallocs) / float64(max(row.Decisions, 1))
+	row.Rate = float64(row.Decisions) / time.Since(start).Seconds()
 	return row
 }
 
@@ -229,7 +254,8 @@ func inProcessSection(b *strings.Builder, rows []inProcessRow) {
 	b.WriteString("## In process\n\n")
 	fmt.Fprintf(b, "`NewLocal` keeps the counts in this process's memory, with the same rules and Results as on Redis. "+
 		"Each implementation serves %d goroutines calling flat out, each over %d distinct keys in turn, under `PerClient(Per(%d, %v))`, so that every call is admitted; "+
-		"each key was called once before, to make its state. Allocations are the process's, counted by the runtime, per decision. "+
+		"the same calls ran for one window before, so that each key's state is full. NewLocal's rows call `AllowNInto` with one `Result` per goroutine, which reuses its slices; "+
+		"the row marked Allow makes a new `Result` (its `Rules` slice) each call. Allocations are the process's, counted by the runtime, per decision. "+
 		"x/time/rate is a map of `rate.Limiter` under one mutex, as its users write it; the floor is a fixed-window counter per key in 256 maps under a mutex each, the least an exact in-process limiter does.\n\n",
 		s.Goroutines, s.Keys, s.Limit, s.Window)
 	b.WriteString(inProcessTableMD(rows))
