@@ -69,10 +69,15 @@ func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (re
 
 // AllowNInto is AllowN writing its Result into *res, reusing the room of
 // res.Rules and res.DeniedBy: in process (NewLocal), a caller that keeps
-// one Result per goroutine makes no allocation per decision. On Redis it
-// is AllowN, whose round trip allocates anyway. With an error, *res is the
-// zero Result.
+// one Result per goroutine makes no allocation per decision. So a copy of
+// *res made before the call shares those slices, and sees them change:
+// clone what must outlive the next call. On Redis it is AllowN, whose
+// round trip allocates anyway. With an error, *res is the zero Result;
+// res must not be nil (ErrNilResult).
 func (b *Bucket) AllowNInto(ctx context.Context, resource, client string, n int, res *Result) (err error) {
+	if res == nil {
+		return ErrNilResult
+	}
 	if b.local == nil {
 		*res, err = b.AllowN(ctx, resource, client, n)
 		return err

@@ -13,7 +13,7 @@
 // A Strategy decides how the counts are kept. SortedSet (a sliding log
 // per rule, capped at its limit) and Windows(precision) (per-interval
 // weights in a hash; a rule may carry a precision of its own, and under
-// Windows(0) a rule without one is a fixed window) decide in one
+// FixedWindows a rule without one is a fixed window) decide in one
 // MULTI/EXEC without a lock: the
 // transaction records the call and returns the counts, and the call is
 // decided from what it returned (docs/design.md argues why that never

@@ -40,6 +40,9 @@ var (
 	// rule, so that the call could never be admitted.
 	ErrInvalidWeight = errors.New("leakybucket: invalid weight")
 
+	// ErrNilResult: AllowNInto was given no Result to write in.
+	ErrNilResult = errors.New("leakybucket: AllowNInto with a nil *Result")
+
 	// ErrEmptyResource: the resource is the empty string.
 	ErrEmptyResource = errors.New("leakybucket: empty resource")
 

@@ -288,14 +288,14 @@ func ExampleWithObserver() {
 }
 
 // Seed 002's notification sender: all event types of a user together at
-// most 3 per fixed half hour (Windows(0): a rule without a precision is a
+// most 3 per fixed half hour (FixedWindows: a rule without a precision is a
 // fixed window, which resets at :00 and :30 UTC), each type at most 2 per
 // sliding half hour counted by the minute. The example's Redis stands at
 // 12:00:00: the fixed window ends at 12:30, and the invoices, counted at
 // the end of their minute, leave at 12:30:59.999.
 func ExampleLimit_WithPrecision() {
 	limiter, err := leakybucket.New(newExampleClient(),
-		leakybucket.WithStrategy(leakybucket.Windows(0)),
+		leakybucket.WithStrategy(leakybucket.FixedWindows),
 		leakybucket.PerResource(leakybucket.Per(3, 30*time.Minute)),
 		leakybucket.PerClient(leakybucket.Per(2, 30*time.Minute).WithPrecision(time.Minute)),
 	)
@@ -313,7 +313,7 @@ func ExampleLimit_WithPrecision() {
 	// Output:
 	// invoice allowed=true  retry-after=0s        denied-by=[]
 	// invoice allowed=true  retry-after=0s        denied-by=[]
-	// invoice allowed=false retry-after=30m59.999s denied-by=[per-client 2 per 30m0s at 1m0s]
+	// invoice allowed=false retry-after=30m59.999s denied-by=[per-client 2 per 30m0s (precision 1m0s)]
 	// alert   allowed=true  retry-after=0s        denied-by=[]
 	// digest  allowed=false retry-after=30m0s     denied-by=[per-resource 3 per 30m0s]
 }

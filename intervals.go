@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"cmp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,15 +13,17 @@ import (
 // epoch in Redis time: interval i of span s holds the calls made in
 // [i*s, (i+1)*s). A sliding rule counts the calls of an interval as made
 // at its last millisecond, so that none leaves a window early; a fixed
-// rule (no precision at all, under Windows(0)) counts them from its first,
+// rule (no precision at all, under FixedWindows) counts them from its first,
 // so that they all leave together at the interval's end, the window's
 // boundary. A rule is thus one of a few lanes: a span and a way to stamp.
 //
 // The lanes of one span count the same calls, so they share the fields of
-// a hash: one per interval. The fields of the first span are named by the
-// interval's number alone, as they were when a Bucket had one precision,
-// so that a Bucket of one precision keeps its keys; those of the others
-// by "<span in ms>:<number>".
+// a hash: one per interval. The fields of the shortest span are named by
+// the interval's number alone, as they were when a Bucket had one
+// precision, so that a Bucket of one precision keeps its keys; those of the
+// others by "<span in ms>:<number>". Lanes are ordered by span, sliding
+// before fixed, not by the order of the rules: a deploy that only reorders
+// its rules keeps its keys, so its old and new processes share counts.
 
 // lane is how some of a Bucket's rules count: in intervals of span ms,
 // stamped at their last millisecond, or at their first if fixed.
@@ -64,42 +67,56 @@ type layout struct {
 
 // newLayout returns the layout of rules under Windows(precision): a rule
 // without a precision of its own counts in intervals of precision, or in
-// fixed windows if precision is 0.
+// fixed windows if precision is 0 (FixedWindows).
 func newLayout(precision time.Duration, rules []Rule) layout {
 	var y layout
-	for _, r := range rules {
-		l := lane{span: r.Limit.Window.Milliseconds(), fixed: true}
+	laneOf := func(r Rule) lane {
 		if p := cmp.Or(r.Limit.Precision, precision); p != 0 {
-			l = lane{span: p.Milliseconds()}
+			return lane{span: p.Milliseconds()}
 		}
-		y.ofRule = append(y.ofRule, y.add(l, r.Limit.windowMillis()))
+		return lane{span: r.Limit.windowMillis(), fixed: true}
+	}
+	for _, r := range rules {
+		y.addLane(laneOf(r), r.Limit.windowMillis())
+	}
+	slices.SortFunc(y.lanes, func(a, b lane) int {
+		return cmp.Or(cmp.Compare(a.span, b.span), cmp.Compare(fixedOrder(a.fixed), fixedOrder(b.fixed)))
+	})
+	for i, l := range y.lanes {
+		if len(y.spans) == 0 || y.spans[len(y.spans)-1] != l.span {
+			y.spans = append(y.spans, l.span)
+			y.names = append(y.names, strconv.FormatInt(l.span, 10))
+			y.lanesOf = append(y.lanesOf, nil)
+		}
+		y.lanes[i].group = len(y.spans) - 1
+		y.lanesOf[y.lanes[i].group] = append(y.lanesOf[y.lanes[i].group], i)
+	}
+	for _, r := range rules {
+		want := laneOf(r)
+		y.ofRule = append(y.ofRule, slices.IndexFunc(y.lanes, want.same))
 	}
 	return y
 }
 
-// add adds a rule of window ms to lane l, and returns l's index.
-func (y *layout) add(l lane, window int64) int {
-	for i, have := range y.lanes {
-		if have.span == l.span && have.fixed == l.fixed {
-			y.lanes[i].longest = max(have.longest, window)
-			return i
-		}
-	}
-	l.group = len(y.spans)
-	for g, span := range y.spans {
-		if span == l.span {
-			l.group = g
-		}
-	}
-	if l.group == len(y.spans) {
-		y.spans = append(y.spans, l.span)
-		y.names = append(y.names, strconv.FormatInt(l.span, 10))
-		y.lanesOf = append(y.lanesOf, nil)
+// addLane adds a rule of window ms to lane l, made if need be.
+func (y *layout) addLane(l lane, window int64) {
+	if i := slices.IndexFunc(y.lanes, l.same); i >= 0 {
+		y.lanes[i].longest = max(y.lanes[i].longest, window)
+		return
 	}
 	l.longest = window
-	y.lanesOf[l.group] = append(y.lanesOf[l.group], len(y.lanes))
 	y.lanes = append(y.lanes, l)
-	return len(y.lanes) - 1
+}
+
+// same reports whether o counts as l does: the same span and stamping.
+func (l lane) same(o lane) bool { return l.span == o.span && l.fixed == o.fixed }
+
+// fixedOrder orders a sliding lane before a fixed one of the same span.
+func fixedOrder(fixed bool) int {
+	if fixed {
+		return 1
+	}
+	return 0
 }
 
 // lane returns the lane of rule r.
@@ -156,15 +173,25 @@ func (y layout) lastDead(g int, now int64) int64 {
 	return dead
 }
 
-// expireAt is when a hash written at now has no interval left that a rule
-// counts.
+// expireAt is when a hash written at now may expire: once no rule counts
+// an interval of it, and expireMargin later.
 func (y layout) expireAt(now int64) int64 {
 	var at int64
 	for _, l := range y.lanes {
 		at = max(at, l.stamp(now)+l.longest)
 	}
-	return at
+	return at + expireMargin.Milliseconds()
 }
+
+// expireMargin is how long a hash outlives its last counted interval. Its
+// PEXPIREAT is absolute, and computed from this host's estimate of Redis's
+// time, which may be behind Redis's by up to clockJump and a round trip
+// (round.go); a take-back carries one too, and may land up to resolveFor
+// and takeBackFor later. An expiry Redis reads as past deletes the hash at
+// once, with counts other calls made in a window still open: a fixed
+// window's last interval ends right at the boundary, so without the margin
+// every take-back just after one would empty the new window.
+const expireMargin = clockJump + resolveFor + takeBackFor
 
 // tag names the layout in the keys, as w<longest>p<span> per lane (f<span>
 // for a fixed one): Buckets whose lanes differ in span, stamping or

@@ -6,24 +6,25 @@ import (
 )
 
 // A Limit admits at most Requests (in weight: AllowN counts n) in any sliding
-// window of length Window. Windows are kept in whole milliseconds, the
-// resolution of Redis expiry; a fraction of a millisecond is dropped.
+// window of length Window; or, under FixedWindows without a Precision, in
+// each fixed window. Windows are kept in whole milliseconds, the resolution
+// of Redis expiry; a fraction of a millisecond is dropped.
 //
-// Under the Windows strategy a Limit is counted in intervals of Precision:
-// a sliding window that may deny for up to Precision longer than an exact
-// one, and never admits more. A Limit without a Precision takes the
-// strategy's (Windows(p)); under Windows(0), which has none, it is a fixed
-// window: it counts from each multiple of Window since the Unix epoch, in
-// Redis time, and starts again from zero at the next.
+// Under the Windows strategies a Limit is counted in intervals of
+// Precision: a sliding window that may deny for up to Precision longer than
+// an exact one, and never admits more. A Limit without a Precision takes
+// the strategy's (Windows(p)); under FixedWindows, which has none, it is a
+// fixed window: it counts from each multiple of Window since the Unix
+// epoch, in Redis time, and starts again from zero at the next.
 type Limit struct {
 	// Requests is the most weight admitted in one window; at least 1.
 	Requests int
-	// Window is the length of the sliding window; at least 1ms.
+	// Window is the length of the window; at least 1ms.
 	Window time.Duration
-	// Precision is the length of the intervals the Windows strategy counts
-	// this Limit in: at least 1ms, at most Window, and Window/Precision at
-	// most MaxIntervals. Zero: the strategy's. The other strategies are
-	// exact and refuse a Precision.
+	// Precision is the length of the intervals the Windows strategies
+	// count this Limit in: at least 1ms, at most Window, and
+	// Window/Precision at most MaxIntervals. Zero: the strategy's. The
+	// other strategies are exact and refuse a Precision.
 	Precision time.Duration
 }
 
@@ -41,19 +42,20 @@ func PerMinute(n int) Limit { return Per(n, time.Minute) }
 // PerHour returns a Limit of n requests per hour.
 func PerHour(n int) Limit { return Per(n, time.Hour) }
 
-// WithPrecision returns l counted, under the Windows strategy, in intervals
-// of precision: PerHour(100).WithPrecision(time.Minute) is seed 002's
-// [3600, 100, 60].
+// WithPrecision returns l counted, under the Windows strategies, in
+// intervals of precision: PerHour(100).WithPrecision(time.Minute) admits
+// 100 in any sliding hour, counted by the minute, so that room comes back
+// up to a minute late and the count takes at most 61 fields.
 func (l Limit) WithPrecision(precision time.Duration) Limit {
 	l.Precision = precision
 	return l
 }
 
 // String returns the limit as "10 per 1m0s", or with a precision as "10
-// per 1h0m0s at 1m0s".
+// per 1h0m0s (precision 1m0s)".
 func (l Limit) String() string {
 	if l.Precision != 0 {
-		return fmt.Sprintf("%d per %v at %v", l.Requests, l.Window, l.Precision)
+		return fmt.Sprintf("%d per %v (precision %v)", l.Requests, l.Window, l.Precision)
 	}
 	return fmt.Sprintf("%d per %v", l.Requests, l.Window)
 }

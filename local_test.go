@@ -39,7 +39,7 @@ func TestConcurrentGoroutinesLocal(t *testing.T) {
 func TestLocalMatchesRedis(t *testing.T) {
 	rules := []Option{PerResource(Per(12, 1500*ms)), PerClient(Per(5, 300*ms)), PerClient(Per(3, 100*ms))}
 	configs := map[Strategy][]Option{
-		Windows(0):       {PerResource(Per(12, 1500*ms)), PerResource(Per(8, 600*ms).WithPrecision(100 * ms)), PerClient(Per(5, 300*ms).WithPrecision(50 * ms)), PerClient(Per(3, 100*ms).WithPrecision(10 * ms)), PerClient(Per(4, 300*ms))},
+		FixedWindows:     {PerResource(Per(12, 1500*ms)), PerResource(Per(8, 600*ms).WithPrecision(100 * ms)), PerClient(Per(5, 300*ms).WithPrecision(50 * ms)), PerClient(Per(3, 100*ms).WithPrecision(10 * ms)), PerClient(Per(4, 300*ms))},
 		Windows(20 * ms): {PerResource(Per(12, 1500*ms).WithPrecision(100 * ms)), PerClient(Per(5, 300*ms)), PerClient(Per(3, 100*ms).WithPrecision(ms))},
 	}
 	for _, s := range strategies {
@@ -141,19 +141,32 @@ func TestAllowNInto(t *testing.T) {
 		if len(res.DeniedBy) != 1 || res.DeniedBy[0].Limit.Requests != 2 {
 			t.Errorf("DeniedBy = %v, want the per-client rule", res.DeniedBy)
 		}
-		if err := b.AllowNInto(ctx, "r", "", 1, &res); !errors.Is(err, ErrEmptyClient) || res.Rules != nil || res.Allowed {
-			t.Errorf("AllowNInto with no client = %+v, %v; want the zero Result and ErrEmptyClient", res, err)
-		}
+		checkAllowNIntoErrors(t, b)
 	})
+}
+
+// checkAllowNIntoErrors checks AllowNInto's errors: bad input leaves the
+// zero Result, and a nil Result is refused.
+func checkAllowNIntoErrors(t *testing.T, b *Bucket) {
+	t.Helper()
+	ctx := context.Background()
+	res := Result{Allowed: true, Rules: make([]RuleResult, 2)}
+	if err := b.AllowNInto(ctx, "r", "", 1, &res); !errors.Is(err, ErrEmptyClient) || res.Rules != nil || res.Allowed {
+		t.Errorf("AllowNInto with no client = %+v, %v; want the zero Result and ErrEmptyClient", res, err)
+	}
+	if err := b.AllowNInto(ctx, "r", "a", 1, nil); !errors.Is(err, ErrNilResult) {
+		t.Errorf("AllowNInto with no Result: %v, want ErrNilResult", err)
+	}
 }
 
 // In process, AllowNInto on a key whose state is made allocates nothing,
 // admitted or denied, with every strategy: it writes in the Result's room.
-// (Not in a synctest bubble: AllocsPerRun runs alone.)
+// (Not in a synctest bubble: AllocsPerRun runs alone, on the real clock,
+// where a fixed window may end during the calls; its rule is sliding.)
 func TestAllowNIntoAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
-	for _, s := range append(strategies, Windows(0)) {
-		b, err := NewLocal(WithStrategy(s), PerResource(Per(1_000_000, time.Minute)), PerClient(Per(500, time.Minute)))
+	for _, s := range append(strategies, FixedWindows) {
+		b, err := NewLocal(WithStrategy(s), PerResource(Per(1_000_000, time.Hour)), PerClient(Per(500, time.Hour).WithPrecision(exactFor(s))))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -166,4 +179,13 @@ func TestAllowNIntoAllocatesNothing(t *testing.T) {
 			t.Errorf("%v: the 1001st call was admitted, want the denials measured too", s)
 		}
 	}
+}
+
+// exactFor is the precision a rule may take under s: a minute under
+// FixedWindows, none under the others.
+func exactFor(s Strategy) time.Duration {
+	if w, ok := s.(windowsStrategy); ok && w.fixed {
+		return time.Minute
+	}
+	return 0
 }

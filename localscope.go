@@ -112,6 +112,7 @@ func (s *scope) cap(limit int) {
 			} else {
 				s.cums[s.head-1] += over
 			}
+			s.headMoved()
 			return
 		}
 		over -= e.weight

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"testing/synctest"
@@ -13,12 +14,14 @@ import (
 
 // fixedWindows is the strategy in which a rule without a precision is a
 // fixed window.
-var fixedWindows = []Strategy{Windows(0)}
+var fixedWindows = []Strategy{FixedWindows}
 
-// A rule without a precision under Windows(0) is a fixed window: it counts
+// A rule without a precision under FixedWindows is a fixed window: it counts
 // from each multiple of its window and starts again from zero at the next,
 // where a sliding window would still count the calls; RetryAfter and
-// ResetAfter say when that is.
+// ResetAfter say when that is. (Every step is at least 100ms from a
+// boundary, so that on a real clock the estimate of Redis time, which a
+// call counts in, is in the model's window: see FixedWindows.)
 func TestFixedWindow(t *testing.T) {
 	eachOf(t, fixedWindows, func(t *testing.T, e *env) {
 		fixed := Per(3, time.Second)
@@ -26,40 +29,41 @@ func TestFixedWindow(t *testing.T) {
 		deny := []Rule{{ScopeClient, fixed}}
 		e.align(time.Second)
 		e.run(t, b, "r", []step{
-			{100 * ms, "a", 1, false, want{true, 2, 0, 900 * ms, nil}},
-			{0, "a", 1, false, want{true, 1, 0, 900 * ms, nil}},
-			{400 * ms, "a", 1, false, want{true, 0, 0, 500 * ms, nil}},
+			{200 * ms, "a", 1, false, want{true, 2, 0, 800 * ms, nil}},
+			{0, "a", 1, false, want{true, 1, 0, 800 * ms, nil}},
+			{300 * ms, "a", 1, false, want{true, 0, 0, 500 * ms, nil}},
 			// t=600: full until the window's end at 1000.
 			{100 * ms, "a", 1, false, want{false, 0, 400 * ms, 400 * ms, deny}},
 			{0, "a", 1, true, want{false, 0, 400 * ms, 400 * ms, deny}},
 			{0, "b", 1, false, want{true, 2, 0, 400 * ms, nil}},
-			// t=1010: a new window, empty. A sliding one would count the
-			// calls of t=100 until 1100.
-			{410 * ms, "a", 1, false, want{true, 2, 0, 990 * ms, nil}},
-			{0, "a", 3, false, want{false, 2, 990 * ms, 990 * ms, deny}},
-			{0, "a", 2, false, want{true, 0, 0, 990 * ms, nil}},
+			// t=1100: a new window, empty. A sliding one would count the
+			// calls of t=200 until 1200.
+			{500 * ms, "a", 1, false, want{true, 2, 0, 900 * ms, nil}},
+			{0, "a", 3, false, want{false, 2, 900 * ms, 900 * ms, deny}},
+			{0, "a", 2, false, want{true, 0, 0, 900 * ms, nil}},
 		})
 	})
 }
 
 // Each rule counts in its own precision: a call counts as made at the end
-// of its interval of each rule, 100ms for the first rule here and the
-// strategy's 1s for the second.
+// of its interval of each rule, 250ms for the first rule here and the
+// strategy's 1s for the second. (Steps at least 100ms past a boundary:
+// see TestFixedWindow.)
 func TestPerRulePrecision(t *testing.T) {
 	eachOf(t, []Strategy{Windows(time.Second)}, func(t *testing.T, e *env) {
-		fine, coarse := Per(2, time.Second).WithPrecision(100*ms), Per(3, 2*time.Second)
+		fine, coarse := Per(2, time.Second).WithPrecision(250*ms), Per(3, 2*time.Second)
 		b := e.bucket(t, PerClient(fine), PerClient(coarse))
-		e.align(time.Second, 100*ms)
+		e.align(time.Second, 250*ms)
 		e.run(t, b, "r", []step{
-			// t=10: stamped 99 by fine (out at 1099), 999 by coarse (out at 2999).
-			{10 * ms, "a", 1, false, want{true, 1, 0, 2989 * ms, nil}},
-			{20 * ms, "a", 1, false, want{true, 0, 0, 2969 * ms, nil}},
-			// t=110: fine is full until 1099 (exactly: 1030).
-			{80 * ms, "a", 1, false, want{false, 0, 989 * ms, 2889 * ms, []Rule{{ScopeClient, fine}}}},
-			// t=1110: fine is empty; the call is coarse's third, stamped 1999.
-			{1000 * ms, "a", 1, false, want{true, 0, 0, 2889 * ms, nil}},
-			// t=1120: coarse is full until its first two leave at 2999.
-			{10 * ms, "a", 1, false, want{false, 0, 1879 * ms, 2879 * ms, []Rule{{ScopeClient, coarse}}}},
+			// t=100: stamped 249 by fine (out at 1249), 999 by coarse (out at 2999).
+			{100 * ms, "a", 1, false, want{true, 1, 0, 2899 * ms, nil}},
+			{100 * ms, "a", 1, false, want{true, 0, 0, 2799 * ms, nil}},
+			// t=350: fine is full until 1249 (exactly: 1100).
+			{150 * ms, "a", 1, false, want{false, 0, 899 * ms, 2649 * ms, []Rule{{ScopeClient, fine}}}},
+			// t=1350: fine is empty; the call is coarse's third, stamped 1999.
+			{1000 * ms, "a", 1, false, want{true, 0, 0, 2649 * ms, nil}},
+			// t=1400: coarse is full until its first two leave at 2999.
+			{50 * ms, "a", 1, false, want{false, 0, 1599 * ms, 2599 * ms, []Rule{{ScopeClient, coarse}}}},
 		})
 	})
 }
@@ -74,18 +78,18 @@ func TestFixedAndSlidingTogether(t *testing.T) {
 		byTotal, byEach := []Rule{{ScopeResource, total}}, []Rule{{ScopeClient, each}}
 		e.align(3*time.Second, time.Second)
 		e.run(t, b, "user", []step{
-			// t=10: the total resets at 3000; each type's call leaves at 3999.
-			{10 * ms, "a", 1, false, want{true, 1, 0, 3989 * ms, nil}},
-			{0, "a", 1, false, want{true, 0, 0, 3989 * ms, nil}},
-			{0, "a", 1, false, want{false, 0, 3989 * ms, 3989 * ms, byEach}},
-			{0, "b", 1, false, want{true, 1, 0, 3989 * ms, nil}},
-			{0, "b", 1, false, want{true, 0, 0, 3989 * ms, nil}},
-			{0, "c", 1, false, want{true, 0, 0, 3989 * ms, nil}},
-			// t=20: the total is full until its window ends at 3000.
-			{10 * ms, "d", 1, false, want{false, 0, 2980 * ms, 2980 * ms, byTotal}},
-			// t=3010: a new total window; a's calls still count until 3999.
-			{2990 * ms, "d", 1, false, want{true, 1, 0, 3989 * ms, nil}},
-			{0, "a", 1, false, want{false, 0, 989 * ms, 2990 * ms, byEach}},
+			// t=100: the total resets at 3000; each type's call leaves at 3999.
+			{100 * ms, "a", 1, false, want{true, 1, 0, 3899 * ms, nil}},
+			{0, "a", 1, false, want{true, 0, 0, 3899 * ms, nil}},
+			{0, "a", 1, false, want{false, 0, 3899 * ms, 3899 * ms, byEach}},
+			{0, "b", 1, false, want{true, 1, 0, 3899 * ms, nil}},
+			{0, "b", 1, false, want{true, 0, 0, 3899 * ms, nil}},
+			{0, "c", 1, false, want{true, 0, 0, 3899 * ms, nil}},
+			// t=200: the total is full until its window ends at 3000.
+			{100 * ms, "d", 1, false, want{false, 0, 2800 * ms, 2800 * ms, byTotal}},
+			// t=3100: a new total window; a's calls still count until 3999.
+			{2900 * ms, "d", 1, false, want{true, 1, 0, 3899 * ms, nil}},
+			{0, "a", 1, false, want{false, 0, 899 * ms, 2900 * ms, byEach}},
 		})
 	})
 }
@@ -94,7 +98,7 @@ func TestFixedAndSlidingTogether(t *testing.T) {
 // ErrInvalidLimit when it is the Limit's or ErrInvalidOption when it is
 // the strategy's; nothing is written. Only Windows takes a precision.
 func TestInvalidPrecision(t *testing.T) {
-	eachOf(t, append(strategies, Windows(0)), func(t *testing.T, e *env) {
+	eachOf(t, append(strategies, FixedWindows), func(t *testing.T, e *env) {
 		most := Per(1, MaxIntervals*ms).WithPrecision(ms)
 		for _, tc := range []struct {
 			opts []Option
@@ -105,6 +109,7 @@ func TestInvalidPrecision(t *testing.T) {
 			{[]Option{PerClient(PerSecond(1).WithPrecision(1001 * ms))}, ErrInvalidLimit},
 			{[]Option{PerClient(Per(1, most.Window+ms).WithPrecision(ms))}, ErrInvalidLimit},
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-ms))}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1).WithPrecision(ms)), WithStrategy(Windows(0))}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(time.Microsecond))}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption},
 			{[]Option{PerClient(Per(1, most.Window+ms)), WithStrategy(Windows(ms))}, ErrInvalidOption},
@@ -148,12 +153,12 @@ func checkPrecisionInRange(t *testing.T, e *env, most Limit) {
 // one Bucket.
 func TestPrecisionNeverOverAdmits(t *testing.T) {
 	rules := []Rule{
-		{ScopeResource, Per(12, 600*ms)},                              // fixed under Windows(0)
+		{ScopeResource, Per(12, 600*ms)},                              // fixed under FixedWindows
 		{ScopeResource, Per(25, time.Second).WithPrecision(300 * ms)}, // does not divide the window
 		{ScopeClient, Per(3, 200*ms).WithPrecision(50 * ms)},
 		{ScopeClient, Per(5, 600*ms).WithPrecision(50 * ms)}, // shares its intervals with the rule above
 	}
-	for _, s := range []Strategy{Windows(0), Windows(100 * ms)} {
+	for _, s := range []Strategy{FixedWindows, Windows(100 * ms)} {
 		for _, where := range []string{"miniredis", "local"} {
 			t.Run(s.String()+"/"+where, func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
@@ -232,7 +237,7 @@ func checkNeverOverAdmits(t *testing.T, b *Bucket, s Strategy, calls []admitted)
 		t.Fatalf("only %d calls admitted: too few to tell", len(calls))
 	}
 	for _, rule := range b.Rules() {
-		fixed := rule.Limit.Precision == 0 && s.(windowsStrategy).precision == 0
+		fixed := rule.Limit.Precision == 0 && s.(windowsStrategy).fixed
 		for i, c := range calls {
 			if used := usedBy(rule, fixed, calls[:i+1], c); used > rule.Limit.Requests {
 				t.Fatalf("rule %v: %d admitted in the window of the call of %s at %d", rule, used, c.client, c.at)
@@ -265,23 +270,43 @@ func TestLayoutTag(t *testing.T) {
 		t.Errorf("tag of one precision = %q, want w3600000p1000", got)
 	}
 	y := mixedLayout()
-	if got, want := y.tag(), "w1800000f1800000w1800000p60000w3600000p1800000"; got != want {
+	if got, want := y.tag(), "w1800000p60000w3600000p1800000w1800000f1800000"; got != want {
 		t.Errorf("tag = %q, want %q", got, want)
 	}
-	if len(y.spans) != 2 || len(y.lanesOf[0]) != 2 {
-		t.Errorf("spans %v, lanes %v: want the fixed and the sliding 30m in one span", y.spans, y.lanesOf)
+	if !slices.Equal(y.spans, []int64{60000, 1800000}) || len(y.lanesOf[1]) != 2 {
+		t.Errorf("spans %v, lanes %v: want the minute, then the fixed and the sliding 30m in one span", y.spans, y.lanesOf)
+	}
+	rules := slices.Clone(mixedRules)
+	slices.Reverse(rules)
+	if got := newLayout(0, rules).tag(); got != y.tag() {
+		t.Errorf("tag of the rules reversed = %q, want %q: reordering rules must keep the keys", got, y.tag())
 	}
 }
 
-// mixedLayout is seed 002's notification sender's, with an hourly rule at
-// a precision of its fixed window's length.
-func mixedLayout() layout {
-	return newLayout(0, []Rule{
-		{ScopeResource, Per(100, 30*time.Minute)},
-		{ScopeClient, Per(10, 30*time.Minute).WithPrecision(time.Minute)},
-		{ScopeClient, Per(5, time.Hour).WithPrecision(30 * time.Minute)},
-	})
+// A hash outlives its last counted interval by more than a decision or a
+// take-back can be late: a PEXPIREAT Redis reads as past would delete the
+// counts of a window still open. The worst case is a fixed window's last
+// millisecond.
+func TestExpiryOutlivesLateWrites(t *testing.T) {
+	y := mixedLayout()
+	for _, now := range []int64{30*60_000 - 1, 30 * 60_000, 17} {
+		late := now + (clockJump + resolveFor + takeBackFor).Milliseconds()
+		if at := y.expireAt(now); at <= late {
+			t.Errorf("expireAt(%d) = %d: a write stamped then may land at %d, after it", now, at, late)
+		}
+	}
 }
+
+// mixedRules are seed 002's notification sender's, with an hourly rule at
+// a precision of the fixed window's length.
+var mixedRules = []Rule{
+	{ScopeResource, Per(100, 30*time.Minute)},
+	{ScopeClient, Per(10, 30*time.Minute).WithPrecision(time.Minute)},
+	{ScopeClient, Per(5, time.Hour).WithPrecision(30 * time.Minute)},
+}
+
+// mixedLayout is mixedRules' layout under FixedWindows.
+func mixedLayout() layout { return newLayout(0, mixedRules) }
 
 // Every span names its fields apart, and reads back only its own.
 func TestLayoutFields(t *testing.T) {

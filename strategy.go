@@ -70,14 +70,32 @@ var (
 // calls by at least d and at most d+precision.
 //
 // precision is the default of the rules: a Limit with a Precision of its
-// own counts in that one (Limit.WithPrecision), and under Windows(0) a
-// rule without one is a fixed window, which counts from each multiple of
-// its Window since the Unix epoch and starts again from zero at the next.
-// The precision is kept in whole milliseconds; it must be at least one, at
-// most the window of each rule that takes it and at most MaxIntervals
-// intervals of it, or New returns an error matching ErrInvalidOption and
-// ErrInvalidPrecision.
-func Windows(precision time.Duration) Strategy { return windowsStrategy{precision} }
+// own counts in that one (Limit.WithPrecision), with the same bound. Rules
+// of one precision share the hash's fields; each other precision adds its
+// own, and an HINCRBY to the transaction. The precision is kept in whole
+// milliseconds; it must be at least one, at most the window of each rule
+// that takes it and at most MaxIntervals intervals of it, or New returns
+// an error matching ErrInvalidOption and ErrInvalidPrecision. For fixed
+// windows, see FixedWindows.
+func Windows(precision time.Duration) Strategy { return windowsStrategy{precision: precision} }
+
+// FixedWindows is Windows without a default precision: a rule with a
+// precision of its own (Limit.WithPrecision) slides at it, and a rule
+// without one is a fixed window. A fixed window counts from each multiple
+// of its Window since the Unix epoch, in Redis time (a 30-minute rule
+// resets at :00 and :30 UTC, a daily one at midnight UTC), and starts again
+// from zero at the next; RetryAfter and ResetAfter say when that is. It is
+// the cheapest rule, one field per scope, and the easiest to explain ("100
+// an hour, reset on the hour"), at the price of a burst of up to twice its
+// limit around a boundary, which a sliding window never admits.
+//
+// A call counts in the window of its stamp: this host's estimate of Redis's
+// time, never later than Redis's own and normally less than a millisecond
+// earlier (at most clockJump and a round trip, beyond which the call is
+// made again). So no fixed window ever holds more than its limit, and a
+// call that Redis ran in the first moment of a window may count in the
+// one before.
+var FixedWindows Strategy = windowsStrategy{fixed: true}
 
 // plan is what the stores need to know of the rules and options.
 type plan struct {

@@ -15,12 +15,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-type windowsStrategy struct{ precision time.Duration }
+// windowsStrategy is Windows(precision), or FixedWindows if fixed.
+type windowsStrategy struct {
+	precision time.Duration
+	fixed     bool
+}
 
-// String returns "windows(1s)", or "windows" for Windows(0).
+// String returns "windows(1s)", or "fixed windows".
 func (w windowsStrategy) String() string {
-	if w.precision == 0 {
-		return "windows"
+	if w.fixed {
+		return "fixed windows"
 	}
 	return "windows(" + w.precision.String() + ")"
 }
@@ -31,14 +35,14 @@ func (w windowsStrategy) String() string {
 const MaxWindowsRequests = 1 << 50
 
 func (w windowsStrategy) newStore(p plan) (store, error) {
-	if w.precision != 0 && w.precision < time.Millisecond {
-		return nil, invalidStrategy(w, "%w: %v is under 1ms", ErrInvalidPrecision, w.precision)
+	if !w.fixed && w.precision < time.Millisecond {
+		return nil, invalidStrategy(w, "%w: %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", ErrInvalidPrecision, w.precision)
 	}
 	for _, r := range p.rules {
 		if r.Limit.Requests > MaxWindowsRequests {
 			return nil, invalidStrategy(w, "rule %v: more than MaxWindowsRequests (%d)", r, MaxWindowsRequests)
 		}
-		if r.Limit.Precision != 0 || w.precision == 0 {
+		if r.Limit.Precision != 0 || w.fixed {
 			continue // its own precision (checked by New), or a fixed window
 		}
 		if err := checkPrecision(w.precision, r.Limit.Window); err != nil {

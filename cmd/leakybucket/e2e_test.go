@@ -218,17 +218,17 @@ func TestBinary(t *testing.T) {
 // windows: the rule's precision in its name, and when each frees.
 func TestEndToEndPrecision(t *testing.T) {
 	r := newTestRedis(t)
-	b, err := leakybucket.New(r.rdb, leakybucket.WithPrefix(r.prefix), leakybucket.WithStrategy(leakybucket.Windows(0)),
+	b, err := leakybucket.New(r.rdb, leakybucket.WithPrefix(r.prefix), leakybucket.WithStrategy(leakybucket.FixedWindows),
 		leakybucket.PerResource(leakybucket.Per(100, 30*time.Minute)), leakybucket.PerClient(leakybucket.PerMinute(10).WithPrecision(10*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &e2e{t: t, r: r, bucket: b, global: []string{"-redis", r.url, "-prefix", r.prefix, "-strategy", "windows", "-resource-limit", "100/30m", "-client-limit", "10/1m@10s"}}
+	e := &e2e{t: t, r: r, bucket: b, global: []string{"-redis", r.url, "-prefix", r.prefix, "-strategy", "windows:fixed", "-resource-limit", "100/30m", "-client-limit", "10/1m@10s"}}
 	before := time.Now()
 	e.allow("alice", 10)
 	rows, last := peekRows(t, e.args("peek", "-resource", "r", "-client", "alice")...)
 	res, cl := rows["per-resource 100 per 30m"], rows["per-client 10 per 1m"]
-	if len(res) != 4 || len(cl) != 6 || res[0] != "10/100" || !slices.Equal(cl[:4], []string{"at", "10s", "10/10", "0"}) || last != "would allow: false" {
+	if len(res) != 4 || len(cl) != 6 || res[0] != "10/100" || !slices.Equal(cl[:4], []string{"(precision", "10s)", "10/10", "0"}) || last != "would allow: false" {
 		t.Fatalf("peek alice: per-resource %q, per-client %q, %q", res, cl, last)
 	}
 	// The fixed window resets at the next half hour (a multiple of it

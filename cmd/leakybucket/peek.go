@@ -72,11 +72,11 @@ func printRules(w io.Writer, res leakybucket.Result) error {
 }
 
 // ruleName names a rule as "per-client 10 per 1m", or "per-client 10 per
-// 1h at 1m": Rule.String without the zero units of the durations.
+// 1h (precision 1m)": Rule.String without the zero units of the durations.
 func ruleName(r leakybucket.Rule) string {
 	name := fmt.Sprintf("%v %d per %s", r.Scope, r.Limit.Requests, shortDuration(r.Limit.Window))
 	if r.Limit.Precision != 0 {
-		name += " at " + shortDuration(r.Limit.Precision)
+		name += " (precision " + shortDuration(r.Limit.Precision) + ")"
 	}
 	return name
 }
