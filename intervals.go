@@ -60,8 +60,8 @@ func (l lane) lastDead(now int64) int64 {
 type layout struct {
 	lanes   []lane
 	ofRule  []int    // the lane of each rule
-	spans   []int64  // the spans, in the order of the rules that use them first
-	names   []string // the spans in decimal, as the fields name them
+	spans   []int64  // the spans, shortest first (see newLayout)
+	names   []string // the spans in decimal, as the fields name them: kept, not formatted per field
 	lanesOf [][]int  // the lanes of each span
 }
 

@@ -31,8 +31,8 @@ import (
 //	Windows, in generation G ("" until the first FlushAll, then "@1", "@2"...):
 //	P:T:{R}:hashG                 the resource's weight per interval, when a rule
 //	                              is per-resource (field: Redis time / precision,
-//	                              <precision>:<Redis time / precision> for the
-//	                              precisions after the first, see intervals.go)
+//	                              <precision>:<Redis time / precision> for all
+//	                              but the shortest precision, see intervals.go)
 //	P:T:{R}:hashG:C               the client's weight per interval, when a rule
 //	                              is per-client
 //	P:T:{R}:gen                   the generation, once FlushAll ran; it expires
