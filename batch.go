@@ -208,6 +208,18 @@ func (q *batcher) settle(c *call, res Result) bool {
 	return true
 }
 
+// fail gives each of calls the error err in place of a Result, when the
+// rest of their batch was decided: the batch's finish leaves them so.
+func (q *batcher) fail(calls []*call, err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, c := range calls {
+		if c.state == waiting {
+			c.state, c.res, c.err = taken, Result{}, err
+		}
+	}
+}
+
 func allAbandoned(calls []*call) bool {
 	for _, c := range calls {
 		if c.state != abandoned {

@@ -24,6 +24,7 @@ type Bucket struct {
 	clocks    clocks
 	batches   batcher
 	denials   denials
+	foresight foresight
 
 	local *localCounts // non-nil for NewLocal: then none of the above is used
 }

@@ -27,11 +27,10 @@ import (
 //
 // A clock that does not move (miniredis after SetTime, in tests) would
 // make the estimate run ahead of it: once a request sent a millisecond or
-// more after the latest reply arrived reads the same microsecond, which no
-// running clock does, the
-// clock is taken for a test's, and the estimate is the latest reply from
-// then on (a decision whose transaction then reads another time is made
-// again: see stampOff).
+// more after an earlier reply arrived reads the same microsecond, which no
+// running clock does, the clock is taken for a test's, and the estimate
+// is the latest reply from then on (a decision whose transaction then
+// reads another time is made again: see stampOff).
 type redisClock struct {
 	mu     sync.Mutex
 	valid  bool
@@ -40,9 +39,12 @@ type redisClock struct {
 	rtt    time.Duration // the sample's round trip: the estimate's error is at most half of it
 
 	last    time.Time // the latest reply, whether taken as the sample or not
-	lastAt  time.Time // when it arrived
+	lastAt  time.Time // when the first reply of last's time arrived
+	anchor  time.Time // a reply that the pace is judged against
+	asked   time.Time // when the anchor's request was sent
+	sinceAt time.Time // when the anchor arrived
 	stopped bool      // the server's clock was seen standing still: a test's
-	running bool      // the server's clock was seen moving
+	running bool      // the server's clock was seen moving at this host's pace
 }
 
 const clockSampleAge = 10 * time.Second
@@ -52,20 +54,44 @@ func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 	rtt := received.Sub(sent)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// Sent a millisecond or more after the latest reply arrived, this
-	// request was read by the server that much later: a running clock
-	// cannot read the same.
-	apart := !c.lastAt.IsZero() && sent.Sub(c.lastAt) >= time.Millisecond
+	// Sent a millisecond or more after a reply of the same time arrived,
+	// this request was read by the server that much later: a running
+	// clock cannot read the same.
 	if server.Equal(c.last) {
-		c.stopped = c.stopped || apart
+		c.stopped = c.stopped || sent.Sub(c.lastAt) >= time.Millisecond
 	} else {
-		c.running = c.running || apart && !c.stopped
 		c.last, c.lastAt = server, received
 	}
+	c.judgeRunning(server, sent, received)
 	if c.valid && rtt > c.rtt && !(time.Since(c.at) > clockSampleAge && rtt <= 4*c.rtt+time.Millisecond) {
 		return // a worse sample: a round trip slowed by load or a pause
 	}
 	c.valid, c.server, c.at, c.rtt = true, server, sent.Add(rtt/2), rtt
+}
+
+// judgeRunning compares a reply with the anchor, an earlier one: a request
+// sent a millisecond or more after the anchor arrived was read by the
+// server that much later at least, and at most as long after the anchor's
+// request was sent as its own reply took to arrive; a clock
+// that moved by as much as this host's did, within a millisecond, runs. A
+// test's clock, which stands still or jumps, does not. The anchor moves to
+// each reply so judged; replies sent sooner are not judged, so that a
+// Bucket hammered from its first call, which sends each request as the
+// last reply arrives, sees its clock run too. c.mu is held.
+func (c *redisClock) judgeRunning(server time.Time, sent, received time.Time) {
+	if c.sinceAt.IsZero() {
+		c.anchor, c.asked, c.sinceAt = server, sent, received
+		return
+	}
+	least, most := sent.Sub(c.sinceAt), received.Sub(c.asked)
+	if least < time.Millisecond {
+		return
+	}
+	moved := server.Sub(c.anchor)
+	if moved >= least-time.Millisecond && moved <= most+time.Millisecond {
+		c.running = c.running || !c.stopped
+	}
+	c.anchor, c.asked, c.sinceAt = server, sent, received
 }
 
 // now returns the server's estimated time in ms, and false until a sample

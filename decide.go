@@ -111,7 +111,9 @@ func (b *Bucket) batchKey(resource, client string) string {
 }
 
 // decideBatch decides the calls of batch, all to one resource: the store
-// reads the counts and calls judge once per call, in arrival order.
+// reads the counts and calls judge once per call, in arrival order. Under
+// SortedSet and Windows, the calls foresight saw no room for only look
+// (foresight.go); those that then had room are decided again, writing.
 func (b *Bucket) decideBatch(ctx context.Context, batch []*call, sh *shared) error {
 	at, err := b.siteOf(ctx, batch[0].resource, &sh.lock)
 	at.carry, at.busy = &sh.carry, sh.busy
@@ -122,11 +124,50 @@ func (b *Bucket) decideBatch(ctx context.Context, batch []*call, sh *shared) err
 	for i, c := range batch {
 		requests[i] = request{client: c.client, n: c.n}
 	}
-	err = b.store.decide(ctx, at, requests, func(i int, v view) bool {
-		res := evaluate(b.plan.rules, v, batch[i].n, b.cfg.recordDenied)
-		return b.batches.settle(batch[i], res) && (res.Allowed || b.cfg.recordDenied)
+	if now, ok := at.clock.now(); ok && b.foresees() {
+		b.foresight.foresee(b.plan, batch[0].resource, requests, now)
+	}
+	again, err := b.decideRequests(ctx, at, batch, requests)
+	if err != nil || len(again) == 0 {
+		return err
+	}
+	// Calls that only looked, and had room: decided again, writing. Only
+	// their callers get this round's error.
+	retry := make([]*call, len(again))
+	for i, j := range again {
+		retry[i] = batch[j]
+		requests[i] = request{client: batch[j].client, n: batch[j].n}
+	}
+	if _, err := b.decideRequests(ctx, at, retry, requests[:len(again)]); err != nil {
+		b.batches.fail(retry, classify(err))
+	}
+	return nil
+}
+
+// foresees reports whether calls may be sent to look only: not under Logs,
+// whose lock lets no other decision count a call before it is judged, nor
+// with WithRecordDenied, under which every call counts.
+func (b *Bucket) foresees() bool {
+	_, locked := b.store.(logsStore)
+	return !locked && !b.cfg.recordDenied
+}
+
+// decideRequests has the store decide calls (requests, by call), and
+// returns the calls that only looked and had room, to decide again.
+func (b *Bucket) decideRequests(ctx context.Context, at site, calls []*call, requests []request) ([]int, error) {
+	var again []int
+	err := b.store.decide(ctx, at, requests, func(i int, v view) bool {
+		c := calls[i]
+		res := evaluate(b.plan.rules, v, c.n, b.cfg.recordDenied)
+		if requests[i].look && res.Allowed {
+			again = append(again, i)
+			return false
+		}
+		recorded := b.batches.settle(c, res) && (res.Allowed || b.cfg.recordDenied)
+		b.foresight.saw(b.plan, c.resource, c.client, v, c.n, recorded && !requests[i].look)
+		return recorded && !requests[i].look
 	})
-	return classify(b.route.redirected(err))
+	return again, classify(b.route.redirected(err))
 }
 
 // Peek is shorthand for PeekN(ctx, resource, client, 1).

@@ -17,13 +17,16 @@ import (
 //
 // The Result is exact as long as no one flushes the client: this process's
 // Flush and FlushAll forget its entries; another process's flush is seen
-// once the entry expires, at most the Result's shortest rule RetryAfter
-// later. WithRecordDenied turns the cache off, as every attempt must count;
+// once the entry expires, at most maxDenialLife later. WithRecordDenied turns the cache off, as every attempt must count;
 // so does a server clock that was not seen moving at this host's pace (a
 // test's, which SetTime moves by jumps).
 
 // maxDenials bounds the entries kept; past it, denials are not cached.
 const maxDenials = 100_000
+
+// maxDenialLife bounds how long an entry answers: how late a flush made by
+// another process (an operator's, through the ops command) is seen.
+const maxDenialLife = time.Second
 
 // denials is a Bucket's cache.
 type denials struct {
@@ -83,7 +86,7 @@ func (d *denials) keep(resource, client string, n int, recordDenied bool, res Re
 			return
 		}
 	}
-	d.entries[denialKey{resource, client}] = denial{res: res, at: now, until: now.Add(valid)}
+	d.entries[denialKey{resource, client}] = denial{res: res, at: now, until: now.Add(min(valid, maxDenialLife))}
 	d.size.Store(int64(len(d.entries)))
 }
 

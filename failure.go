@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
@@ -24,6 +25,8 @@ func classify(err error) error {
 		return err
 	case unreachable(err):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case strings.HasPrefix(err.Error(), "leakybucket: "):
+		return err // ours already
 	}
 	return fmt.Errorf("leakybucket: %w", err)
 }

@@ -30,6 +30,7 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error)
 		return struct{}{}, classify(b.route.redirected(b.store.flush(ctx, at, client)))
 	})
 	b.denials.forget(resource, &client) // one cached by a decision that raced the flush
+	b.foresight.drop(resource, &client)
 	return err
 }
 
@@ -56,6 +57,7 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
 		return struct{}{}, classify(b.route.redirected(b.store.flushAll(ctx, at)))
 	})
 	b.denials.forget(resource, nil) // those cached by decisions that raced the flush
+	b.foresight.drop(resource, nil)
 	return err
 }
 

@@ -23,9 +23,10 @@ type round interface {
 	// time when t ran (ms), which the Results count from.
 	judge(t *txn, judge judgeFunc, back *txn, now int64) error
 	// takeAll queues on back the take-back of every call, for a
-	// transaction that ran although its reply was lost: every caller got
-	// an error, so none may count.
-	takeAll(back *txn)
+	// transaction t that ran, although its reply was lost (t.replies is
+	// nil: every caller got an error, so none may count) or ran too far
+	// from its stamp.
+	takeAll(t, back *txn)
 	// idempotent reports whether a take-back may run twice (SortedSet's
 	// ZREM) or must run once (Windows' HINCRBY): then the transactions are
 	// marked, for resolve to tell whether they ran.
@@ -73,7 +74,7 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 	sent := time.Now()
 	switch o, err := t.exec(ctx, at.node); o {
 	case notRun:
-		handOn(at, carried, r.idempotent())
+		handOn(at, &txn{cmds: carried}, r.idempotent())
 		return err
 	case unknown:
 		at.clock.reset()
@@ -84,7 +85,7 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 	server, ok := replyTime(t.replies[clock])
 	if !ok || stampOff(server, now, time.Since(sent), at.clock.pace()) {
 		at.clock.reset()
-		r.takeAll(back)
+		r.takeAll(t, back)
 		takeBack(at, back, r.idempotent())
 		return fmt.Errorf("%w: Redis ran it %d ms after its stamp", errRedo, server.UnixMilli()-now)
 	}
@@ -92,22 +93,23 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
 		return err
 	}
-	handOn(at, back.cmds, r.idempotent())
+	handOn(at, back, r.idempotent())
 	return nil
 }
 
 // handOn hands take-backs to the next batch of the line, which carries
-// them at no round trip of their own, when calls wait for it; else it
-// sends them now, before the callers are answered, so that their next
-// call counts without them.
-func handOn(at site, cmds [][]any, idempotent bool) {
-	if at.busy != nil && at.busy() {
-		at.carry.hand(at, cmds, idempotent)
+// them at no round trip of their own, when calls wait for it; else, or if
+// some are guarded (which a decision cannot carry), it sends them now,
+// before the callers are answered, so that their next call counts without
+// them.
+func handOn(at site, back *txn, idempotent bool) {
+	if at.busy != nil && at.busy() && len(back.guards) == 0 {
+		at.carry.hand(at, back.cmds, idempotent)
 		return
 	}
-	back := newTxn(at.keys, !idempotent)
-	back.cmds = cmds
-	takeBack(at, back, idempotent)
+	send := newTxn(at.keys, !idempotent)
+	send.cmds, send.guards = back.cmds, back.guards
+	takeBack(at, send, idempotent)
 }
 
 // stampOff reports whether a transaction stamped now ran too far from
@@ -135,7 +137,7 @@ func settleLost(at site, r round, t *txn, carried [][]any) {
 	o := t.resolve(at.node, true)
 	back := newTxn(at.keys, !r.idempotent())
 	if o == ran || o == unknown && r.idempotent() {
-		r.takeAll(back)
+		r.takeAll(t, back)
 	}
 	if o == notRun || o == unknown && r.idempotent() {
 		back.cmds = append(back.cmds, carried...)
@@ -197,7 +199,7 @@ const takeBackFor = 5 * time.Second
 // limit. It runs detached from the callers' contexts, which may have
 // ended: a caller that gave up must not stay counted.
 func takeBack(at site, back *txn, idempotent bool) {
-	if len(back.cmds) == 0 {
+	if len(back.cmds) == 0 && len(back.guards) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), takeBackFor)

@@ -168,7 +168,11 @@ func (b *zBatch) write(byKey map[string]*zSet, keys keyspace, spec setSpec, c re
 	if b.recordDenied {
 		set.read = min(set.read+c.n, spec.limit) // what the cap may drop, and the oldest left
 	}
-	w := &zWrite{set: set, members: make([]any, c.n)}
+	w := &zWrite{set: set, evicted: -1}
+	if c.look {
+		return w // it only reads the set
+	}
+	w.members = make([]any, c.n)
 	for unit := range c.n {
 		w.members[unit] = member(spec, c.client, id, unit)
 	}
@@ -185,6 +189,9 @@ func (b *zBatch) queue(t *txn) {
 	}
 	for i := range b.calls {
 		for _, w := range b.distinct(i) {
+			if len(w.members) == 0 {
+				continue // a call that only looks
+			}
 			limit := w.set.spec.limit
 			if b.recordDenied {
 				t.add(append([]any{"zadd", w.set.key}, scored(b.now, w.members)...)...)
@@ -242,6 +249,9 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 		}
 		recorded := judge(i, v)
 		for _, w := range b.distinct(i) {
+			if len(w.members) == 0 {
+				continue // it only looked
+			}
 			evicted := int(replyInt(t.replies[w.evicted]))
 			w.set.after(w, evicted, stamp, b.recordDenied)
 			// Without WithRecordDenied the cap removed the newest members,
@@ -260,9 +270,12 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 }
 
 // takeAll queues the removal of every call's members.
-func (b *zBatch) takeAll(back *txn) {
+func (b *zBatch) takeAll(_, back *txn) {
 	for i := range b.calls {
 		for _, w := range b.distinct(i) {
+			if len(w.members) == 0 {
+				continue
+			}
 			back.add(append([]any{"zrem", w.set.key}, w.members...)...)
 		}
 	}
@@ -287,6 +300,9 @@ func (set *zSet) start(replies []any) {
 func (w *zWrite) count(replies []any, n int, recordDenied bool) count {
 	set := w.set
 	used := set.held
+	if w.evicted < 0 {
+		return count{used: used, oldest: set.oldest, newest: set.newest} // it only looks
+	}
 	if evicted := int(replyInt(replies[w.evicted])); evicted > 0 && !recordDenied {
 		used = max(used, set.spec.limit-n+evicted)
 	}

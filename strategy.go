@@ -149,6 +149,9 @@ type store interface {
 type request struct {
 	client string
 	n      int
+	// look: the call writes nothing, and is only judged (see foresight):
+	// the store must neither record it nor take it back.
+	look bool
 }
 
 // judgeFunc evaluates call i of a batch, given v, what every rule counted

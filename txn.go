@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -27,8 +28,28 @@ import (
 type txn struct {
 	marker  string // "" if not marked
 	cmds    [][]any
-	replies []any // after the EXEC, by command
+	guards  []guard // commands that apply only while a hash is what it was
+	replies []any   // after the EXEC, by command
 }
+
+// A guard holds take-backs of weight written to a Windows client's hash:
+// they apply only while that hash is still the one the weight was written
+// to. Flush deletes a client's hash, taking its whole share out of the
+// resource's with it, the weight to be taken back included; a take-back
+// that came after must then do nothing, or that weight would be taken out
+// twice. Every client's hash carries a random incarnation (field
+// incarnationField, set by the decision that makes it); exec WATCHes the
+// guarded hashes, reads their incarnations, and sends the commands of the
+// guards whose hash is still one of want.
+type guard struct {
+	key  string
+	want []string
+	cmds [][]any
+}
+
+// incarnationField is the field of a Windows client's hash that names the
+// hash's incarnation: see guard.
+const incarnationField = "i"
 
 // fenceDoneGrace is how long a marker lives after its transaction ran, for
 // resolve to see. resolve polls for at most resolveFor, and decides once
@@ -53,7 +74,7 @@ func newTxn(keys keyspace, marked bool) *txn {
 // send after t did not run.
 func (t *txn) again(keys keyspace) *txn {
 	fresh := newTxn(keys, t.marker != "")
-	fresh.cmds = t.cmds
+	fresh.cmds, fresh.guards = t.cmds, t.guards
 	return fresh
 }
 
@@ -72,14 +93,73 @@ const (
 )
 
 // exec sends t on node and reports whether it ran. With notRun the error
-// says why (a command's own error, such as MOVED); with unknown, why the
-// reply was lost.
+// says why (a command's own error, such as MOVED, or redis.TxFailedErr
+// when a guarded hash changed meanwhile); with unknown, why the reply was
+// lost.
 func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) {
+	if len(t.guards) == 0 {
+		return t.execOn(ctx, node, t.cmds)
+	}
+	// One connection, WATCH and the reads in one round trip, MULTI/EXEC
+	// in a second; EXEC ends the WATCH whatever it does.
+	conn := node.Conn()
+	defer conn.Close()
+	cmds, err := t.unguarded(ctx, conn)
+	if err != nil {
+		_ = conn.Do(ctx, "unwatch").Err() // else the pooled connection would abort a later EXEC
+		return notRun, err
+	}
+	return t.execOn(ctx, conn, cmds)
+}
+
+func anys(s []string) []any {
+	out := make([]any, len(s))
+	for i, v := range s {
+		out[i] = v
+	}
+	return out
+}
+
+// guardKeys returns the keys of t's guards.
+func (t *txn) guardKeys() []string {
+	keys := make([]string, len(t.guards))
+	for i, g := range t.guards {
+		keys[i] = g.key
+	}
+	return keys
+}
+
+// unguarded WATCHes the guarded hashes on conn and reads their
+// incarnations, and returns t's commands with those of the guards that
+// still hold.
+func (t *txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) {
+	reads := make([]*redis.StringCmd, len(t.guards))
+	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+		pipe.Do(ctx, append([]any{"watch"}, anys(t.guardKeys())...)...)
+		for i, g := range t.guards {
+			reads[i] = pipe.HGet(ctx, g.key, incarnationField)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	cmds := slices.Clip(t.cmds)
+	for i, g := range t.guards {
+		if have, err := reads[i].Result(); err == nil && slices.Contains(g.want, have) {
+			cmds = append(cmds, g.cmds...)
+		}
+	}
+	return cmds, nil
+}
+
+// execOn sends cmds as t on conn (under WATCH if conn is a *redis.Tx).
+func (t *txn) execOn(ctx context.Context, conn pipeliner, cmds [][]any) (txnOutcome, error) {
 	var exec *redis.Cmd
-	queued := make([]*redis.Cmd, len(t.cmds))
-	_, err := node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	queued := make([]*redis.Cmd, len(cmds))
+	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
-		for i, args := range t.cmds {
+		for i, args := range cmds {
 			queued[i] = pipe.Do(ctx, args...)
 		}
 		if t.marker != "" {
@@ -92,11 +172,13 @@ func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) 
 	switch {
 	case execErr == nil:
 		replies, ok := exec.Val().([]any)
-		if !ok || len(replies) < len(t.cmds) {
+		if !ok || len(replies) < len(cmds) {
 			return unknown, fmt.Errorf("leakybucket: EXEC replied %T with %d replies", exec.Val(), len(replies))
 		}
-		t.replies = replies[:len(t.cmds)]
+		t.replies = replies[:len(cmds)]
 		return ran, nil
+	case errors.Is(execErr, redis.Nil):
+		return notRun, redis.TxFailedErr // a WATCHed key changed
 	case isRedisError(execErr):
 		return notRun, queuedError(queued, execErr) // EXECABORT
 	}

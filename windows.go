@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -150,20 +151,23 @@ type hBatch struct {
 	byKey    map[string]*hash
 	order    []*hash
 	genReply int
+	token    string // the incarnation of the clients' hashes it makes
 }
 
 // hash is one hash of a batch: its weight in the batch, where its read is
 // among the replies, then its intervals.
 type hash struct {
-	key   string
-	added int // the batch's weight
-	read  int
+	key    string
+	client bool // a client's hash, not the resource's
+	added  int  // the batch's weight written to it
+	read   int
 
-	lanes    [][]logEntry // by lane: the intervals other than the current ones, stamped for it, oldest first
-	current  []int        // by span: the current interval's weight before the batch
-	admitted int          // the batch's weight admitted so far
-	denied   int          // the batch's weight to take back
-	dead     []any        // fields no window counts any more
+	incarnation string       // a client's hash's, as read: see guard
+	lanes       [][]logEntry // by lane: the intervals other than the current ones, stamped for it, oldest first
+	current     []int        // by span: the current interval's weight before the batch
+	admitted    int          // the batch's weight admitted so far
+	denied      int          // the batch's weight to take back
+	dead        []any        // fields no window counts any more
 
 	// Room for lanes and current in the usual case, one lane, so that
 	// reading a hash allocates no more than the intervals it holds.
@@ -172,16 +176,20 @@ type hash struct {
 }
 
 func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatch {
-	b := &hBatch{windowsStore: s, keys: keys, gen: s.gen(keys), now: now, calls: calls, byKey: map[string]*hash{}}
+	b := &hBatch{windowsStore: s, keys: keys, gen: s.gen(keys), now: now, calls: calls, byKey: map[string]*hash{},
+		token: strconv.FormatUint(rand.Uint64(), 36)}
 	for _, c := range calls {
-		for _, key := range s.hashes(keys, b.gen, c.client) {
+		keys := s.hashes(keys, b.gen, c.client)
+		for i, key := range keys {
 			h := b.byKey[key]
 			if h == nil {
-				h = &hash{key: key}
+				h = &hash{key: key, client: s.hasClientRule && i == len(keys)-1}
 				b.byKey[key] = h
 				b.order = append(b.order, h)
 			}
-			h.added += c.n
+			if !c.look {
+				h.added += c.n
+			}
 		}
 	}
 	return b
@@ -190,11 +198,18 @@ func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatc
 func (b *hBatch) queue(t *txn) {
 	b.genReply = t.add("get", b.keys.generation())
 	for _, h := range b.order {
-		for g := range b.spans {
-			t.add("hincrby", h.key, b.current(g, b.now), h.added)
+		if h.added > 0 {
+			if h.client {
+				t.add("hsetnx", h.key, incarnationField, b.token)
+			}
+			for g := range b.spans {
+				t.add("hincrby", h.key, b.current(g, b.now), h.added)
+			}
 		}
 		h.read = t.add("hgetall", h.key)
-		t.add("pexpireat", h.key, b.expireAt(b.now))
+		if h.added > 0 {
+			t.add("pexpireat", h.key, b.expireAt(b.now))
+		}
 	}
 }
 
@@ -228,9 +243,11 @@ func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 		}
 		recorded := judge(i, v)
 		for _, key := range keys {
-			if recorded {
+			switch {
+			case c.look: // it wrote nothing
+			case recorded:
 				b.byKey[key].admitted += c.n
-			} else {
+			default:
 				b.byKey[key].denied += c.n
 			}
 		}
@@ -241,35 +258,74 @@ func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 
 func (b *hBatch) idempotent() bool { return false }
 
-// takeAll queues the take-back of the batch's whole weight.
-func (b *hBatch) takeAll(back *txn) {
+// takeAll queues the take-back of the batch's whole weight. Where t's
+// replies are known, the clients' hashes are known by their incarnation
+// as read; else only if the batch made them (see guard).
+func (b *hBatch) takeAll(t, back *txn) {
+	for _, h := range b.order {
+		if t.replies != nil {
+			h.incarnation = incarnation(replyFields(t.replies[h.read]))
+		}
+	}
 	b.queueBack(back, func(h *hash) int { return h.added })
 }
 
-// queueBack queues, per hash, the take-back of weight(h), and the deletion
-// of the dead fields read if there is a take-back to carry it or enough of
-// them (tidyAt).
+// incarnation finds a hash's incarnation among its fields.
+func incarnation(fields iter.Seq2[string, string]) string {
+	for field, value := range fields {
+		if field == incarnationField {
+			return value
+		}
+	}
+	return ""
+}
+
+// queueBack queues the take-back of weight(h) from each hash h, and the
+// deletion of the dead fields read if there is a take-back to carry it or
+// enough of them (tidyAt). The weight a client's hash holds is taken out
+// of it and of the resource's under a guard (see guard): not after a Flush
+// took it out with the client's hash.
 func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
+	resource := b.byKey[b.keys.hash(b.gen)]
 	tidy := false
 	for _, h := range b.order {
-		if n := weight(h); n > 0 {
-			for g := range b.spans {
-				back.add("hincrby", h.key, b.current(g, b.now), -n)
-			}
-			// A take-back that raced a FlushAll makes an old generation's
-			// hash again: let it expire.
-			back.add("pexpireat", h.key, b.expireAt(b.now))
-		}
 		tidy = tidy || len(h.dead) >= tidyAt
+		n := weight(h)
+		switch {
+		case n <= 0:
+		case h.client:
+			g := guard{key: h.key, want: []string{b.token}}
+			if h.incarnation != "" {
+				g.want = append(g.want, h.incarnation)
+			}
+			g.cmds = b.subtract(g.cmds, h, n)
+			if resource != nil {
+				g.cmds = b.subtract(g.cmds, resource, n)
+			}
+			back.guards = append(back.guards, g)
+		case !b.hasClientRule:
+			back.cmds = b.subtract(back.cmds, h, n)
+		}
 	}
-	if len(back.cmds) == 0 && !tidy {
+	if len(back.cmds) == 0 && len(back.guards) == 0 && !tidy {
 		return
 	}
 	for _, h := range b.order {
 		if len(h.dead) > 0 {
-			back.add(append([]any{"hdel", h.key}, h.dead...)...)
+			back.cmds = append(back.cmds, append([]any{"hdel", h.key}, h.dead...))
 		}
 	}
+}
+
+// subtract appends to cmds the commands that take n out of h's current
+// intervals.
+func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
+	for g := range b.spans {
+		cmds = append(cmds, []any{"hincrby", h.key, b.current(g, b.now), -n})
+	}
+	// A take-back that raced a FlushAll makes an old generation's hash
+	// again: let it expire.
+	return append(cmds, []any{"pexpireat", h.key, b.expireAt(b.now)})
 }
 
 // parse reads a hash's fields at now: its intervals, and the fields no
@@ -280,6 +336,10 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string]) {
 		h.lanes, h.current = make([][]logEntry, len(y.lanes)), make([]int, len(y.spans))
 	}
 	for field, value := range fields {
+		if field == incarnationField {
+			h.incarnation = value
+			continue
+		}
 		g, index, ok := y.interval(field)
 		n, err := strconv.Atoi(value)
 		switch {
@@ -340,7 +400,7 @@ func withCurrent(entries []logEntry, stamp int64, weight int) []logEntry {
 
 // read reads the generation, the hashes of client and TIME on conn in one
 // round trip; once more if the generation was not the one expected.
-func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client string, watch bool) (int64, []*hash, error) {
+func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client string) (int64, []*hash, error) {
 	ks := at.keys
 	for range staleRetries {
 		gen := s.gen(ks)
@@ -350,10 +410,6 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client 
 		var clock *redis.TimeCmd
 		sent := time.Now()
 		_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			if watch {
-				// The client's hash and the generation: see flush.
-				pipe.Do(ctx, "watch", keys[len(keys)-1], ks.generation())
-			}
 			seen = pipe.Get(ctx, ks.generation())
 			for i, key := range keys {
 				reads[i] = pipe.HGetAll(ctx, key)
@@ -380,7 +436,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client 
 }
 
 func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (view, error) {
-	now, hashes, err := s.read(ctx, at.node, at, client, false)
+	now, hashes, err := s.read(ctx, at.node, at, client)
 	if err != nil {
 		return view{}, err
 	}
@@ -394,58 +450,59 @@ func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (
 // errNoClientShare: see Bucket.Flush.
 var errNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client counts when every rule is per-resource, so Flush cannot tell a client's share: use FlushAll", errors.ErrUnsupported)
 
-// flushRetries bounds how often Flush reads again after a decision of the
-// client changed its counts meanwhile.
-const flushRetries = 5
-
-// flush deletes the client's hash and takes its share out of the
-// resource's, in a transaction fenced by WATCH on the client's hash and
-// the generation: a decision or a flush that changed them meanwhile makes
-// it read again, so that no share is taken out twice.
+// flush takes the client's hash away, in one transaction that reads what
+// it held and deletes it, and then takes that share out of the resource's
+// hash, in a second one run exactly once (it is marked, as a take-back
+// is). It never fails because the client is busy: no WATCH. A decision of
+// the client is in the hash when it is taken, and then taken out of the
+// resource's too, or comes after and makes a new hash; a take-back of
+// weight that the hash held when it was taken does nothing (see guard).
+// Between the two transactions the resource counts the share still, which
+// errs on the side of denying.
 func (s windowsStore) flush(ctx context.Context, at site, client string) error {
 	if !s.hasClientRule {
 		return errNoClientShare
 	}
-	for range flushRetries {
+	for range staleRetries {
 		gen := s.gen(at.keys)
 		keys := s.hashes(at.keys, gen, client)
-		err := at.node.Watch(ctx, func(tx *redis.Tx) error {
-			now, hashes, err := s.read(ctx, tx, at, client, true)
-			if err != nil {
-				_ = tx.Unwatch(ctx).Err() // else a later EXEC on the connection would abort
-				return err
-			}
-			if s.gen(at.keys) != gen {
-				return redis.TxFailedErr // read again, watching the new hashes
-			}
-			_, err = tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-				pipe.Del(ctx, keys[len(keys)-1])
-				if !s.clientScoped {
-					s.takeShare(ctx, pipe, keys[0], hashes[len(hashes)-1], now)
-				}
-				return nil
-			})
-			return err
-		})
-		if !errors.Is(err, redis.TxFailedErr) {
+		take := newTxn(at.keys, false)
+		read := take.add("hgetall", keys[len(keys)-1])
+		take.add("del", keys[len(keys)-1])
+		seen, clock := take.add("get", at.keys.generation()), take.add("time")
+		if _, err := take.exec(ctx, at.node); err != nil {
 			return err
 		}
+		if !s.saw(at.keys, gen, take.replies[seen]) {
+			continue // a FlushAll came first: the client's hash is another one
+		}
+		server, _ := replyTime(take.replies[clock])
+		mine := &hash{key: keys[len(keys)-1]}
+		mine.parse(s.layout, server.UnixMilli(), replyFields(take.replies[read]))
+		if !s.clientScoped {
+			takeBack(at, s.share(at.keys, keys[0], mine, server.UnixMilli()), false)
+		}
+		return nil
 	}
-	return fmt.Errorf("leakybucket: Flush raced the client's decisions %d times: %w", flushRetries, redis.TxFailedErr)
+	return errStaleGeneration
 }
 
-// takeShare queues the subtraction of mine's live intervals from the
-// resource's hash: of each span's, as the span's first lane holds them.
-func (s windowsStore) takeShare(ctx context.Context, pipe redis.Pipeliner, resource string, mine *hash, now int64) {
+// share is the marked transaction that takes mine's live intervals out of
+// the resource's hash: of each span's, as the span's first lane holds them.
+func (s windowsStore) share(keys keyspace, resource string, mine *hash, now int64) *txn {
+	t := newTxn(keys, true)
 	for g, span := range s.spans {
 		current := logEntry{id: s.fieldName(g, now/span), weight: mine.current[g]}
 		for _, e := range append(mine.lanes[s.lanesOf[g][0]], current) {
 			if e.weight > 0 {
-				pipe.HIncrBy(ctx, resource, e.id, -int64(e.weight))
+				t.add("hincrby", resource, e.id, -e.weight)
 			}
 		}
 	}
-	pipe.PExpireAt(ctx, resource, time.UnixMilli(s.expireAt(now)))
+	if len(t.cmds) > 0 {
+		t.add("pexpireat", resource, s.expireAt(now))
+	}
+	return t
 }
 
 // flushAll starts a new generation, and deletes the hashes of the resource

@@ -1,0 +1,160 @@
+package leakybucket
+
+import (
+	"sync"
+)
+
+// Foresight. SortedSet and Windows write a call before they judge it, in
+// one MULTI/EXEC, and take back the weight of a call that turns out denied
+// in a second one. Until then, every other decision counts that weight: a
+// client hammering past its own limit would keep the resource's count full
+// of calls that will all be denied, and starve the polite clients beside
+// it. So before a batch is sent, each call is judged on what this process
+// last saw of its counts, moved on to now (the calls that have left their
+// windows since are dropped): a call for which some rule showed no room is
+// sent to look only. It writes nothing anywhere; it is judged on the
+// counts its transaction read, denied if they have no room, and if they do
+// (the counts fell meanwhile: a flush, another process's take-back) it is
+// decided again at once, writing. So weight is written only for calls that
+// every rule showed room for, and a client past its own limit writes none.
+//
+// What foresight saw can only be too full where it is stale (counts fall
+// only by flushes and take-backs, which the second round catches), or too
+// empty (other processes admitted since): then a call is written that the
+// counts deny, and taken back, as before. That weight is at most the room
+// its rules showed this process, never a hammering client's.
+
+// maxForeseen bounds the counts foresight keeps; past it, it forgets those
+// whose every call has left the longest window, then everything.
+const maxForeseen = 1 << 16
+
+// seenEntries bounds the oldest calls kept of one count: enough to see
+// room come back as they leave their windows. A count whose kept calls
+// have all left but which counted more stays as full as it was, which errs
+// on the side of looking.
+const seenEntries = 32
+
+// foresight is what this process last saw of each count: of a
+// per-resource rule at a resource, or of a per-client rule of one client.
+type foresight struct {
+	mu   sync.Mutex
+	seen map[seenKey]seenCount
+}
+
+type seenKey struct {
+	resource, client string // client is "" for a per-resource rule
+	rule             int
+}
+
+// seenCount is one rule's count after a call, as its transaction read it.
+type seenCount struct {
+	at     int64      // Redis time, ms
+	used   int        // the weight counted
+	oldest []logEntry // the oldest calls counted, at most seenEntries
+}
+
+// keyOf is where rule r of plan p keeps what a call by client saw.
+func (p plan) seenKeyOf(resource, client string, r int) seenKey {
+	if p.rules[r].Scope == ScopeResource {
+		client = ""
+	}
+	return seenKey{resource: resource, client: client, rule: r}
+}
+
+// foresee marks each call that some rule showed no room for, in order: a
+// call that is written counts for the calls after it. now is the estimate
+// of Redis's time.
+func (f *foresight) foresee(p plan, resource string, calls []request, now int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var written map[seenKey]int // weight of the batch's calls marked to write
+	for i := range calls {
+		calls[i].look = !f.roomFor(p, resource, calls[i], now, written)
+		if calls[i].look {
+			continue
+		}
+		if written == nil {
+			written = map[seenKey]int{}
+		}
+		for r := range p.rules {
+			written[p.seenKeyOf(resource, calls[i].client, r)] += calls[i].n
+		}
+	}
+}
+
+// roomFor reports whether every rule showed room for c, on top of the
+// batch's calls before it. f.mu is held.
+func (f *foresight) roomFor(p plan, resource string, c request, now int64, written map[seenKey]int) bool {
+	for r, rule := range p.rules {
+		k := p.seenKeyOf(resource, c.client, r)
+		used := addCapped(f.seen[k].usedAt(rule, now), written[k])
+		if !hasRoom(rule, used, c.n) {
+			return false
+		}
+	}
+	return true
+}
+
+// usedAt is what s counts at now: less the calls that have left rule's
+// window since. A count never seen counts nothing.
+func (s seenCount) usedAt(rule Rule, now int64) int {
+	used := s.used
+	for _, e := range s.oldest {
+		if counts(rule, e, now) {
+			break
+		}
+		used -= e.weight
+	}
+	return max(used, 0)
+}
+
+// saw keeps what each rule counted after a call by client: v, plus the
+// call's weight n if it was recorded.
+func (f *foresight) saw(p plan, resource, client string, v view, n int, recorded bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.seen == nil {
+		f.seen = map[seenKey]seenCount{}
+	}
+	if len(f.seen) >= maxForeseen {
+		f.forget(v.now, p.longest)
+	}
+	for r, c := range v.counts {
+		k := p.seenKeyOf(resource, client, r)
+		// The old count's room is reused: it is read only under f.mu.
+		s := seenCount{at: v.now, used: c.used, oldest: f.seen[k].oldest[:0]}
+		s.oldest = append(s.oldest, c.oldest[:min(len(c.oldest), seenEntries)]...)
+		if recorded {
+			s.used = addCapped(s.used, n)
+			if len(s.oldest) < seenEntries {
+				s.oldest = append(s.oldest, logEntry{at: c.stamp, weight: n})
+			}
+		}
+		f.seen[k] = s
+	}
+}
+
+// forget drops the counts whose calls have all left the longest window at
+// now, and everything if that is not enough. f.mu is held.
+func (f *foresight) forget(now, longest int64) {
+	for k, s := range f.seen {
+		if s.at+longest <= now {
+			delete(f.seen, k)
+		}
+	}
+	if len(f.seen) >= maxForeseen {
+		clear(f.seen)
+	}
+}
+
+// drop forgets what was seen at resource: of client, or of every client
+// if client is nil. A flush makes it stale.
+func (f *foresight) drop(resource string, client *string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range f.seen {
+		if k.resource == resource && (client == nil || k.client == *client || k.client == "") {
+			delete(f.seen, k)
+		}
+	}
+}
