@@ -168,7 +168,7 @@ func (br *breaker) ping() error {
 	if err := conn.SetDeadline(deadline); err != nil {
 		return err
 	}
-	if _, err := io.WriteString(conn, "PING\r\n"); err != nil {
+	if _, err := io.WriteString(conn, "*1\r\n$4\r\nPING\r\n"); err != nil {
 		return err
 	}
 	var reply [64]byte
