@@ -16,6 +16,8 @@ type command struct {
 	summary  string // one line, for leakybucket -h
 	detail   string // paragraphs, for leakybucket <name> -h
 	bind     func(fs *flag.FlagSet) action
+	// bucketless: the subcommand needs the client only, no rule.
+	bucketless bool
 }
 
 // An action is what a subcommand does, given its parsed flags.
@@ -27,7 +29,7 @@ type action interface {
 }
 
 // commands are the subcommands, in the order of the help.
-var commands = []command{peekCommand, flushCommand, flushAllCommand}
+var commands = []command{peekCommand, flushCommand, flushAllCommand, doctorCommand}
 
 // lookup returns the subcommand called name.
 func lookup(name string) (command, bool) {
@@ -66,7 +68,7 @@ func (c command) run(g *globals, extra []string, act action, stdout io.Writer) e
 	if err := act.check(g); err != nil {
 		return err
 	}
-	s, err := g.open()
+	s, err := g.open(!c.bucketless)
 	if err != nil {
 		return err
 	}
@@ -106,7 +108,8 @@ Subcommands:
 	fs.PrintDefaults()
 	fmt.Fprint(w, `
 Exit status: 0 on success, 1 if Redis failed or did not answer within
--timeout, 2 for bad input (then nothing was sent to Redis).
+-timeout, 2 for bad input (then nothing was sent to Redis), 3 if a check
+of doctor FAILed.
 
 Example:
   leakybucket -redis redis://localhost:6379/0 -resource-limit 100/30m \

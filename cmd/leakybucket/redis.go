@@ -52,11 +52,12 @@ type session struct {
 	bucket *leakybucket.Bucket
 }
 
-// open returns the session of the flags; close its client when done. It
-// sends nothing to Redis: New only checks the options.
-func (g *globals) open() (*session, error) {
+// open returns the session of the flags, with the Bucket of the rules if
+// withBucket; close its client when done. It sends nothing to Redis: New
+// only checks the options.
+func (g *globals) open(withBucket bool) (*session, error) {
 	switch {
-	case len(g.rules) == 0:
+	case withBucket && len(g.rules) == 0:
 		return nil, usagef("no rule: give the Bucket's rules with -resource-limit and -client-limit")
 	case g.timeout <= 0:
 		return nil, usagef("-timeout %v: want a positive duration", g.timeout)
@@ -66,6 +67,9 @@ func (g *globals) open() (*session, error) {
 		return nil, err
 	}
 	s := &session{g: g, rdb: rdb}
+	if !withBucket {
+		return s, nil
+	}
 	if s.bucket, err = s.newBucket(g.rules); err != nil {
 		rdb.Close()
 		return nil, err
