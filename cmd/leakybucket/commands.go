@@ -57,11 +57,12 @@ func (c command) execute(g *globals, args []string, stdout, stderr io.Writer) in
 	if err := fs.Parse(args); err != nil {
 		return parseFailed(err, "leakybucket "+c.name+" -h", stdout, stderr, c.usage)
 	}
-	return report(stderr, c.name, c.run(g, fs.Args(), act, stdout))
+	return report(stderr, c.name, c.run(g, fs.Args(), act, stdout, stderr))
 }
 
-// run checks the input, then runs act within the timeout.
-func (c command) run(g *globals, extra []string, act action, stdout io.Writer) error {
+// run checks the input, then runs act within the timeout; warnings go to
+// stderr.
+func (c command) run(g *globals, extra []string, act action, stdout, stderr io.Writer) error {
 	if len(extra) > 0 {
 		return usagef("unexpected argument %q: every input is a flag", extra[0])
 	}
@@ -73,6 +74,7 @@ func (c command) run(g *globals, extra []string, act action, stdout io.Writer) e
 		return err
 	}
 	defer s.rdb.Close()
+	s.stderr = stderr
 	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
 	return act.do(ctx, s, stdout)

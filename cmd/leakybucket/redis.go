@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"strings"
 
 	"github.com/leakybucket/leakybucket"
@@ -50,6 +51,8 @@ type session struct {
 	g      *globals
 	rdb    redis.UniversalClient
 	bucket *leakybucket.Bucket
+	stderr io.Writer // for warnings
+	seen   *keyBases // the key bases the Bucket's commands named
 }
 
 // open returns the session of the flags, with the Bucket of the rules if
@@ -66,7 +69,8 @@ func (g *globals) open(withBucket bool) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{g: g, rdb: rdb}
+	s := &session{g: g, rdb: rdb, seen: &keyBases{prefix: g.prefix + ":"}}
+	rdb.AddHook(s.seen)
 	if !withBucket {
 		return s, nil
 	}
