@@ -23,9 +23,9 @@ const (
 	breakerFirst = 5
 	// breakerP99 bounds the 99th percentile of the other calls, plus the
 	// scheduler's lag measured meanwhile (see TestBreakerKill).
-	breakerP99       = 10 * time.Millisecond
-	breakerUnavail   = 0.95        // the share of calls that must be ErrUnavailable with the cause
-	breakerRecovery  = time.Second // admitted again this soon after the restart
+	breakerP99        = 10 * time.Millisecond
+	breakerUnavail    = 0.95        // the share of calls that must be ErrUnavailable with the cause
+	breakerRecovery   = time.Second // admitted again this soon after the restart
 	breakerPerAttempt = 250 * time.Millisecond
 )
 
