@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,9 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The breaker. Once a call finds a Redis server unreachable (connection
-// refused or reset, EOF, an I/O timeout: an error that classify maps to
-// ErrUnavailable for a cause other than the caller's context), the Bucket
+// The breaker. Once a call finds a Redis server unreachable (a failed
+// dial, a connection refused, reset or closed: an error that classify maps
+// to ErrUnavailable, but not a read that timed out on an open connection,
+// which says the server is slow, not gone), the Bucket
 // stops sending it anything: every call to a resource kept there fails at
 // once with ErrUnavailable, the last cause in its chain, while a single
 // background probe per server dials it and sends PING, waiting a little
@@ -133,7 +135,7 @@ func (br *breaker) probe() {
 	wait := probeFirstWait
 	for {
 		err := br.ping()
-		if err == nil {
+		if !gone(err) {
 			br.down.Store(nil)
 			br.stopProbing()
 			return
@@ -155,7 +157,9 @@ func (br *breaker) stopProbing() {
 	br.mu.Unlock()
 }
 
-// ping dials the server and sends PING: nil once anything is read back.
+// ping dials the server and sends PING: nil once anything is read back;
+// a timeout after the dial succeeded says the server is there but slow
+// (see gone).
 func (br *breaker) ping() error {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
@@ -201,10 +205,32 @@ func (b *Bucket) settle(ctx context.Context, resource string, err error) error {
 			return &lateError{err: err, down: *down}
 		}
 		br.startProbe(true)
-	case errors.Is(err, ErrUnavailable):
+	case gone(err):
 		br.open(err)
 	}
 	return err
+}
+
+// gone reports whether err says that the server cannot be reached: a
+// failed dial, a connection refused, reset or closed; not a read or write
+// that timed out on an open connection, which a slow or paused server
+// causes (its calls wait for it, up to their deadlines, as without the
+// breaker).
+func gone(err error) bool {
+	var opErr *net.OpError
+	switch {
+	case err == nil:
+		return false
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return true
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, context.DeadlineExceeded):
+		return false
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return false
+	}
+	return errors.Is(err, ErrUnavailable) || unreachable(err)
 }
 
 // openError is the error of a call refused by an open breaker: it matches

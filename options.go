@@ -153,8 +153,9 @@ func WithObserver(observe func(context.Context, Decision)) Option {
 // even while it is known to be unreachable, and takes as long as the
 // client's dial retries and timeouts allow.
 //
-// By default, once a call finds a server unreachable (connection refused
-// or reset, EOF, an I/O timeout), the calls whose keys live there fail at
+// By default, once a call finds a server unreachable (a failed dial, a
+// connection refused, reset or closed; not a read that timed out, which
+// says the server is slow), the calls whose keys live there fail at
 // once with ErrUnavailable, the last cause in the chain, while one
 // background probe per server dials it and sends PING (each probe bounded
 // by 500 ms, waiting 5 ms after the first failure, doubling up to 250 ms).
