@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leakybucket/leakybucket/internal/commands"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -71,11 +72,7 @@ func userCommands(ctx context.Context, rdb *redis.Client, s string, cluster bool
 // knownCommand reports whether rdb's server has the command (or
 // container|subcommand) name.
 func knownCommand(ctx context.Context, rdb *redis.Client, name string) (bool, error) {
-	info, err := rdb.Do(ctx, "command", "info", name).Slice()
-	if err != nil {
-		return false, fmt.Errorf("COMMAND INFO %s: %w", name, err)
-	}
-	return len(info) == 1 && info[0] != nil, nil
+	return commands.Known(ctx, rdb, name)
 }
 
 // setUser creates or resets user with exactly cmds.
@@ -159,23 +156,7 @@ var dangerous = [][]any{
 // container|subcommand) that make as many arguments as it needs, each a key
 // of the tests.
 func dryRunArgs(ctx context.Context, rdb *redis.Client, name string) ([]any, error) {
-	info, err := rdb.Do(ctx, "command", "info", name).Slice()
-	if err != nil || len(info) != 1 || info[0] == nil {
-		return nil, fmt.Errorf("COMMAND INFO %s: %v, %v", name, info, err)
-	}
-	fields, ok := info[0].([]any)
-	if !ok || len(fields) < 2 {
-		return nil, fmt.Errorf("COMMAND INFO %s: %v", name, info[0])
-	}
-	arity, _ := fields[1].(int64)
-	var args []any
-	for _, part := range strings.Split(name, "|") {
-		args = append(args, part)
-	}
-	for len(args) < int(max(arity, -arity)) {
-		args = append(args, "lbtest:key")
-	}
-	return args, nil
+	return commands.DryRunArgs(ctx, rdb, name, "lbtest:key")
 }
 
 // The users are as narrow as commands_test.go says: each may run its own

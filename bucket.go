@@ -25,6 +25,7 @@ type Bucket struct {
 	batches   batcher
 	denials   denials
 	foresight foresight
+	breakers  breakers // see breaker.go
 
 	local *localCounts // non-nil for NewLocal: then none of the above is used
 }
@@ -111,6 +112,9 @@ func (b *Bucket) siteOf(ctx context.Context, resource string, lock *lockView) (s
 	node, err := b.node(ctx, keys.slotKey())
 	if err != nil {
 		return site{}, classify(err)
+	}
+	if err := b.admit(node); err != nil {
+		return site{}, err // the breaker is open: see breaker.go
 	}
 	refind := func(ctx context.Context) (*redis.Client, error) { return b.node(ctx, keys.slotKey()) }
 	return site{node: node, keys: keys, clock: b.clocks.of(node.Options().Addr), route: b.route, lock: lock, refind: refind}, nil

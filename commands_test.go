@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leakybucket/leakybucket/internal/commands"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -28,75 +29,49 @@ import (
 //
 // Names are as in ACL rules: lower case, "container|subcommand".
 
+// The lists themselves live in internal/commands, which leakybucket
+// doctor reads too; the names below are the tests' views of them.
+
 // A method of a Bucket, as the README's table names it.
-type method string
+type method = commands.Method
 
 const (
-	allowMethod    method = "Allow"
-	peekMethod     method = "Peek"
-	flushMethod    method = "Flush"
-	flushAllMethod method = "FlushAll"
+	allowMethod    = commands.Allow
+	peekMethod     = commands.Peek
+	flushMethod    = commands.Flush
+	flushAllMethod = commands.FlushAll
 )
 
-var methods = []method{allowMethod, peekMethod, flushMethod, flushAllMethod}
+var (
+	methods          = commands.Methods
+	lockCommands     = commands.Lock
+	txnCommands      = commands.Txn
+	strategyCommands = sendsOf(commands.Strategies)
+	clusterCommands  = commands.Cluster
+	strategyNames    = commands.Names
+	connCommands     = connsOf(commands.Conns)
+)
 
-// lockCommands are what the lock sends (lock.go): SET NX PXAT takes it, with
-// TIME to keep the estimate of Redis's clock, UNWATCH starts each attempt,
-// WATCH and GET fence it, and MULTI ... DEL ... EXEC releases it with the
-// writes. A waiter claims to be next in line with SET NX PX and reads the
-// claim with GET; the holder that was next clears it with DEL. The
-// background release sends WATCH, GET, TIME, then MULTI, DEL, EXEC or
-// UNWATCH.
-var lockCommands = []string{"set", "unwatch", "watch", "get", "multi", "del", "exec", "time"}
-
-// sends is what one method of one strategy sends.
+// sends is what one method of one strategy sends (commands.Sends).
 type sends struct {
 	lock     bool     // the lock's commands too
 	commands []string // the strategy's reads (TIME included), then writes
 	onLoss   []string // sent only after a reply was lost (see txn.resolve)
 }
 
-// txnCommands are what a transaction (txn.go) sends around its commands;
-// a marked one (Windows') also SETs its marker. After a lost reply the
-// Bucket waits for Redis to answer: PING, or GET of the marker.
-var txnCommands = []string{"multi", "exec"}
-
-// strategyCommands, by strategy (see strategyName) and method. SortedSet
-// and Windows decide in one transaction, and send TIME alone once, for the
-// first estimate of Redis's clock (clock.go).
-var strategyCommands = map[string]map[method]sends{
-	"logs": {
-		allowMethod:    {true, []string{"scan", "time", "set"}, nil},
-		peekMethod:     {false, []string{"scan", "time"}, nil},
-		flushMethod:    {true, []string{"scan", "time", "del"}, nil},
-		flushAllMethod: {true, []string{"scan", "del"}, nil},
-	},
-	"sortedset": {
-		allowMethod: {false, append(slices.Clone(txnCommands), "time", "zremrangebyscore", "zcard", "zrange", "zadd",
-			"zremrangebyrank", "pexpireat", "zrem"), []string{"ping"}},
-		peekMethod:     {false, []string{"time", "zcount", "zrangebyscore", "zrange"}, nil},
-		flushMethod:    {false, []string{"zrange", "multi", "del", "zrem", "exec"}, nil},
-		flushAllMethod: {false, []string{"scan", "del"}, nil},
-	},
-	"windows": {
-		allowMethod: {false, append(slices.Clone(txnCommands), "set", "time", "get", "hdel", "hincrby", "hsetnx", "hgetall", "pexpireat",
-			"watch", "hget"), []string{"unwatch"}},
-		peekMethod:     {false, []string{"get", "hgetall", "time"}, nil},
-		flushMethod:    {false, []string{"multi", "hgetall", "del", "get", "time", "exec", "hincrby", "pexpireat", "set"}, nil},
-		flushAllMethod: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},
-	},
+func sendsOf(all map[string]map[method]commands.Sends) map[string]map[method]sends {
+	out := map[string]map[method]sends{}
+	for s, byMethod := range all {
+		out[s] = map[method]sends{}
+		for m, c := range byMethod {
+			out[s][m] = sends{lock: c.Lock, commands: c.Commands, onLoss: c.OnLoss}
+		}
+	}
+	return out
 }
 
-// clusterCommands are what a method also sends on a *redis.ClusterClient,
-// by strategy: the slot guard of reads that carry no key (cluster.go).
-var clusterCommands = map[string]map[method][]string{
-	"logs":      {peekMethod: {"exists"}, flushAllMethod: {"exists"}},
-	"sortedset": {flushAllMethod: {"exists"}},
-	"windows":   {flushAllMethod: {"exists"}},
-}
-
-// connCommand is a command go-redis (v9.23) itself sends on each new
-// connection, before any of the library's.
+// connCommand is a command go-redis itself sends on each new connection
+// (commands.Conn).
 type connCommand struct {
 	name    string
 	when    string // for the README
@@ -106,14 +81,12 @@ type connCommand struct {
 	paste   bool   // in the README's ACL SETUSER lines, which Redis 7.0 must accept
 }
 
-var connCommands = []connCommand{
-	{"hello", "every new connection; it carries `AUTH`", false, "", false, false},
-	{"select", "`DB` in `redis.Options` is not 0", true, "", false, true},
-	{"client|maint_notifications", "every new connection, unless `MaintNotificationsConfig` disables it; once refused, go-redis stops sending it", true,
-		"where the server has it (open-source Redis 7 does not)", false, false},
-	{"client|setinfo", "every new connection, unless `DisableIdentity`; go-redis ignores a refusal", true,
-		"on Redis 7.2 and later (7.0 refuses the rule)", false, false},
-	{"cluster|slots", "a `*redis.ClusterClient`, to map the slots", true, "", true, true},
+func connsOf(all []commands.Conn) []connCommand {
+	out := make([]connCommand, len(all))
+	for i, c := range all {
+		out[i] = connCommand{name: c.Name, when: c.When, grant: c.Grant, where: c.Where, cluster: c.Cluster, paste: c.Paste}
+	}
+	return out
 }
 
 // isConnCommand reports whether name is among connCommands.
@@ -134,45 +107,18 @@ func strategyName(s Strategy) string {
 	panic(fmt.Sprintf("strategy %v is not in strategyCommands", s))
 }
 
-// strategyNames are the keys of strategyCommands, in the README's order.
-var strategyNames = []string{"logs", "sortedset", "windows"}
-
 // methodCommands returns what method m of strategy s sends, the lock's
 // commands first, on a cluster client or not.
 func methodCommands(s string, m method, cluster bool) []string {
-	sent := strategyCommands[s][m]
-	var cmds []string
-	if sent.lock {
-		cmds = append(cmds, lockCommands...)
-	}
-	cmds = append(cmds, sent.commands...)
-	cmds = append(cmds, sent.onLoss...)
-	if cluster {
-		cmds = append(cmds, clusterCommands[s][m]...)
-	}
-	return unique(cmds)
+	return commands.OfMethod(s, m, cluster)
 }
 
 // strategyCommandsAll returns every command a Bucket of strategy s sends,
 // whatever the method.
-func strategyCommandsAll(s string, cluster bool) []string {
-	var cmds []string
-	for _, m := range methods {
-		cmds = append(cmds, methodCommands(s, m, cluster)...)
-	}
-	return unique(cmds)
-}
+func strategyCommandsAll(s string, cluster bool) []string { return commands.OfStrategy(s, cluster) }
 
 // grants returns the connection commands a user needs rules for.
-func grants(cluster bool) []string {
-	var cmds []string
-	for _, c := range connCommands {
-		if c.grant && (cluster || !c.cluster) {
-			cmds = append(cmds, c.name)
-		}
-	}
-	return cmds
-}
+func grants(cluster bool) []string { return commands.Grants(cluster) }
 
 // allowed returns every command the client of a Bucket of strategy s may
 // send: the strategy's, and go-redis's own on connecting.
@@ -199,15 +145,7 @@ func aclRules(cmds []string) []string {
 	return rules
 }
 
-func unique(cmds []string) []string {
-	var out []string
-	for _, c := range cmds {
-		if !slices.Contains(out, c) {
-			out = append(out, c)
-		}
-	}
-	return out
-}
+func unique(cmds []string) []string { return commands.Unique(cmds) }
 
 // commandName names a command as ACL rules do: a container command with
 // its subcommand, as "client|setinfo".

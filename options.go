@@ -58,6 +58,7 @@ type config struct {
 	lockRetry    func() redislock.RetryStrategy
 	scanCount    int
 	observer     func(context.Context, Decision)
+	noBreaker    bool
 }
 
 func defaultConfig() config {
@@ -146,6 +147,24 @@ func WithScanCount(n int) Option {
 // WithObserver options the last one counts.
 func WithObserver(observe func(context.Context, Decision)) Option {
 	return func(c *config) { c.observer = observe }
+}
+
+// WithoutBreaker turns the breaker off: every call then goes to Redis,
+// even while it is known to be unreachable, and takes as long as the
+// client's dial retries and timeouts allow.
+//
+// By default, once a call finds a server unreachable (a failed dial, a
+// connection refused, reset or closed; not a read that timed out, which
+// says the server is slow), the calls whose keys live there fail at
+// once with ErrUnavailable, the last cause in the chain, while one
+// background probe per server dials it and sends PING (each probe bounded
+// by 500 ms, waiting 5 ms after the first failure, doubling up to 250 ms).
+// Calls go to Redis again as soon as it answers. A call whose context ends
+// while Redis is silent makes the probe look too; while the breaker is
+// open, such a call's error matches ErrUnavailable and the cause as well
+// as the context's error. Wait and the HTTP middleware inherit it.
+func WithoutBreaker() Option {
+	return func(c *config) { c.noBreaker = true }
 }
 
 func (c *config) validate() error {

@@ -2,12 +2,10 @@ module github.com/leakybucket/leakybucket/bench
 
 go 1.26.0
 
-replace github.com/leakybucket/leakybucket => ../
-
 require (
 	github.com/bsm/redislock v0.10.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
-	github.com/leakybucket/leakybucket v0.0.0-00010101000000-000000000000
+	github.com/leakybucket/leakybucket v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/ulule/limiter/v3 v3.11.2
 	golang.org/x/time v0.16.0

@@ -2,11 +2,9 @@ module github.com/leakybucket/leakybucket/otelmetrics
 
 go 1.26.0
 
-replace github.com/leakybucket/leakybucket => ../
-
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/leakybucket/leakybucket v0.0.0-00010101000000-000000000000
+	github.com/leakybucket/leakybucket v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0

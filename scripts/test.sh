@@ -12,6 +12,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The three modules (the root, bench/ and otelmetrics/) find one another
+# through the workspace (go.work, see docs/releasing.md), not through
+# replace directives: use it whatever GOWORK says in the environment, and
+# drop a -mod=mod from GOFLAGS, which workspace mode refuses.
+export GOWORK="$PWD/go.work"
+GOFLAGS=$(printf ' %s ' "${GOFLAGS:-}" | sed 's/ -mod=mod / /g; s/^ *//; s/ *$//')
+export GOFLAGS
+
 install_redis() {
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return
   echo "test.sh: installing redis-server (Debian package)" >&2

@@ -16,6 +16,8 @@ type command struct {
 	summary  string // one line, for leakybucket -h
 	detail   string // paragraphs, for leakybucket <name> -h
 	bind     func(fs *flag.FlagSet) action
+	// bucketless: the subcommand needs the client only, no rule.
+	bucketless bool
 }
 
 // An action is what a subcommand does, given its parsed flags.
@@ -27,7 +29,7 @@ type action interface {
 }
 
 // commands are the subcommands, in the order of the help.
-var commands = []command{peekCommand, flushCommand, flushAllCommand}
+var commands = []command{peekCommand, flushCommand, flushAllCommand, doctorCommand}
 
 // lookup returns the subcommand called name.
 func lookup(name string) (command, bool) {
@@ -55,22 +57,24 @@ func (c command) execute(g *globals, args []string, stdout, stderr io.Writer) in
 	if err := fs.Parse(args); err != nil {
 		return parseFailed(err, "leakybucket "+c.name+" -h", stdout, stderr, c.usage)
 	}
-	return report(stderr, c.name, c.run(g, fs.Args(), act, stdout))
+	return report(stderr, c.name, c.run(g, fs.Args(), act, stdout, stderr))
 }
 
-// run checks the input, then runs act within the timeout.
-func (c command) run(g *globals, extra []string, act action, stdout io.Writer) error {
+// run checks the input, then runs act within the timeout; warnings go to
+// stderr.
+func (c command) run(g *globals, extra []string, act action, stdout, stderr io.Writer) error {
 	if len(extra) > 0 {
 		return usagef("unexpected argument %q: every input is a flag", extra[0])
 	}
 	if err := act.check(g); err != nil {
 		return err
 	}
-	s, err := g.open()
+	s, err := g.open(!c.bucketless)
 	if err != nil {
 		return err
 	}
 	defer s.rdb.Close()
+	s.stderr = stderr
 	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
 	return act.do(ctx, s, stdout)
@@ -106,7 +110,8 @@ Subcommands:
 	fs.PrintDefaults()
 	fmt.Fprint(w, `
 Exit status: 0 on success, 1 if Redis failed or did not answer within
--timeout, 2 for bad input (then nothing was sent to Redis).
+-timeout, 2 for bad input (then nothing was sent to Redis), 3 if a check
+of doctor FAILed.
 
 Example:
   leakybucket -redis redis://localhost:6379/0 -resource-limit 100/30m \

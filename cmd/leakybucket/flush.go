@@ -31,8 +31,10 @@ func (f *flush) do(ctx context.Context, s *session, stdout io.Writer) error {
 	if err := s.bucket.Flush(ctx, f.resource, f.client); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(stdout, "flushed client %q at resource %q\n", f.client, f.resource)
-	return err
+	if _, err := fmt.Fprintf(stdout, "flushed client %q at resource %q\n", f.client, f.resource); err != nil {
+		return err
+	}
+	return s.warnIfNoKey(ctx)
 }
 
 // flushAllCommand forgets every count of a resource: Bucket.FlushAll.

@@ -54,7 +54,10 @@ func (p *peek) do(ctx context.Context, s *session, stdout io.Writer) error {
 		now[i].RetryAfter = res.Rules[i].RetryAfter
 	}
 	res.Rules = now
-	return printRules(stdout, res)
+	if err := printRules(stdout, res); err != nil {
+		return err
+	}
+	return s.warnIfNoKey(ctx)
 }
 
 // printRules prints res as a table of its rules, then whether it admits.

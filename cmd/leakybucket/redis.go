@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"strings"
 
 	"github.com/leakybucket/leakybucket"
@@ -50,13 +51,16 @@ type session struct {
 	g      *globals
 	rdb    redis.UniversalClient
 	bucket *leakybucket.Bucket
+	stderr io.Writer // for warnings
+	seen   *keyBases // the key bases the Bucket's commands named
 }
 
-// open returns the session of the flags; close its client when done. It
-// sends nothing to Redis: New only checks the options.
-func (g *globals) open() (*session, error) {
+// open returns the session of the flags, with the Bucket of the rules if
+// withBucket; close its client when done. It sends nothing to Redis: New
+// only checks the options.
+func (g *globals) open(withBucket bool) (*session, error) {
 	switch {
-	case len(g.rules) == 0:
+	case withBucket && len(g.rules) == 0:
 		return nil, usagef("no rule: give the Bucket's rules with -resource-limit and -client-limit")
 	case g.timeout <= 0:
 		return nil, usagef("-timeout %v: want a positive duration", g.timeout)
@@ -65,7 +69,11 @@ func (g *globals) open() (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{g: g, rdb: rdb}
+	s := &session{g: g, rdb: rdb, seen: &keyBases{prefix: g.prefix + ":"}}
+	rdb.AddHook(s.seen)
+	if !withBucket {
+		return s, nil
+	}
 	if s.bucket, err = s.newBucket(g.rules); err != nil {
 		rdb.Close()
 		return nil, err

@@ -14,6 +14,7 @@ const (
 	exitOK    = 0
 	exitRedis = 1 // Redis failed or did not answer in time
 	exitUsage = 2 // bad input: nothing was sent to Redis
+	exitFail  = 3 // doctor: a check FAILed
 )
 
 // A usageError is bad input: a flag, an argument or a subcommand that the
@@ -28,7 +29,7 @@ func usagef(format string, args ...any) error {
 }
 
 // run is the command: args without the program's name, the output and the
-// diagnostics. It returns the exit code: exitOK, exitRedis or exitUsage.
+// diagnostics. It returns the exit code: exitOK, exitRedis, exitUsage or exitFail.
 func run(args []string, stdout, stderr io.Writer) int {
 	g := newGlobals()
 	top := newFlagSet("leakybucket", stderr)
@@ -99,6 +100,9 @@ func report(stderr io.Writer, name string, err error) int {
 	if badInput(err) {
 		fmt.Fprintf(stderr, "run leakybucket %s -h for usage\n", name)
 		return exitUsage
+	}
+	if errors.Is(err, errChecksFailed) {
+		return exitFail
 	}
 	return exitRedis
 }

@@ -1,0 +1,351 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/leakybucket/leakybucket"
+	sent "github.com/leakybucket/leakybucket/internal/commands"
+	"github.com/redis/go-redis/v9"
+)
+
+// doctorCommand checks the Redis server for what the Bucket of the flags
+// needs.
+var doctorCommand = command{
+	name:     "doctor",
+	synopsis: "doctor",
+	summary:  "check the server for what the limiter needs: eviction, memory, persistence, replication, ACL...",
+	detail: `Checks the Redis server (each master of a -cluster) for what the Bucket of the
+global flags needs, and prints one line per check: OK, WARN or FAIL, the
+reason and the fix. It checks the eviction policy (allkeys-* evicts counts:
+FAIL; volatile-* evicts keys with a TTL, which every strategy sets: WARN),
+the memory headroom, persistence (none: counts are lost on restart), the
+replication role and lag (a failover loses the counts of the last lag), that
+the -redis user may run every command of the -strategy (ACL DRYRUN), whether
+scripting is allowed (for information), for -strategy logs the database size
+and the time a decision's SCAN takes on it, and the cluster state. A check
+that the user may not run (CONFIG, INFO or ACL denied) says so, as a WARN.
+Rules are not needed. Exit status 0 if nothing FAILs, 3 if a check FAILs.`,
+	bind:       func(*flag.FlagSet) action { return &doctor{} },
+	bucketless: true,
+}
+
+// errChecksFailed: a check of doctor FAILed.
+var errChecksFailed = errors.New("a check failed")
+
+// Verdicts of a check.
+const (
+	levelOK   = "OK"
+	levelWarn = "WARN"
+	levelFail = "FAIL"
+)
+
+// A verdict is one check's line.
+type verdict struct{ level, check, text string }
+
+// doctor is the doctor subcommand.
+type doctor struct{}
+
+func (*doctor) check(*globals) error { return nil }
+
+func (*doctor) do(ctx context.Context, s *session, stdout io.Writer) error {
+	nodes, err := masters(ctx, s.rdb)
+	if err != nil {
+		return err
+	}
+	failed := 0
+	for _, node := range nodes {
+		if err := node.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("%s: %w", node.Options().Addr, err)
+		}
+		where := ""
+		if len(nodes) > 1 {
+			where = node.Options().Addr + " "
+		}
+		for _, v := range s.examine(ctx, node) {
+			if v.level == levelFail {
+				failed++
+			}
+			fmt.Fprintf(stdout, "%-4s  %s%s: %s\n", v.level, where, v.check, v.text)
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("%w: %d FAIL", errChecksFailed, failed)
+	}
+	return nil
+}
+
+// masters returns the client of each master: rdb itself, or each master
+// of a cluster.
+func masters(ctx context.Context, rdb redis.UniversalClient) ([]*redis.Client, error) {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return []*redis.Client{c}, nil
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		var nodes []*redis.Client
+		err := c.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			nodes = append(nodes, node)
+			return nil
+		})
+		slices.SortFunc(nodes, func(a, b *redis.Client) int { return strings.Compare(a.Options().Addr, b.Options().Addr) })
+		return nodes, err
+	}
+	return nil, fmt.Errorf("unsupported client %T", rdb)
+}
+
+// examine runs every check on node.
+func (s *session) examine(ctx context.Context, node *redis.Client) []verdict {
+	strategy := strategyName(s.g.strategy.text)
+	_, cluster := s.rdb.(*redis.ClusterClient)
+	user := s.user()
+	return []verdict{
+		checkPolicy(ctx, node),
+		checkMemory(ctx, node),
+		checkPersistence(ctx, node),
+		checkReplication(ctx, node),
+		checkACL(ctx, node, user, strategy, s.g.prefix, cluster),
+		checkScripting(ctx, node, user),
+		checkLogsSize(ctx, node, strategy),
+		checkCluster(ctx, node, cluster),
+	}
+}
+
+// strategyName is the name of a -strategy in the command lists: logs,
+// sortedset or windows.
+func strategyName(flag string) string {
+	name, _, _ := strings.Cut(flag, ":")
+	return name
+}
+
+// user is the ACL user of -redis: "default" unless named.
+func (s *session) user() string {
+	if opt, err := redis.ParseURL(s.g.redisURL); err == nil && opt.Username != "" {
+		return opt.Username
+	}
+	return "default"
+}
+
+// cannot is the verdict of a check that could not run.
+func cannot(check, what string, err error) verdict {
+	return verdict{levelWarn, check, fmt.Sprintf("cannot check: %s: %v (run doctor as a user allowed it, or check by hand)", what, err)}
+}
+
+// config returns the value of a CONFIG GET parameter.
+func config(ctx context.Context, node *redis.Client, param string) (string, error) {
+	m, err := node.ConfigGet(ctx, param).Result()
+	if err != nil {
+		return "", err
+	}
+	v, ok := m[param]
+	if !ok {
+		return "", fmt.Errorf("no parameter %q", param)
+	}
+	return v, nil
+}
+
+// info returns the fields of an INFO section.
+func info(ctx context.Context, node *redis.Client, section string) (map[string]string, error) {
+	text, err := node.Info(ctx, section).Result()
+	if err != nil {
+		return nil, err
+	}
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	return fields, nil
+}
+
+func checkPolicy(ctx context.Context, node *redis.Client) verdict {
+	const check = "maxmemory-policy"
+	policy, err := config(ctx, node, check)
+	switch {
+	case err != nil:
+		return cannot(check, "CONFIG GET maxmemory-policy", err)
+	case strings.HasPrefix(policy, "allkeys-"):
+		return verdict{levelFail, check, policy + " evicts the limiter's counts under memory pressure, and clients pass their limits (measured: 60 of 60); fix: CONFIG SET maxmemory-policy noeviction, or a Redis of its own"}
+	case strings.HasPrefix(policy, "volatile-"):
+		return verdict{levelWarn, check, policy + " evicts keys with a TTL, and every strategy sets one on its keys (measured under Logs: +300 over 600 allowed); fix: CONFIG SET maxmemory-policy noeviction, or a Redis of its own"}
+	}
+	return verdict{levelOK, check, policy + ": counts are never evicted (a full server refuses writes with OOM instead)"}
+}
+
+func checkMemory(ctx context.Context, node *redis.Client) verdict {
+	const check = "memory"
+	f, err := info(ctx, node, "memory")
+	if err != nil {
+		return cannot(check, "INFO memory", err)
+	}
+	used, _ := strconv.ParseInt(f["used_memory"], 10, 64)
+	limit, _ := strconv.ParseInt(f["maxmemory"], 10, 64)
+	if limit == 0 {
+		return verdict{levelWarn, check, fmt.Sprintf("%s used, no maxmemory: the host's memory is the limit, and the OOM killer's restart loses every count; fix: CONFIG SET maxmemory below the host's memory", mb(used))}
+	}
+	share := float64(used) / float64(limit)
+	text := fmt.Sprintf("%s used of maxmemory %s (%.0f %%)", mb(used), mb(limit), 100*share)
+	switch {
+	case share >= 0.95:
+		return verdict{levelFail, check, text + ": writes are about to fail (noeviction) or counts to be evicted; fix: raise maxmemory, or move other data away"}
+	case share >= 0.8:
+		return verdict{levelWarn, check, text + ": little headroom; fix: raise maxmemory, or move other data away"}
+	}
+	return verdict{levelOK, check, text}
+}
+
+func mb(bytes int64) string { return fmt.Sprintf("%.1f MB", float64(bytes)/(1<<20)) }
+
+func checkPersistence(ctx context.Context, node *redis.Client) verdict {
+	const check = "persistence"
+	aof, err := config(ctx, node, "appendonly")
+	if err != nil {
+		return cannot(check, "CONFIG GET appendonly", err)
+	}
+	save, err := config(ctx, node, "save")
+	if err != nil {
+		return cannot(check, "CONFIG GET save", err)
+	}
+	switch {
+	case aof == "yes":
+		return verdict{levelOK, check, "AOF on: a restart keeps the counts (up to the last fsync)"}
+	case strings.TrimSpace(save) != "":
+		return verdict{levelWarn, check, "RDB snapshots only (save " + save + "): a restart loses the counts written since the last snapshot; fix: CONFIG SET appendonly yes"}
+	}
+	return verdict{levelWarn, check, "none: a restart loses every count (a client at 5/5 gets 5 more); fix: CONFIG SET appendonly yes, or accept a window of over-admission per restart"}
+}
+
+func checkReplication(ctx context.Context, node *redis.Client) verdict {
+	const check = "replication"
+	f, err := info(ctx, node, "replication")
+	if err != nil {
+		return cannot(check, "INFO replication", err)
+	}
+	if f["role"] != "master" {
+		return verdict{levelFail, check, fmt.Sprintf("this server is a replica of %s:%s (link %s): the Bucket must write to the primary, and writes here fail with READONLY; fix: point -redis (and the service) at the primary",
+			f["master_host"], f["master_port"], f["master_link_status"])}
+	}
+	n, _ := strconv.Atoi(f["connected_slaves"])
+	if n == 0 {
+		return verdict{levelOK, check, "primary without replicas: no failover can lose counts (a restart can: see persistence)"}
+	}
+	lag := maxLag(f, n)
+	return verdict{levelWarn, check, fmt.Sprintf("primary with %d replica(s), lag up to %ds: replication is asynchronous, so a failover now would lose the counts of about the last %ds, letting each client be admitted again for what it was admitted in that time (measured: 1 s behind, 38-40 %% over-admission); fix: CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 1 to bound the lag",
+		n, lag, max(lag, 1))}
+}
+
+// maxLag is the largest lag=N of the n slaveI lines of INFO replication.
+func maxLag(f map[string]string, n int) int {
+	worst := 0
+	for i := range n {
+		for kv := range strings.SplitSeq(f["slave"+strconv.Itoa(i)], ",") {
+			if v, ok := strings.CutPrefix(kv, "lag="); ok {
+				lag, _ := strconv.Atoi(v)
+				worst = max(worst, lag)
+			}
+		}
+	}
+	return worst
+}
+
+func checkACL(ctx context.Context, node *redis.Client, user, strategy, prefix string, cluster bool) verdict {
+	const check = "acl"
+	cmds := append(sent.OfStrategy(strategy, cluster), sent.Grants(cluster)...)
+	var denied []string
+	for _, name := range sent.Unique(cmds) {
+		if known, err := sent.Known(ctx, node, name); err != nil {
+			return cannot(check, "COMMAND INFO", err)
+		} else if !known {
+			continue // as CLIENT SETINFO on Redis 7.0: go-redis copes
+		}
+		args, err := sent.DryRunArgs(ctx, node, name, prefix+":{doctor}")
+		if err != nil {
+			return cannot(check, "COMMAND INFO", err)
+		}
+		reply, err := node.Do(ctx, append([]any{"acl", "dryrun", user}, args...)...).Text()
+		if err != nil {
+			return cannot(check, "ACL DRYRUN", err)
+		}
+		if reply != "OK" {
+			denied = append(denied, name)
+		}
+	}
+	if len(denied) > 0 {
+		return verdict{levelFail, check, fmt.Sprintf("user %q may not run %s, which the %s strategy sends; fix: ACL SETUSER %s +%s (the README lists every command)",
+			user, strings.ToUpper(strings.Join(denied, " ")), strategy, user, strings.Join(denied, " +"))}
+	}
+	return verdict{levelOK, check, fmt.Sprintf("user %q may run every command the %s strategy sends, on keys under %q", user, strategy, prefix+":")}
+}
+
+func checkScripting(ctx context.Context, node *redis.Client, user string) verdict {
+	const check = "scripting"
+	reply, err := node.Do(ctx, "acl", "dryrun", user, "eval", "return 1", "0").Text()
+	switch {
+	case err != nil:
+		return cannot(check, "ACL DRYRUN", err)
+	case reply == "OK":
+		return verdict{levelOK, check, fmt.Sprintf("allowed for user %q (for information: the limiter sends no script)", user)}
+	}
+	return verdict{levelOK, check, fmt.Sprintf("denied for user %q (for information: the limiter sends no script)", user)}
+}
+
+// scanPerKey is what SCAN costs per key it walks, COUNT 1000 (measured:
+// a full iteration of 1 M keys took 0.75 s, of 100 k 25-50 ms).
+const scanPerKey = 750 * time.Nanosecond
+
+func checkLogsSize(ctx context.Context, node *redis.Client, strategy string) verdict {
+	const check = "database size"
+	if strategy != "logs" {
+		return verdict{levelOK, check, strategy + " costs the same whatever the size of the database"}
+	}
+	n, err := node.DBSize(ctx).Result()
+	if err != nil {
+		return cannot(check, "DBSIZE", err)
+	}
+	took := time.Duration(n) * scanPerKey
+	text := fmt.Sprintf("%d keys: each Logs decision walks them all with SCAN, about %v", n, took.Round(10*time.Microsecond))
+	fix := "; fix: keep the limiter's keys in a database of their own (-redis .../N), or use sortedset or windows"
+	switch {
+	case took >= leakybucket.DefaultLockTTL/2:
+		return verdict{levelFail, check, text + ", near the lock TTL (" + leakybucket.DefaultLockTTL.String() + "): decisions will fail with ErrLockExpired" + fix}
+	case took >= 10*time.Millisecond:
+		return verdict{levelWarn, check, text + fix}
+	}
+	return verdict{levelOK, check, text}
+}
+
+func checkCluster(ctx context.Context, node *redis.Client, cluster bool) verdict {
+	const check = "cluster"
+	f, err := info(ctx, node, "cluster")
+	if err != nil {
+		return cannot(check, "INFO cluster", err)
+	}
+	enabled := f["cluster_enabled"] == "1"
+	switch {
+	case !enabled && !cluster:
+		return verdict{levelOK, check, "not a cluster"}
+	case enabled && !cluster:
+		return verdict{levelFail, check, "the server is a cluster node: give its nodes with -cluster, as the service must use a ClusterClient"}
+	case !enabled:
+		return verdict{levelFail, check, "-cluster names a server that is not a cluster node"}
+	}
+	state, err := node.ClusterInfo(ctx).Result()
+	if err != nil {
+		return cannot(check, "CLUSTER INFO", err)
+	}
+	if !strings.Contains(state, "cluster_state:ok") {
+		return verdict{levelFail, check, "cluster_state is not ok: some slots are not served; fix: see redis-cli --cluster check"}
+	}
+	return verdict{levelOK, check, "cluster_state:ok"}
+}
