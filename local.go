@@ -78,6 +78,7 @@ type localCounts struct {
 	// rule reads.
 	counts []countSpec
 	reads  []int
+	maxN   int // the smallest Requests of the rules: no call weighs more
 	start  time.Time
 	seed   maphash.Seed
 	turns  atomic.Uint64 // decisions made: see sweepNext
@@ -149,7 +150,10 @@ func (l *localCounts) listCounts() {
 	}
 }
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
-	l := &localCounts{plan: p, start: time.Now(), seed: maphash.MakeSeed()}
+	l := &localCounts{plan: p, maxN: p.rules[0].Limit.Requests, start: time.Now(), seed: maphash.MakeSeed()}
+	for _, r := range p.rules {
+		l.maxN = min(l.maxN, r.Limit.Requests)
+	}
 	st, err := s.newStore(p) // checks the rules as New does
 	if err != nil {
 		return nil, err
@@ -210,14 +214,37 @@ func (l *localCounts) decide(resource, client string, n int, judge func(view) bo
 	}
 }
 
-// peek returns what a call by client to resource would count now.
+// peek returns what a call by client to resource would count now. The
+// caller evaluates the view after the lock is let go, while other calls
+// append to, merge, cap and rewrite the scopes' entries: so the view holds
+// copies, of the counts (sh.counts is reused under mu) and of as many of
+// each count's oldest calls as evaluate can read (see readable).
 func (l *localCounts) peek(resource, client string) view {
 	sh := l.shard(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	v := sh.view(l, resource, client, l.now())
-	v.counts = append([]count(nil), v.counts...) // sh.counts is reused under mu
+	v.counts = slices.Clone(v.counts)
+	for i := range v.counts {
+		c := &v.counts[i]
+		c.oldest = slices.Clone(c.oldest[:l.readable(l.rules[i], *c)])
+	}
 	return v
+}
+
+// readable is how many of c's oldest calls untilRoom can read for a call of
+// weight up to maxN (the most check lets through), counted too if it is
+// denied and recorded: those whose weight brings c's count, with the
+// call's, down to room for it. Not the whole window, which may hold a
+// million calls of a rule with room to spare. Every call of c.oldest
+// counts (count and countOf search past the others).
+func (l *localCounts) readable(rule Rule, c count) int {
+	over := addCapped(addCapped(c.used, l.maxN), l.maxN) - rule.Limit.Requests
+	i := 0
+	for left := 0; i < len(c.oldest) && left < over; i++ {
+		left = addCapped(left, c.oldest[i].weight)
+	}
+	return i
 }
 
 // view is what each rule counts for a call by client now, in sh's scratch
