@@ -20,10 +20,13 @@ import (
 //
 // Time is this host's monotonic clock, read in whole milliseconds. A
 // decision takes a lock of one shard of the keys (a resource's, when a
-// rule is per-resource) and allocates only the Result's slices. The state
+// rule is per-resource) and allocates only the Result's slices; every
+// method may be called from any goroutine against any other. The state
 // of a key no rule counts any more (idle for the longest window) is freed
-// by a later call: memory follows the keys used within the longest window,
-// and no goroutine runs in the background.
+// by a later call, and the room of a shard's map or a key's calls that
+// once held four times what they hold now is given back: memory follows
+// the keys used within the longest window, also after a churn of
+// millions, and no goroutine runs in the background.
 // The options that concern Redis (WithPrefix, WithLockTTL, WithLockRetry,
 // WithScanCount) are accepted and change nothing.
 func NewLocal(opts ...Option) (*Bucket, error) {
@@ -91,6 +94,7 @@ type localCounts struct {
 type localShard struct {
 	mu     sync.Mutex
 	scopes map[scopeKey]*scope
+	peak   int // the most scopes held since the map was made: see shrink
 	oldest *scope
 	newest *scope
 	counts []count // scratch for a view, under mu
@@ -277,6 +281,7 @@ func (sh *localShard) record(l *localCounts, c countSpec, resource, client strin
 	if s == nil {
 		s = &scope{key: key}
 		sh.scopes[key] = s
+		sh.peak = max(sh.peak, len(sh.scopes))
 	} else {
 		sh.unlink(s)
 	}
@@ -324,6 +329,28 @@ func (sh *localShard) sweep(now, longest int64) {
 		sh.unlink(s)
 		delete(sh.scopes, s.key)
 	}
+	sh.shrink()
+}
+
+// mapFloor is the peak under which a shard's map is kept however few
+// scopes it holds: a few kB a shard, not worth a copy.
+const mapFloor = 64
+
+// shrink moves the scopes into a new map when they are under a quarter of
+// the most the map held. A Go map never gives back the room of its peak:
+// without this, a million clients seen once would hold tens of MB as long
+// as the Bucket lives, while the README promises that memory follows the
+// keys used within the longest window. The copy moves under a quarter of
+// the peak, after over three quarters of it were deleted: O(1) a scope.
+func (sh *localShard) shrink() {
+	if sh.peak <= mapFloor || len(sh.scopes)*4 >= sh.peak {
+		return
+	}
+	scopes := make(map[scopeKey]*scope, len(sh.scopes))
+	for key, s := range sh.scopes {
+		scopes[key] = s
+	}
+	sh.scopes, sh.peak = scopes, len(scopes)
 }
 
 func (sh *localShard) link(s *scope) {
@@ -398,6 +425,7 @@ func (l *localCounts) flushAll(ctx context.Context, resource string) error {
 				sh.drop(key)
 			}
 		}
+		sh.shrink()
 		sh.mu.Unlock()
 	}
 	return nil
