@@ -193,7 +193,7 @@ func exactFor(s Strategy) time.Duration {
 
 // After a churn, a local Bucket's memory comes back to what its live keys
 // need within two windows: the shards' maps and the scopes' entries do not
-// keep the room of their peak. 200 000 distinct clients of one resource
+// keep the room of their peak. 100 000 distinct clients of one resource
 // within a window, then 4 000 others, one every 30 ms, over the two
 // windows after it, leave at most twice the heap of a Bucket that only
 // saw the 4 000 (the 2 000 of the last window are live in both).
@@ -202,7 +202,7 @@ func TestLocalMemoryAfterChurn(t *testing.T) {
 		rules := []Option{PerResource(Per(10_000_000, time.Minute)), PerClient(Per(1, time.Minute))}
 		fresh := heapOf(t, rules, func(*Bucket) { time.Sleep(time.Minute) })
 		churned := heapOf(t, rules, func(b *Bucket) {
-			const clients, steps = 200_000, 100
+			const clients, steps = 100_000, 100
 			for i := range clients {
 				if i%(clients/steps) == 0 {
 					time.Sleep(time.Minute / steps)
