@@ -20,10 +20,13 @@ import (
 //
 // Time is this host's monotonic clock, read in whole milliseconds. A
 // decision takes a lock of one shard of the keys (a resource's, when a
-// rule is per-resource) and allocates only the Result's slices. The state
+// rule is per-resource) and allocates only the Result's slices; every
+// method may be called from any goroutine against any other. The state
 // of a key no rule counts any more (idle for the longest window) is freed
-// by a later call: memory follows the keys used within the longest window,
-// and no goroutine runs in the background.
+// by a later call, and the room of a shard's map or a key's calls that
+// once held four times what they hold now is given back: memory follows
+// the keys used within the longest window, also after a churn of
+// millions, and no goroutine runs in the background.
 // The options that concern Redis (WithPrefix, WithLockTTL, WithLockRetry,
 // WithScanCount) are accepted and change nothing.
 func NewLocal(opts ...Option) (*Bucket, error) {
@@ -78,6 +81,7 @@ type localCounts struct {
 	// rule reads.
 	counts []countSpec
 	reads  []int
+	maxN   int // the smallest Requests of the rules: no call weighs more
 	start  time.Time
 	seed   maphash.Seed
 	turns  atomic.Uint64 // decisions made: see sweepNext
@@ -90,6 +94,7 @@ type localCounts struct {
 type localShard struct {
 	mu     sync.Mutex
 	scopes map[scopeKey]*scope
+	peak   int // the most scopes held since the map was made: see shrink
 	oldest *scope
 	newest *scope
 	counts []count // scratch for a view, under mu
@@ -149,7 +154,10 @@ func (l *localCounts) listCounts() {
 	}
 }
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
-	l := &localCounts{plan: p, start: time.Now(), seed: maphash.MakeSeed()}
+	l := &localCounts{plan: p, maxN: p.rules[0].Limit.Requests, start: time.Now(), seed: maphash.MakeSeed()}
+	for _, r := range p.rules {
+		l.maxN = min(l.maxN, r.Limit.Requests)
+	}
 	st, err := s.newStore(p) // checks the rules as New does
 	if err != nil {
 		return nil, err
@@ -210,14 +218,37 @@ func (l *localCounts) decide(resource, client string, n int, judge func(view) bo
 	}
 }
 
-// peek returns what a call by client to resource would count now.
+// peek returns what a call by client to resource would count now. The
+// caller evaluates the view after the lock is let go, while other calls
+// append to, merge, cap and rewrite the scopes' entries: so the view holds
+// copies, of the counts (sh.counts is reused under mu) and of as many of
+// each count's oldest calls as evaluate can read (see readable).
 func (l *localCounts) peek(resource, client string) view {
 	sh := l.shard(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	v := sh.view(l, resource, client, l.now())
-	v.counts = append([]count(nil), v.counts...) // sh.counts is reused under mu
+	v.counts = slices.Clone(v.counts)
+	for i := range v.counts {
+		c := &v.counts[i]
+		c.oldest = slices.Clone(c.oldest[:l.readable(l.rules[i], *c)])
+	}
 	return v
+}
+
+// readable is how many of c's oldest calls untilRoom can read for a call of
+// weight up to maxN (the most check lets through), counted too if it is
+// denied and recorded: those whose weight brings c's count, with the
+// call's, down to room for it. Not the whole window, which may hold a
+// million calls of a rule with room to spare. Every call of c.oldest
+// counts (count and countOf search past the others).
+func (l *localCounts) readable(rule Rule, c count) int {
+	over := addCapped(addCapped(c.used, l.maxN), l.maxN) - rule.Limit.Requests
+	i := 0
+	for left := 0; i < len(c.oldest) && left < over; i++ {
+		left = addCapped(left, c.oldest[i].weight)
+	}
+	return i
 }
 
 // view is what each rule counts for a call by client now, in sh's scratch
@@ -250,6 +281,7 @@ func (sh *localShard) record(l *localCounts, c countSpec, resource, client strin
 	if s == nil {
 		s = &scope{key: key}
 		sh.scopes[key] = s
+		sh.peak = max(sh.peak, len(sh.scopes))
 	} else {
 		sh.unlink(s)
 	}
@@ -297,6 +329,28 @@ func (sh *localShard) sweep(now, longest int64) {
 		sh.unlink(s)
 		delete(sh.scopes, s.key)
 	}
+	sh.shrink()
+}
+
+// mapFloor is the peak under which a shard's map is kept however few
+// scopes it holds: a few kB a shard, not worth a copy.
+const mapFloor = 64
+
+// shrink moves the scopes into a new map when they are under a quarter of
+// the most the map held. A Go map never gives back the room of its peak:
+// without this, a million clients seen once would hold tens of MB as long
+// as the Bucket lives, while the README promises that memory follows the
+// keys used within the longest window. The copy moves under a quarter of
+// the peak, after over three quarters of it were deleted: O(1) a scope.
+func (sh *localShard) shrink() {
+	if sh.peak <= mapFloor || len(sh.scopes)*4 >= sh.peak {
+		return
+	}
+	scopes := make(map[scopeKey]*scope, len(sh.scopes))
+	for key, s := range sh.scopes {
+		scopes[key] = s
+	}
+	sh.scopes, sh.peak = scopes, len(scopes)
 }
 
 func (sh *localShard) link(s *scope) {
@@ -371,6 +425,7 @@ func (l *localCounts) flushAll(ctx context.Context, resource string) error {
 				sh.drop(key)
 			}
 		}
+		sh.shrink()
 		sh.mu.Unlock()
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -188,4 +189,65 @@ func exactFor(s Strategy) time.Duration {
 		return time.Minute
 	}
 	return 0
+}
+
+// After a churn, a local Bucket's memory comes back to what its live keys
+// need within two windows: the shards' maps and the scopes' entries do not
+// keep the room of their peak. 100 000 distinct clients of one resource
+// within a window, then 4 000 others, one every 30 ms, over the two
+// windows after it, leave at most twice the heap of a Bucket that only
+// saw the 4 000 (the 2 000 of the last window are live in both).
+func TestLocalMemoryAfterChurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rules := []Option{PerResource(Per(10_000_000, time.Minute)), PerClient(Per(1, time.Minute))}
+		fresh := heapOf(t, rules, func(*Bucket) { time.Sleep(time.Minute) })
+		churned := heapOf(t, rules, func(b *Bucket) {
+			const clients, steps = 100_000, 100
+			for i := range clients {
+				if i%(clients/steps) == 0 {
+					time.Sleep(time.Minute / steps)
+				}
+				allow(t, b, "churn"+strconv.Itoa(i))
+			}
+		})
+		t.Logf("heap of a Bucket after the churn: %d kB; without it: %d kB", churned/1000, fresh/1000)
+		if churned > 2*fresh {
+			t.Errorf("after the churn a Bucket holds %d kB, %.1fx the %d kB of its live keys, want at most 2x", churned/1000, float64(churned)/float64(fresh), fresh/1000)
+		}
+	})
+}
+
+// heapOf returns the heap held by a local Bucket of rules after before,
+// then 4 000 distinct clients of resource "r" one every 30 ms.
+func heapOf(t *testing.T, rules []Option, before func(*Bucket)) uint64 {
+	t.Helper()
+	start := heapAlloc()
+	b, err := NewLocal(rules...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before(b)
+	for i := range 4000 {
+		time.Sleep(30 * ms)
+		allow(t, b, "steady"+strconv.Itoa(i))
+	}
+	held := heapAlloc()
+	runtime.KeepAlive(b)
+	return held - min(start, held)
+}
+
+// allow makes a call that must be admitted.
+func allow(t *testing.T, b *Bucket, client string) {
+	t.Helper()
+	if res, err := b.Allow(context.Background(), "r", client); err != nil || !res.Allowed {
+		t.Fatalf("%s: %+v, %v", client, res, err)
+	}
+}
+
+// heapAlloc returns the bytes of the objects live on the heap.
+func heapAlloc() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -30,11 +30,45 @@ type scope struct {
 // live returns the calls held, oldest first.
 func (s *scope) live() []logEntry { return s.entries[s.head:] }
 
-// headMoved notes entries[head].at in oldest.
-func (s *scope) headMoved() {
+// roomFloor is the room for calls that a scope keeps however few it
+// holds, so that a scope in use at a low rate, emptied and filled again
+// by turns, allocates nothing.
+const roomFloor = 16
+
+// dropped follows a drop of calls (or of weight): it notes
+// entries[head].at in oldest, and moves the calls held to room of twice
+// their number when they fill under a quarter of theirs (none when they
+// are none). A slice keeps the room of its longest, so without this a
+// resource's scope would keep the room of a burst of a million calls as
+// long as the resource is in use. Each move copies the calls held, under
+// a quarter of the room, after at least as many calls left since the
+// last (which left the room half full): O(1) a call.
+func (s *scope) dropped() {
+	live := len(s.entries) - s.head
+	if cap(s.entries) > roomFloor && live*4 < cap(s.entries) {
+		s.moveLive(2 * live)
+	}
 	if s.head < len(s.entries) {
 		s.oldest = s.entries[s.head].at
 	}
+}
+
+// moveLive moves the calls held to the start of room for room calls: the
+// scope's own room if it has that much (letting go of the client names
+// of the calls trimmed), else new room.
+func (s *scope) moveLive(room int) {
+	s.base = s.before(s.head)
+	live, cums := s.entries[s.head:], s.cums[s.head:]
+	if room == cap(s.entries) {
+		n := copy(s.entries, live)
+		copy(s.cums, cums)
+		clear(s.entries[n:])
+		s.entries, s.cums = s.entries[:n], s.cums[:n]
+	} else {
+		s.entries = append(make([]logEntry, 0, room), live...)
+		s.cums = append(make([]int, 0, room), cums...)
+	}
+	s.head = 0
 }
 
 // before is the weight of the calls before entries[i].
@@ -86,11 +120,7 @@ func (s *scope) add(e logEntry, merge bool) {
 		return
 	}
 	if len(s.entries) == cap(s.entries) && s.head >= len(s.entries)/2 {
-		s.base = s.before(s.head)
-		n := copy(s.entries, s.entries[s.head:])
-		copy(s.cums, s.cums[s.head:])
-		clear(s.entries[n:])
-		s.entries, s.cums, s.head = s.entries[:n], s.cums[:n], 0
+		s.moveLive(cap(s.entries))
 	}
 	if s.head == len(s.entries) {
 		s.oldest = e.at // the only call
@@ -112,14 +142,14 @@ func (s *scope) cap(limit int) {
 			} else {
 				s.cums[s.head-1] += over
 			}
-			s.headMoved()
+			s.dropped()
 			return
 		}
 		over -= e.weight
 		*e = logEntry{}
 		s.head++
 	}
-	s.headMoved()
+	s.dropped()
 }
 
 // trim drops the calls that no window counts at now, whose windows are at
@@ -132,7 +162,7 @@ func (s *scope) trim(now, longest int64) {
 		s.entries[s.head] = logEntry{} // let go of the client's name
 		s.head++
 	}
-	s.headMoved()
+	s.dropped()
 }
 
 // takeShare takes client's calls out of s, a per-resource scope: those
@@ -151,5 +181,5 @@ func (s *scope) takeShare(client string, mine *scope, merged bool) {
 	for i := s.head; i < len(s.entries); i++ {
 		s.cums[i] = addCapped(s.before(i), s.entries[i].weight)
 	}
-	s.headMoved()
+	s.dropped()
 }
