@@ -46,6 +46,27 @@ func (e *env) awaitWaiting(t *testing.T, b *Bucket, resource, client string, n i
 	}
 }
 
+// awaitContended returns once b's line for the lock of (resource, client)
+// has seen the lock held by another holder: a hook sees the busy reply
+// before the Bucket does, so a test that ends a call right after the hook
+// saw it could end it before the Bucket knew of the contention, however
+// late a loaded scheduler runs it.
+func (e *env) awaitContended(t *testing.T, b *Bucket, resource, client string) {
+	t.Helper()
+	key := b.batchKey(resource, client)
+	contended := func() bool {
+		b.batches.mu.Lock()
+		line, ok := b.batches.lines[key]
+		b.batches.mu.Unlock()
+		return ok && line.shared.lock.contended()
+	}
+	for deadline := time.Now().Add(time.Minute); !contended(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the Bucket never saw the lock busy, after a minute")
+		}
+	}
+}
+
 // allowAsync starts Allow in a goroutine and returns where its outcome
 // arrives.
 func allowAsync(ctx context.Context, b *Bucket, resource, client string) chan outcome {
@@ -148,6 +169,7 @@ func TestCoalescedLeaderLeavesFollowersDecided(t *testing.T) {
 		}
 		if e.real {
 			busy.wait(1, nil)
+			e.awaitContended(t, b, "r", "a")
 			cancel()
 		}
 		if o := <-leader; !errors.Is(o.err, ErrLockNotObtained) {
