@@ -31,8 +31,9 @@ const maxForeseen = 1 << 16
 // seenEntries bounds the oldest calls kept of one count: enough to see
 // room come back as they leave their windows. A count whose kept calls
 // have all left but which counted more stays as full as it was, which errs
-// on the side of looking.
-const seenEntries = 32
+// on the side of looking. With maxForeseen, it bounds foresight's memory
+// to about 16 MB.
+const seenEntries = 8
 
 // foresight is what this process last saw of each count: of a
 // per-resource rule at a resource, or of a per-client rule of one client.
@@ -50,7 +51,13 @@ type seenKey struct {
 type seenCount struct {
 	at     int64      // Redis time, ms
 	used   int        // the weight counted
-	oldest []logEntry // the oldest calls counted, at most seenEntries
+	oldest []seenCall // the oldest calls counted, at most seenEntries
+}
+
+// seenCall is a counted call: its stamp (see count.stamp) and weight.
+type seenCall struct {
+	at     int64
+	weight int
 }
 
 // keyOf is where rule r of plan p keeps what a call by client saw.
@@ -100,8 +107,8 @@ func (f *foresight) roomFor(p plan, resource string, c request, now int64, writt
 func (s seenCount) usedAt(rule Rule, now int64) int {
 	used := s.used
 	for _, e := range s.oldest {
-		if counts(rule, e, now) {
-			break
+		if e.at+rule.Limit.windowMillis() > now {
+			break // counted still, and so are those after it
 		}
 		used -= e.weight
 	}
@@ -123,11 +130,13 @@ func (f *foresight) saw(p plan, resource, client string, v view, n int, recorded
 		k := p.seenKeyOf(resource, client, r)
 		// The old count's room is reused: it is read only under f.mu.
 		s := seenCount{at: v.now, used: c.used, oldest: f.seen[k].oldest[:0]}
-		s.oldest = append(s.oldest, c.oldest[:min(len(c.oldest), seenEntries)]...)
+		for _, e := range c.oldest[:min(len(c.oldest), seenEntries)] {
+			s.oldest = append(s.oldest, seenCall{at: e.at, weight: e.weight})
+		}
 		if recorded {
 			s.used = addCapped(s.used, n)
 			if len(s.oldest) < seenEntries {
-				s.oldest = append(s.oldest, logEntry{at: c.stamp, weight: n})
+				s.oldest = append(s.oldest, seenCall{at: c.stamp, weight: n})
 			}
 		}
 		f.seen[k] = s
