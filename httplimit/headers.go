@@ -201,3 +201,25 @@ func (p policies) closest(res leakybucket.Result) leakybucket.RuleResult {
 	}
 	return best
 }
+
+// Fields returns the values that the middleware gives RateLimit-Policy,
+// RateLimit and, on a denial, Retry-After ("" when res is admitted) for
+// res, with the default policy names (DefaultPolicyNames) and every rule
+// shown: for other servers of a Bucket, such as gRPC interceptors, to
+// carry the same fields.
+func Fields(res leakybucket.Result) (policy, rateLimit, retry string) {
+	if len(res.Rules) == 0 {
+		return "", "", ""
+	}
+	rules := make([]leakybucket.Rule, len(res.Rules))
+	for i, rr := range res.Rules {
+		rules[i] = rr.Rule
+	}
+	p, _ := newPolicies(rules, nil, false) // default names always fit
+	h := http.Header{}
+	p.write(h, res, false)
+	if !res.Allowed {
+		retry = strconv.FormatInt(retryAfter(res), 10)
+	}
+	return h.Get(headerPolicy), h.Get(headerRateLimit), retry
+}

@@ -216,3 +216,31 @@ func TestWithoutResourcePolicies(t *testing.T) {
 		t.Errorf("no policy shown: %v, want 429 with Retry-After only", got)
 	}
 }
+
+// Fields gives other servers of a Bucket the values the middleware writes
+// with the default names.
+func TestFields(t *testing.T) {
+	rdb, mr := miniClient(t)
+	b := bucket(t, rdb, leakybucket.PerResource(leakybucket.PerMinute(100)), leakybucket.PerClient(leakybucket.Per(1, 10*time.Second)))
+	ctx := context.Background()
+	type fields struct{ policy, rateLimit, retry string }
+	const policy = `"per-resource-60s";q=100;w=60, "per-client-10s";q=1;w=10`
+	for i, want := range []fields{
+		{policy, `"per-resource-60s";r=99;t=60, "per-client-10s";r=0;t=10`, ""},
+		{policy, `"per-resource-60s";r=99, "per-client-10s";r=0;t=8`, "8"},
+	} {
+		res, err := b.Allow(ctx, "GET /", "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got fields
+		got.policy, got.rateLimit, got.retry = Fields(res)
+		if got != want {
+			t.Errorf("step %d: Fields = %q, want %q", i, got, want)
+		}
+		mr.SetTime(start.Add(2 * time.Second))
+	}
+	if p, r, ra := Fields(leakybucket.Result{}); p != "" || r != "" || ra != "" {
+		t.Errorf("Fields of the zero Result = %q %q %q, want empty", p, r, ra)
+	}
+}
