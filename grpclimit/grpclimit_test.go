@@ -31,12 +31,8 @@ func TestUnaryDenial(t *testing.T) {
 		if _, err := c.Check(as(ctx, "alice"), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer)); err != nil {
 			t.Fatalf("call %d: %v", i+1, err)
 		}
-		if got, want := trailer.Get(TrailerPolicy), `"per-client-60s";q=3;w=60`; len(got) != 1 || got[0] != want {
-			t.Errorf("call %d: %s %q, want %q", i+1, TrailerPolicy, got, want)
-		}
-		if got, want := trailer.Get(TrailerRateLimit), `"per-client-60s";r=`+string(rune('2'-i))+";t=60"; len(got) != 1 || got[0] != want {
-			t.Errorf("call %d: %s %q, want %q", i+1, TrailerRateLimit, got, want)
-		}
+		checkTrailer(t, trailer, TrailerPolicy, `"per-client-60s";q=3;w=60`)
+		checkTrailer(t, trailer, TrailerRateLimit, `"per-client-60s";r=`+strconv.Itoa(2-i)+";t=60")
 	}
 	var trailer metadata.MD
 	_, err := c.Check(as(ctx, "alice"), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
@@ -49,6 +45,14 @@ func TestUnaryDenial(t *testing.T) {
 	}
 	if _, err := c.Check(as(ctx, "bob"), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Errorf("another client: %v, want served", err)
+	}
+}
+
+// checkTrailer checks that md has one value of key, want.
+func checkTrailer(t *testing.T, md metadata.MD, key, want string) {
+	t.Helper()
+	if got := md.Get(key); len(got) != 1 || got[0] != want {
+		t.Errorf("trailer %s: %q, want %q", key, got, want)
 	}
 }
 

@@ -39,7 +39,14 @@ func TestTieredOnRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := mw(ok)
+	tieredSteps(t, mw(ok), set)
+	tieredErrors(t, tiers)
+}
+
+// tieredSteps runs the steps of TestTieredOnRedis through h; set sets a
+// tier's limit a minute.
+func tieredSteps(t *testing.T, h http.Handler, set func(tier string, n int)) {
+	t.Helper()
 	for i, s := range []struct {
 		tier, setFree string // setFree: Set free to this many a minute first
 		status        int
@@ -61,9 +68,15 @@ func TestTieredOnRedis(t *testing.T) {
 			t.Errorf("step %d (%s): %d %s | %s; want %d %s | %s;t=...", i, s.tier, w.Code, policy, rl, s.status, s.policy, s.r)
 		}
 	}
+}
+
+// tieredErrors checks NewTiered's errors: an unknown tier, names that do
+// not fit, nil Tiers.
+func tieredErrors(t *testing.T, tiers *leakybucket.Tiers) {
+	t.Helper()
 	var got error
 	onError := WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) { got = err; w.WriteHeader(403) })
-	mw, err = NewTiered(tiers, tierHeader, "GET /", onError)
+	mw, err := NewTiered(tiers, tierHeader, "GET /", onError)
 	if err != nil {
 		t.Fatal(err)
 	}
