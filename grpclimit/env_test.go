@@ -98,6 +98,18 @@ func clientKey(ctx context.Context, fullMethod string) (string, string, error) {
 	return fullMethod, "", nil
 }
 
+// closedAddr returns a loopback address where nothing listens.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
 // as returns ctx with the metadata of client.
 func as(ctx context.Context, client string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "x-client", client)

@@ -246,3 +246,28 @@ func TestFields(t *testing.T) {
 		t.Errorf("Fields of the zero Result = %q %q %q, want empty", p, r, ra)
 	}
 }
+
+// Under Windows a call counts from the end of its interval, so t may
+// exceed w, and is still true: the quota is all back at t, not before.
+func TestWindowsTIsTrue(t *testing.T) {
+	rdb, mr := miniClient(t)
+	b := bucket(t, rdb, leakybucket.WithStrategy(leakybucket.Windows(time.Second)), leakybucket.PerClient(leakybucket.Per(5, 10*time.Second)))
+	h := handler(t, b)
+	for i, s := range []struct {
+		after time.Duration // since start
+		want  string
+	}{
+		// Counted at the end of its interval, 0.999s, gone at 10.999s: in
+		// 10.699s, rounded up.
+		{300 * time.Millisecond, `"per-client-10s";r=4;t=11`},
+		// 10.2s after the first call, more than w, it still counts: t=10
+		// would have been false.
+		{10500 * time.Millisecond, `"per-client-10s";r=3;t=11`},
+		{11500 * time.Millisecond, `"per-client-10s";r=3;t=11`}, // it left; the 2nd and 3rd count
+	} {
+		mr.SetTime(start.Add(s.after))
+		if got := responseOf(get(h, "203.0.113.9:1")).rateLimit; got != s.want {
+			t.Errorf("step %d at %v: RateLimit %s, want %s", i, s.after, got, s.want)
+		}
+	}
+}
