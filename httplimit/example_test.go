@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -59,4 +60,59 @@ func Example() {
 	// 200 RateLimit: "per-client-10s";r=0;t=10
 	// 429 RateLimit: "per-client-10s";r=0;t=10
 	//     Retry-After: 10
+}
+
+// Free API keys get 2 requests a minute and pro keys 5, from one
+// middleware; health checks are not counted, and an export costs 2.
+func ExampleNewTiered() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	mr.SetTime(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	tiers, err := leakybucket.NewTiers(rdb)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = tiers.Set("free", leakybucket.PerClient(leakybucket.PerMinute(2)))
+	_ = tiers.Set("pro", leakybucket.PerClient(leakybucket.PerMinute(5)))
+	tierOf := func(r *http.Request) (string, error) {
+		if r.Header.Get("X-Plan") == "pro" { // set by the authentication in front
+			return "pro", nil
+		}
+		return "free", nil
+	}
+	limit, err := httplimit.NewTiered(tiers, tierOf, "", // "": the ServeMux pattern
+		httplimit.WithSkip(func(r *http.Request) bool { return r.URL.Path == "/healthz" }),
+		httplimit.WithCost(func(r *http.Request) int {
+			if r.URL.Path == "/export" {
+				return 2
+			}
+			return 1
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /healthz", limit(http.NotFoundHandler()))
+	mux.Handle("GET /export", limit(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})))
+
+	for _, c := range []struct{ path, plan string }{
+		{"/healthz", ""}, {"/export", ""}, {"/export", ""}, {"/export", "pro"},
+	} {
+		r := httptest.NewRequest(http.MethodGet, c.path, nil)
+		r.Header.Set("X-Plan", c.plan)
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Println(strings.TrimSpace(fmt.Sprintf("%s %q: %d RateLimit: %s", c.path, c.plan, w.Code, w.Header().Get("RateLimit"))))
+	}
+	// Output:
+	// /healthz "": 404 RateLimit:
+	// /export "": 200 RateLimit: "per-client-60s";r=0;t=60
+	// /export "": 429 RateLimit: "per-client-60s";r=0;t=60
+	// /export "pro": 200 RateLimit: "per-client-60s";r=1;t=60
 }

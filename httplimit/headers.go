@@ -22,27 +22,64 @@ const (
 
 // policies are the Bucket's rules as the RateLimit fields name them.
 type policies struct {
-	names []string // Structured Field strings, quoted: "per-client-10s"
-	field string   // the RateLimit-Policy field, the same on every response
+	names  []string // by rule: "per-client-10s"
+	quoted []string // by rule: names as Structured Field strings
+	shown  []int    // the rules advertised, in order
+	field  string   // the RateLimit-Policy field, the same on every response; "" if none is shown
 }
 
-// newPolicies names each rule (names, or defaults when names is empty)
-// and renders RateLimit-Policy.
-func newPolicies(rules []leakybucket.Rule, names []string) (policies, error) {
+// newPolicies names each rule (names, or defaults when names is empty),
+// picks those to advertise (all, or with hideResource the per-client
+// ones) and renders RateLimit-Policy.
+func newPolicies(rules []leakybucket.Rule, names []string, hideResource bool) (policies, error) {
 	if len(names) == 0 {
-		names = defaultNames(rules)
+		names = DefaultPolicyNames(rules)
 	}
 	if err := checkNames(names, len(rules)); err != nil {
 		return policies{}, err
 	}
-	p := policies{names: make([]string, len(rules))}
-	items := make([]string, len(rules))
+	p := policies{names: names, quoted: make([]string, len(rules))}
+	var items []string
 	for i, rule := range rules {
-		p.names[i] = sfString(names[i])
-		items[i] = fmt.Sprintf("%s;q=%d;w=%d", p.names[i], rule.Limit.Requests, ceilSeconds(rule.Limit.Window))
+		p.quoted[i] = sfString(names[i])
+		if hideResource && rule.Scope == leakybucket.ScopeResource {
+			continue
+		}
+		p.shown = append(p.shown, i)
+		items = append(items, p.quoted[i]+";q="+strconv.Itoa(rule.Limit.Requests)+window(rule.Limit.Window))
 	}
 	p.field = strings.Join(items, ", ")
 	return p, nil
+}
+
+// window returns the w parameter of a window: whole seconds only (the
+// draft has no other unit), else nothing rather than a rounded window,
+// which would say the policy admits less, or more, than it does.
+func window(w time.Duration) string {
+	if w%time.Second != 0 {
+		return ""
+	}
+	return ";w=" + strconv.FormatInt(int64(w/time.Second), 10)
+}
+
+// denied returns the names of the rules that denied res.
+func (p policies) denied(res leakybucket.Result) []string {
+	var names []string
+	for i, rr := range res.Rules {
+		if !res.Allowed && rr.RetryAfter > 0 {
+			names = append(names, p.names[i])
+		}
+	}
+	return names
+}
+
+// DefaultPolicyNames returns the names that the RateLimit fields give to
+// rules, in order, unless WithPolicyNames names them: the rule's scope and
+// window, "per-resource-60s", "per-client-500ms", numbered on repeats,
+// "per-client-10s-2". A custom denied handler may use them to name
+// policies; DeniedPolicies names those that denied a request.
+func DefaultPolicyNames(rules []leakybucket.Rule) []string {
+	return defaultNames(rules)
 }
 
 // defaultNames names rules by scope and window, "per-client-10s",
@@ -103,48 +140,47 @@ func retryAfter(res leakybucket.Result) int64 {
 	return max(ceilSeconds(res.RetryAfter), 1)
 }
 
-// reset returns the RateLimit field's t for a rule: the seconds until it
-// has room again if it denied the call, else until its window has let go
-// of every call it counts (all its quota is back by then; in a sliding
-// window some comes back sooner); on a denial, never later than
-// Retry-After. ok is false when the rule counts nothing, so that no quota
-// is to come back.
-func reset(rr leakybucket.RuleResult, res leakybucket.Result) (t int64, ok bool) {
+// reset returns the RateLimit field's t for a rule, and whether it has
+// one. On an admitted call: the seconds until every call the rule counts
+// has left its window, so that its quota is all back; none if it counts
+// nothing. On a denied call: for a rule that denied, the seconds until it
+// has room for the call (so never later than Retry-After); none for a rule
+// that had room, whose own time would say nothing of when the request may
+// come back.
+func reset(rr leakybucket.RuleResult, allowed bool) (t int64, ok bool) {
 	switch {
-	case rr.RetryAfter > 0:
-		t = ceilSeconds(rr.RetryAfter)
+	case !allowed:
+		return ceilSeconds(rr.RetryAfter), rr.RetryAfter > 0
 	case rr.ResetAfter > 0:
-		t = ceilSeconds(rr.ResetAfter)
-	default:
-		return 0, false
+		return ceilSeconds(rr.ResetAfter), true
 	}
-	if !res.Allowed {
-		t = min(t, retryAfter(res))
-	}
-	return t, true
+	return 0, false
 }
 
-// write sets the RateLimit fields of res on h, and with legacy those of
-// draft -06.
+// write sets the RateLimit fields of res on h for the rules shown, and
+// with legacy those of draft -06.
 func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
-	items := make([]string, len(res.Rules))
-	for i, rr := range res.Rules {
-		items[i] = p.names[i] + ";r=" + strconv.Itoa(rr.Remaining)
-		if t, ok := reset(rr, res); ok {
-			items[i] += ";t=" + strconv.FormatInt(t, 10)
+	if len(p.shown) == 0 {
+		return
+	}
+	items := make([]string, len(p.shown))
+	for j, i := range p.shown {
+		rr := res.Rules[i]
+		items[j] = p.quoted[i] + ";r=" + strconv.Itoa(rr.Remaining)
+		if t, ok := reset(rr, res.Allowed); ok {
+			items[j] += ";t=" + strconv.FormatInt(t, 10)
 		}
 	}
 	h.Set(headerPolicy, p.field)
 	h.Set(headerRateLimit, strings.Join(items, ", "))
 	if legacy {
-		writeLegacy(h, res)
+		writeLegacy(h, p.closest(res), res)
 	}
 }
 
-// writeLegacy sets draft -06's trio for the rule closest to its limit.
-func writeLegacy(h http.Header, res leakybucket.Result) {
-	rr := closest(res)
-	t, _ := reset(rr, res)
+// writeLegacy sets draft -06's trio for rr, the rule closest to its limit.
+func writeLegacy(h http.Header, rr leakybucket.RuleResult, res leakybucket.Result) {
+	t, _ := reset(rr, true)
 	if !res.Allowed {
 		t = retryAfter(res) // -06: Reset names the same time as Retry-After
 	}
@@ -153,14 +189,37 @@ func writeLegacy(h http.Header, res leakybucket.Result) {
 	h.Set(headerReset, strconv.FormatInt(t, 10))
 }
 
-// closest returns the rule that set RetryAfter on a denial, else the one
-// with the least remaining (the first of equals).
-func closest(res leakybucket.Result) leakybucket.RuleResult {
-	best := res.Rules[0]
-	for _, rr := range res.Rules[1:] {
+// closest returns, of the rules shown, the one that waits longest on a
+// denial, else the one with the least remaining (the first of equals).
+func (p policies) closest(res leakybucket.Result) leakybucket.RuleResult {
+	best := res.Rules[p.shown[0]]
+	for _, i := range p.shown[1:] {
+		rr := res.Rules[i]
 		if res.Allowed && rr.Remaining < best.Remaining || !res.Allowed && rr.RetryAfter > best.RetryAfter {
 			best = rr
 		}
 	}
 	return best
+}
+
+// Fields returns the values that the middleware gives RateLimit-Policy,
+// RateLimit and, on a denial, Retry-After ("" when res is admitted) for
+// res, with the default policy names (DefaultPolicyNames) and every rule
+// shown: for other servers of a Bucket, such as gRPC interceptors, to
+// carry the same fields.
+func Fields(res leakybucket.Result) (policy, rateLimit, retry string) {
+	if len(res.Rules) == 0 {
+		return "", "", ""
+	}
+	rules := make([]leakybucket.Rule, len(res.Rules))
+	for i, rr := range res.Rules {
+		rules[i] = rr.Rule
+	}
+	p, _ := newPolicies(rules, nil, false) // default names always fit
+	h := http.Header{}
+	p.write(h, res, false)
+	if !res.Allowed {
+		retry = strconv.FormatInt(retryAfter(res), 10)
+	}
+	return h.Get(headerPolicy), h.Get(headerRateLimit), retry
 }

@@ -1,21 +1,34 @@
 // Package httplimit limits HTTP requests with a leakybucket.Bucket: a
 // middleware, func(http.Handler) http.Handler, that admits each request
-// through Bucket.Allow under a resource named for the route and a client
-// key taken from the request.
+// through Bucket.AllowN under a resource named for the route (by default
+// the ServeMux pattern that matched it) and a client key taken from the
+// request. NewTiered serves clients whose rules depend on who they are,
+// from a leakybucket.Tiers.
 //
 // Every decided response carries the IETF RateLimit header fields in the
 // form of draft-ietf-httpapi-ratelimit-headers-10: RateLimit-Policy lists
 // one named policy per rule of the Bucket, with its quota (q) and window
-// in whole seconds (w), and RateLimit gives each policy's remaining quota
-// (r) and the seconds until more quota comes (t):
+// in seconds (w, left out for a window that is not a whole number of
+// seconds, which w cannot say), and RateLimit gives each policy's
+// remaining quota (r) and t:
 //
 //	RateLimit-Policy: "per-resource-60s";q=100;w=60, "per-client-10s";q=5;w=10
 //	RateLimit: "per-resource-60s";r=97;t=58, "per-client-10s";r=2;t=9
 //
+// On an admitted request, t is the seconds until the policy's quota is all
+// back (in a sliding window some comes back sooner; under the Windows
+// strategies a call counts from the end of its interval, so t may exceed w
+// by up to the precision). On a denied one, t is given for the policies
+// that denied only, the seconds until each has room for the request (at
+// most Retry-After); a policy that had room has no t there, since the
+// request is not counted and Retry-After, not that policy, says when to
+// come back. WithoutResourcePolicies leaves the per-resource rules out.
+//
 // A denied request gets 429 Too Many Requests with Retry-After in whole
-// seconds, rounded up (never 0). WithLegacyHeaders adds the older
-// RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset fields of draft
-// -06, which many clients still read.
+// seconds, rounded up (never 0), and a text body, or with
+// WithProblemDetails the draft's problem+json. WithLegacyHeaders adds the
+// older RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset fields of
+// draft -06, which many clients still read.
 //
 // When the limiter cannot decide (Redis down or slow, the decision's
 // deadline passed), the middleware fails closed by default (503 Service
@@ -30,8 +43,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
-	"time"
 
 	"github.com/leakybucket/leakybucket"
 )
@@ -41,6 +54,13 @@ import (
 // request (see WithErrorHandler) whatever the failure policy: a request
 // that cannot be keyed is never served unlimited.
 type KeyFunc func(r *http.Request) (string, error)
+
+// A TierFunc names the tier of a request's client, one that the Tiers of
+// NewTiered has rules for: from an authenticated header, a claim of a
+// token, a lookup of the API key. Return a default tier for unknown
+// clients; an error, or a tier without rules, refuses the request
+// whatever the failure policy (ErrTier).
+type TierFunc func(r *http.Request) (string, error)
 
 // Errors of the middleware, to match with errors.Is.
 var (
@@ -52,172 +72,168 @@ var (
 	// without fallback found no header, or RemoteAddr holds no IP address).
 	ErrNoKey = errors.New("httplimit: the request has no key")
 
-	// ErrInvalidOption: New was given a nil Bucket, an empty resource, a
-	// nil KeyFunc or handler, a negative timeout, or policy names that are
-	// not one per rule, unique, and printable ASCII.
+	// ErrCost: the WithCost function gave a weight below 1, or above the
+	// Requests of a rule, so that the request could never be admitted.
+	ErrCost = errors.New("httplimit: invalid request cost")
+
+	// ErrNoPattern: the middleware was made without a resource and the
+	// request has no Pattern: wrap the handler given to ServeMux.Handle,
+	// not the ServeMux, or name the resource.
+	ErrNoPattern = errors.New("httplimit: no resource: the request has no ServeMux pattern")
+
+	// ErrTier wraps the error of a TierFunc, or says that its tier has no
+	// rules (leakybucket.ErrUnknownTier) or that WithPolicyNames does not
+	// fit the tier's rules.
+	ErrTier = errors.New("httplimit: no tier")
+
+	// ErrInvalidOption: New was given a nil Bucket, NewTiered nil Tiers or
+	// TierFunc, or either a nil KeyFunc or handler, a negative timeout, an
+	// IPv6 prefix outside 0 to 128, or policy names that are not one per
+	// rule, unique, and printable ASCII.
 	ErrInvalidOption = errors.New("httplimit: invalid option")
 )
 
-// DefaultDecisionTimeout bounds each request's decision: a Redis slower
-// than this fails the decision with context.DeadlineExceeded, which the
-// failure policy handles, rather than holding the request.
-const DefaultDecisionTimeout = 500 * time.Millisecond
-
-// An Option configures the middleware made by New.
-type Option func(*config)
-
-type config struct {
-	key      KeyFunc
-	names    []string
-	denied   http.Handler
-	onError  func(http.ResponseWriter, *http.Request, error)
-	failOpen bool
-	report   func(*http.Request, error)
-	timeout  time.Duration
-	legacy   bool
-}
-
-// WithKey sets how a request's client is named (default RemoteIP). See
-// XForwardedFor, Forwarded and Header for others.
-func WithKey(f KeyFunc) Option {
-	return func(c *config) { c.key = f }
-}
-
-// WithPolicyNames names the policies of RateLimit-Policy and RateLimit,
-// one per rule of the Bucket, in the order of Bucket.Rules. By default a
-// rule is named by its scope and window: "per-resource-60s",
-// "per-client-500ms" (with "-2", "-3"... on repeats). Names must be
-// unique, non-empty, printable ASCII.
-func WithPolicyNames(names ...string) Option {
-	return func(c *config) { c.names = names }
-}
-
-// WithDeniedHandler sets what answers a denied request. It runs after the
-// middleware set Retry-After and the RateLimit fields, and must write the
-// status, 429 Too Many Requests. The default writes 429 and a text body;
-// use ResultFrom(r.Context()) to say more, for example which rules denied.
-func WithDeniedHandler(h http.Handler) Option {
-	return func(c *config) { c.denied = h }
-}
-
-// WithErrorHandler sets what answers a request that the middleware
-// refuses for an error: a key error (matching ErrKey), or, unless
-// WithFailOpen, a limiter error (ErrUnavailable, context.DeadlineExceeded
-// of the decision's deadline, ErrLockNotObtained, a Redis error...). The
-// default answers 400 Bad Request to key errors and 503 Service
-// Unavailable to the others. It is not called for a client that went
-// away before the decision.
-func WithErrorHandler(h func(w http.ResponseWriter, r *http.Request, err error)) Option {
-	return func(c *config) { c.onError = h }
-}
-
-// WithFailOpen serves requests that the limiter could not decide, and
-// passes each such error to report (which may be nil), for example to
-// log it or count it. By default the middleware fails closed: the error
-// handler answers them, 503 Service Unavailable. Key errors are refused
-// either way. Fail open when availability matters more than the limit,
-// closed when the limit guards something that must not be overrun.
-func WithFailOpen(report func(r *http.Request, err error)) Option {
-	return func(c *config) { c.failOpen, c.report = true, report }
-}
-
-// WithDecisionTimeout bounds each decision (default
-// DefaultDecisionTimeout): Allow runs under context.WithTimeout of the
-// request's context. 0 leaves only the request's own context.
-func WithDecisionTimeout(d time.Duration) Option {
-	return func(c *config) { c.timeout = d }
-}
-
-// WithLegacyHeaders also sets the RateLimit-Limit, RateLimit-Remaining and
-// RateLimit-Reset fields of draft-ietf-httpapi-ratelimit-headers-06, for
-// the policy closest to its limit: the one that set Retry-After on a
-// denial, else the one with the least remaining. Reset is in seconds, as
-// the RateLimit field's t. (Draft -06's own RateLimit-Policy is not sent:
-// draft -10 gave that name another form.)
-func WithLegacyHeaders() Option {
-	return func(c *config) { c.legacy = true }
-}
-
 // New returns a middleware that admits each request through
-// limiter.Allow(ctx, resource, key), where resource names the route or
-// handler it wraps (one Bucket may serve many, each with its own counts)
-// and key is the client named by the KeyFunc.
+// limiter.AllowN(ctx, resource, key, cost), where resource names the route
+// or handler it wraps (one Bucket may serve many, each with its own
+// counts; empty: the request's Pattern, as ServeMux matched it), key is
+// the client named by the KeyFunc, and cost is 1 or WithCost's.
 //
 // An admitted request is served by the next handler with the RateLimit
 // fields set; a denied one gets Retry-After and the denied handler; one
 // that could not be decided is served (WithFailOpen) or answered by the
-// error handler (503 by default). The next handler and the denied handler
-// find the Result with ResultFrom.
+// error handler (503 by default); one skipped (WithSkip) is served as it
+// came. The next handler and the denied handler find the Result with
+// ResultFrom.
 func New(limiter *leakybucket.Bucket, resource string, opts ...Option) (func(http.Handler) http.Handler, error) {
-	c := config{key: RemoteIP, denied: http.HandlerFunc(tooManyRequests), onError: refuse, timeout: DefaultDecisionTimeout}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&c)
-		}
+	if limiter == nil {
+		return nil, fmt.Errorf("%w: nil Bucket", ErrInvalidOption)
 	}
-	if err := c.validate(limiter, resource); err != nil {
-		return nil, err
-	}
-	p, err := newPolicies(limiter.Rules(), c.names)
+	c, err := apply(opts)
 	if err != nil {
 		return nil, err
 	}
-	m := &middleware{config: c, limiter: limiter, resource: resource, policies: p}
-	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(next, w, r) })
-	}, nil
+	p, err := c.policiesOf(limiter)
+	if err != nil {
+		return nil, err
+	}
+	pick := func(*http.Request) (*leakybucket.Bucket, policies, error) { return limiter, p, nil }
+	return (&middleware{config: c, resource: resource, pick: pick}).wrap, nil
 }
 
-func (c *config) validate(limiter *leakybucket.Bucket, resource string) error {
-	switch {
-	case limiter == nil:
-		return fmt.Errorf("%w: nil Bucket", ErrInvalidOption)
-	case resource == "":
-		return fmt.Errorf("%w: empty resource", ErrInvalidOption)
-	case c.key == nil:
-		return fmt.Errorf("%w: nil KeyFunc", ErrInvalidOption)
-	case c.denied == nil || c.onError == nil:
-		return fmt.Errorf("%w: nil handler", ErrInvalidOption)
-	case c.timeout < 0:
-		return fmt.Errorf("%w: negative decision timeout %v", ErrInvalidOption, c.timeout)
+// NewTiered is New for clients whose rules depend on their tier: each
+// request is decided by the Bucket of the tier that tierOf names, as
+// tiers holds it at that moment, so a Tiers.Set takes effect on the next
+// request, and counts follow the client from tier to tier as the Tiers
+// type describes. The RateLimit fields advertise the rules of the
+// request's tier. WithPolicyNames must fit every tier's rules: it is
+// checked here for the tiers already Set, and per request for the others
+// (ErrTier).
+func NewTiered(tiers *leakybucket.Tiers, tierOf TierFunc, resource string, opts ...Option) (func(http.Handler) http.Handler, error) {
+	if tiers == nil || tierOf == nil {
+		return nil, fmt.Errorf("%w: nil Tiers or TierFunc", ErrInvalidOption)
 	}
-	return nil
+	c, err := apply(opts)
+	if err != nil {
+		return nil, err
+	}
+	for _, tier := range tiers.Names() {
+		if b, ok := tiers.Bucket(tier); ok {
+			if _, err := c.policiesOf(b); err != nil {
+				return nil, fmt.Errorf("tier %q: %w", tier, err)
+			}
+		}
+	}
+	m := &middleware{config: c, resource: resource}
+	m.pick = func(r *http.Request) (*leakybucket.Bucket, policies, error) {
+		return m.tier(tiers, tierOf, r)
+	}
+	return m.wrap, nil
 }
 
 type middleware struct {
 	config
+	resource string // "": the request's Pattern
+	// pick returns the Bucket that decides r, and its policies.
+	pick func(r *http.Request) (*leakybucket.Bucket, policies, error)
+}
+
+// wrap is the middleware.
+func (m *middleware) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(next, w, r) })
+}
+
+// tier picks the Bucket of r's tier.
+func (m *middleware) tier(tiers *leakybucket.Tiers, tierOf TierFunc, r *http.Request) (*leakybucket.Bucket, policies, error) {
+	tier, err := tierOf(r)
+	if err != nil {
+		return nil, policies{}, fmt.Errorf("%w: %w", ErrTier, err)
+	}
+	b, ok := tiers.Bucket(tier)
+	if !ok {
+		return nil, policies{}, fmt.Errorf("%w: %w: %q", ErrTier, leakybucket.ErrUnknownTier, tier)
+	}
+	p, err := m.policiesOf(b)
+	if err != nil {
+		return nil, policies{}, fmt.Errorf("%w: tier %q: %w", ErrTier, tier, err)
+	}
+	return b, p, nil
+}
+
+// call is what the middleware decides a request by.
+type call struct {
 	limiter  *leakybucket.Bucket
-	resource string
 	policies policies
+	resource string
+	key      string
+	n        int
 }
 
 type resultKey struct{}
 
+// decided is what the middleware puts in the request's context.
+type decided struct {
+	res    leakybucket.Result
+	denied []string // the names of the policies that denied
+}
+
 // ResultFrom returns the limiter's Result for the request whose context
 // is ctx, as the middleware decided it, and whether there is one: not in a
-// request served open after an error, nor outside the middleware.
+// request served open after an error, nor one skipped, nor outside the
+// middleware.
 func ResultFrom(ctx context.Context) (leakybucket.Result, bool) {
-	res, ok := ctx.Value(resultKey{}).(leakybucket.Result)
-	return res, ok
+	d, ok := ctx.Value(resultKey{}).(decided)
+	return d.res, ok
+}
+
+// DeniedPolicies returns the names of the policies that denied the request
+// whose context is ctx, in the order of the rules, as RateLimit-Policy
+// names them (per-resource ones too, when WithoutResourcePolicies leaves
+// them out of the fields): what a denied handler reports. It is empty for
+// an admitted request and outside the middleware.
+func DeniedPolicies(ctx context.Context) []string {
+	d, _ := ctx.Value(resultKey{}).(decided)
+	return slices.Clone(d.denied)
 }
 
 // serve decides the request and answers it.
 func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
-	key, err := m.key(r)
-	if err == nil && key == "" {
-		err = ErrNoKey
-	}
-	if err != nil {
-		m.onError(w, r, fmt.Errorf("%w: %w", ErrKey, err))
+	if m.skip != nil && m.skip(r) {
+		next.ServeHTTP(w, r)
 		return
 	}
-	res, err := m.decide(r.Context(), key)
+	req, err := m.prepare(r)
+	if err != nil {
+		m.onError(w, r, err)
+		return
+	}
+	res, err := m.decide(r.Context(), req)
 	if err != nil {
 		m.failed(next, w, r, err)
 		return
 	}
-	m.policies.write(w.Header(), res, m.legacy)
-	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, res))
+	req.policies.write(w.Header(), res, m.legacy)
+	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, decided{res, req.policies.denied(res)}))
 	if !res.Allowed {
 		w.Header().Set(headerRetryAfter, strconv.FormatInt(retryAfter(res), 10))
 		m.denied.ServeHTTP(w, r)
@@ -226,21 +242,59 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	next.ServeHTTP(w, r)
 }
 
+// prepare names, weighs and keys r, and picks its Bucket.
+func (m *middleware) prepare(r *http.Request) (call, error) {
+	req := call{resource: m.resource, n: 1}
+	if req.resource == "" {
+		req.resource = r.Pattern
+	}
+	if req.resource == "" {
+		return req, ErrNoPattern
+	}
+	var err error
+	if req.key, err = m.clientKey(r); err != nil {
+		return req, err
+	}
+	if m.cost != nil {
+		if req.n = m.cost(r); req.n < 1 {
+			return req, fmt.Errorf("%w: %d, want at least 1", ErrCost, req.n)
+		}
+	}
+	req.limiter, req.policies, err = m.pick(r)
+	return req, err
+}
+
+// clientKey names r's client, an IPv6 address by its prefix.
+func (m *middleware) clientKey(r *http.Request) (string, error) {
+	key, err := m.key(r)
+	if err == nil && key == "" {
+		err = ErrNoKey
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrKey, err)
+	}
+	return groupIPv6(key, m.ipv6Bits), nil
+}
+
 // decide asks the limiter, within the decision's deadline.
-func (m *middleware) decide(ctx context.Context, key string) (leakybucket.Result, error) {
+func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, error) {
 	if m.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.timeout)
 		defer cancel()
 	}
-	return m.limiter.Allow(ctx, m.resource, key)
+	return req.limiter.AllowN(ctx, req.resource, req.key, req.n)
 }
 
 // failed handles a limiter error by the failure policy. A client that went
-// away is not answered, nor its error reported.
+// away is not answered, nor its error reported. A weight the Bucket can
+// never admit is refused whatever the policy.
 func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case r.Context().Err() != nil:
+		return
+	case errors.Is(err, leakybucket.ErrInvalidWeight):
+		m.onError(w, r, fmt.Errorf("%w: %w", ErrCost, err))
 		return
 	case !m.failOpen:
 		m.onError(w, r, err)
@@ -258,9 +312,12 @@ func tooManyRequests(w http.ResponseWriter, _ *http.Request) {
 
 // refuse is the default error handler.
 func refuse(w http.ResponseWriter, _ *http.Request, err error) {
-	if errors.Is(err, ErrKey) {
+	switch {
+	case errors.Is(err, ErrKey):
 		http.Error(w, "400 bad request: no client key", http.StatusBadRequest)
-		return
+	case errors.Is(err, ErrCost) || errors.Is(err, ErrNoPattern) || errors.Is(err, ErrTier):
+		http.Error(w, "500 internal server error: the rate limiter cannot weigh, name or place the request", http.StatusInternalServerError)
+	default:
+		http.Error(w, "503 service unavailable: the rate limiter cannot decide", http.StatusServiceUnavailable)
 	}
-	http.Error(w, "503 service unavailable: the rate limiter cannot decide", http.StatusServiceUnavailable)
 }

@@ -72,8 +72,10 @@ func TestHeadersAndStatus(t *testing.T) {
 		{2 * time.Second, response{200, `"per-resource-60s";r=98;t=60, "per-client-10s";r=1;t=10`, "", "3", "1", "10"}},
 		{2500 * time.Millisecond, response{200, `"per-resource-60s";r=97;t=60, "per-client-10s";r=0;t=10`, "", "3", "0", "10"}},
 		// Room again when the first call leaves, at 10s: in 7.5s, rounded up.
-		{2500 * time.Millisecond, response{429, `"per-resource-60s";r=97;t=8, "per-client-10s";r=0;t=8`, "8", "3", "0", "8"}},
-		{9999 * time.Millisecond, response{429, `"per-resource-60s";r=97;t=1, "per-client-10s";r=0;t=1`, "1", "3", "0", "1"}},
+		// A denial gives t for the rule that denied only: per-resource had
+		// room, and gets no more quota in 8s (its calls leave at 60s).
+		{2500 * time.Millisecond, response{429, `"per-resource-60s";r=97, "per-client-10s";r=0;t=8`, "8", "3", "0", "8"}},
+		{9999 * time.Millisecond, response{429, `"per-resource-60s";r=97, "per-client-10s";r=0;t=1`, "1", "3", "0", "1"}},
 		{10 * time.Second, response{200, `"per-resource-60s";r=96;t=60, "per-client-10s";r=0;t=10`, "", "3", "0", "10"}},
 	}
 	for i, s := range steps {
@@ -125,7 +127,9 @@ func TestRetryAfterRounding(t *testing.T) {
 }
 
 // Policies are named by scope and window unless named by the user, quoted
-// as Structured Field strings, with w in whole seconds rounded up.
+// as Structured Field strings, with w in whole seconds, and no w for a
+// window that whole seconds cannot say (q=10;w=1 would claim 10 per
+// second of a rule that admits 20).
 func TestPolicyNames(t *testing.T) {
 	rdb, _ := miniClient(t)
 	b := bucket(t, rdb,
@@ -136,8 +140,8 @@ func TestPolicyNames(t *testing.T) {
 		names []string
 		want  string
 	}{
-		{nil, `"per-client-500ms";q=10;w=1, "per-client-500ms-2";q=20;w=1, "per-resource-90s";q=100;w=90`},
-		{[]string{"burst", `a "b" \c`, "all"}, `"burst";q=10;w=1, "a \"b\" \\c";q=20;w=1, "all";q=100;w=90`},
+		{nil, `"per-client-500ms";q=10, "per-client-500ms-2";q=20, "per-resource-90s";q=100;w=90`},
+		{[]string{"burst", `a "b" \c`, "all"}, `"burst";q=10, "a \"b\" \\c";q=20, "all";q=100;w=90`},
 	} {
 		w := get(handler(t, b, WithPolicyNames(c.names...)), "203.0.113.9:1")
 		if got := w.Result().Header.Get("RateLimit-Policy"); got != c.want {
@@ -160,11 +164,12 @@ func TestInvalidOptions(t *testing.T) {
 		opt      Option
 	}{
 		"nil Bucket":       {nil, "r", nil},
-		"empty resource":   {b, "", nil},
 		"nil KeyFunc":      {b, "r", WithKey(nil)},
 		"nil denied":       {b, "r", WithDeniedHandler(nil)},
 		"nil error":        {b, "r", WithErrorHandler(nil)},
 		"negative timeout": {b, "r", WithDecisionTimeout(-time.Second)},
+		"IPv6 prefix -1":   {b, "r", WithIPv6Prefix(-1)},
+		"IPv6 prefix 129":  {b, "r", WithIPv6Prefix(129)},
 	} {
 		if _, err := New(c.b, c.resource, c.opt); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)

@@ -189,3 +189,21 @@ func unquote(v string) string {
 	}
 	return b.String()
 }
+
+// groupIPv6 keys an "ip:" key of an IPv6 address by its leading bits, as
+// "ip:2001:db8:1:2::/64"; other keys, IPv4 ones included, are kept.
+func groupIPv6(key string, bits int) string {
+	s, ok := strings.CutPrefix(key, "ip:")
+	if !ok || bits == 128 {
+		return key
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is6() || a.Is4In6() {
+		return key
+	}
+	p, err := a.WithZone("").Prefix(bits)
+	if err != nil {
+		return key
+	}
+	return "ip:" + p.String()
+}

@@ -89,3 +89,7 @@ go test -race -shuffle=on -count=1 "$@" ./...
 # The OpenTelemetry adapter (otelmetrics/, a module of its own, so that the
 # core's users never download OpenTelemetry): vet and test it, on miniredis.
 (cd otelmetrics && go vet ./... && go test -race -count=1 ./...)
+# The gRPC interceptors (grpclimit/, a module of its own, so that the core's
+# users never download gRPC; go.work at the root resolves the core): vet
+# them, and test them with a real gRPC server on the real Redis.
+(cd grpclimit && go vet ./... && go test -race -count=1 ./...)

@@ -1,0 +1,239 @@
+// Package grpclimit limits gRPC calls with a leakybucket.Bucket: server
+// interceptors, unary and streaming, that admit each call (each stream,
+// once, when it opens) through Bucket.Allow under a resource and a client
+// named by a KeyFunc: by default the full method name and the peer's IP
+// address.
+//
+// A denied call fails with codes.ResourceExhausted and a
+// google.rpc.RetryInfo detail whose retry_delay is the Result's
+// RetryAfter, which clients read with status.FromError and Details. Every
+// decided call, admitted or denied, carries the RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers-10 in its trailer metadata, as
+// "ratelimit-policy" and "ratelimit" (the values httplimit writes), and a
+// denied one "retry-after" in whole seconds.
+//
+// When the limiter cannot decide (Redis down or slow, the decision's
+// deadline passed), the interceptors fail closed by default
+// (codes.Unavailable) or, with WithFailOpen, serve the call and report
+// the error to a hook, as httplimit does.
+//
+// The package is a module of its own, so that the core's users never
+// download gRPC.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/leakybucket/leakybucket"
+	"github.com/leakybucket/leakybucket/httplimit"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// A KeyFunc names the resource and the client of a call to fullMethod
+// ("/package.Service/Method"). An error, or an empty resource, refuses
+// the call with codes.InvalidArgument whatever the failure policy: a call
+// that cannot be keyed is never served unlimited.
+type KeyFunc func(ctx context.Context, fullMethod string) (resource, client string, err error)
+
+// Errors of the interceptors, to match with errors.Is.
+var (
+	// ErrKey wraps the error of a KeyFunc, or says that it named no
+	// resource, or no client for a Bucket with a per-client rule.
+	ErrKey = errors.New("grpclimit: no key")
+
+	// ErrNoPeer: the call's context carries no peer address (PeerKey).
+	ErrNoPeer = errors.New("grpclimit: no peer address")
+
+	// ErrInvalidOption: an interceptor was given a nil Bucket or KeyFunc,
+	// or a negative timeout.
+	ErrInvalidOption = errors.New("grpclimit: invalid option")
+)
+
+// Trailer metadata keys of the RateLimit fields.
+const (
+	TrailerPolicy     = "ratelimit-policy"
+	TrailerRateLimit  = "ratelimit"
+	TrailerRetryAfter = "retry-after"
+)
+
+// DefaultDecisionTimeout bounds each call's decision, as httplimit's.
+const DefaultDecisionTimeout = httplimit.DefaultDecisionTimeout
+
+// An Option configures an interceptor.
+type Option func(*config)
+
+type config struct {
+	key      KeyFunc
+	failOpen bool
+	report   func(ctx context.Context, fullMethod string, err error)
+	timeout  time.Duration
+}
+
+// WithKey sets how a call's resource and client are named (default
+// PeerKey).
+func WithKey(f KeyFunc) Option {
+	return func(c *config) { c.key = f }
+}
+
+// WithFailOpen serves calls that the limiter could not decide, and passes
+// each such error to report (which may be nil). By default the
+// interceptors fail closed: codes.Unavailable. Key errors are refused
+// either way.
+func WithFailOpen(report func(ctx context.Context, fullMethod string, err error)) Option {
+	return func(c *config) { c.failOpen, c.report = true, report }
+}
+
+// WithDecisionTimeout bounds each decision (default
+// DefaultDecisionTimeout); 0 leaves only the call's own deadline.
+func WithDecisionTimeout(d time.Duration) Option {
+	return func(c *config) { c.timeout = d }
+}
+
+// PeerKey is the default KeyFunc: the full method as the resource, and as
+// the client the IP address of the call's peer ("ip:192.0.2.7", without
+// the port, so that a client's connections share one count), or, for a
+// peer that is not an IP address (a Unix socket), its address as it is.
+// Behind a proxy every call has the proxy's address: key by an
+// authenticated identity from the metadata there.
+func PeerKey(ctx context.Context, fullMethod string) (resource, client string, err error) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return "", "", ErrNoPeer
+	}
+	if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
+		return fullMethod, "ip:" + ap.Addr().Unmap().WithZone("").String(), nil
+	}
+	return fullMethod, p.Addr.Network() + ":" + p.Addr.String(), nil
+}
+
+// UnaryServerInterceptor returns an interceptor that admits each unary
+// call through limiter before its handler runs.
+func UnaryServerInterceptor(limiter *leakybucket.Bucket, opts ...Option) (grpc.UnaryServerInterceptor, error) {
+	l, err := newLimiter(limiter, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		trailer := func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }
+		if err := l.admit(ctx, info.FullMethod, trailer); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}, nil
+}
+
+// StreamServerInterceptor returns an interceptor that admits each stream
+// through limiter once, when it opens, before its handler runs: a stream
+// is one call, whatever it then sends.
+func StreamServerInterceptor(limiter *leakybucket.Bucket, opts ...Option) (grpc.StreamServerInterceptor, error) {
+	l, err := newLimiter(limiter, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := l.admit(ss.Context(), info.FullMethod, ss.SetTrailer); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}, nil
+}
+
+type limiter struct {
+	config
+	bucket *leakybucket.Bucket
+}
+
+// newLimiter applies and checks opts.
+func newLimiter(b *leakybucket.Bucket, opts []Option) (*limiter, error) {
+	l := &limiter{config: config{key: PeerKey, timeout: DefaultDecisionTimeout}, bucket: b}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&l.config)
+		}
+	}
+	switch {
+	case b == nil:
+		return nil, fmt.Errorf("%w: nil Bucket", ErrInvalidOption)
+	case l.key == nil:
+		return nil, fmt.Errorf("%w: nil KeyFunc", ErrInvalidOption)
+	case l.timeout < 0:
+		return nil, fmt.Errorf("%w: negative decision timeout %v", ErrInvalidOption, l.timeout)
+	}
+	return l, nil
+}
+
+// admit decides a call: nil to serve it, else the status error to end it
+// with. trailer sets the call's trailer metadata.
+func (l *limiter) admit(ctx context.Context, method string, trailer func(metadata.MD)) error {
+	resource, client, err := l.key(ctx, method)
+	if err == nil && resource == "" {
+		err = errors.New("empty resource")
+	}
+	if err != nil {
+		return status.Error(codes.InvalidArgument, fmt.Errorf("%w: %w", ErrKey, err).Error())
+	}
+	res, err := l.decide(ctx, resource, client)
+	if err != nil {
+		return l.failed(ctx, method, err)
+	}
+	trailer(fields(res))
+	if !res.Allowed {
+		return denied(res)
+	}
+	return nil
+}
+
+// decide asks the limiter, within the decision's deadline.
+func (l *limiter) decide(ctx context.Context, resource, client string) (leakybucket.Result, error) {
+	if l.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+	}
+	return l.bucket.Allow(ctx, resource, client)
+}
+
+// failed handles a limiter error by the failure policy: nil serves the
+// call.
+func (l *limiter) failed(ctx context.Context, method string, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	case errors.Is(err, leakybucket.ErrEmptyClient):
+		return status.Error(codes.InvalidArgument, fmt.Errorf("%w: %w", ErrKey, err).Error())
+	case !l.failOpen:
+		return status.Error(codes.Unavailable, "grpclimit: the rate limiter cannot decide: "+err.Error())
+	case l.report != nil:
+		l.report(ctx, method, err)
+	}
+	return nil
+}
+
+// fields returns the RateLimit fields of res as trailer metadata.
+func fields(res leakybucket.Result) metadata.MD {
+	policy, rateLimit, retry := httplimit.Fields(res)
+	md := metadata.Pairs(TrailerPolicy, policy, TrailerRateLimit, rateLimit)
+	if retry != "" {
+		md.Set(TrailerRetryAfter, retry)
+	}
+	return md
+}
+
+// denied is the status of a denied call: ResourceExhausted with RetryInfo.
+func denied(res leakybucket.Result) error {
+	st := status.New(codes.ResourceExhausted, "grpclimit: rate limited: retry after "+res.RetryAfter.String())
+	if detailed, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
+		st = detailed
+	}
+	return st.Err()
+}
