@@ -38,9 +38,11 @@ import (
 //     hammered from its first call in process, and a Flush from another
 //     process lifts a cached denial within a second.
 //
-// They run on the real clock, for seconds each, and are not parallel:
-// cases 3, 4 and 7 need the machine's CPU for their goroutines and
-// processes, and share no state with the other tests.
+// They run on the real clock, for seconds each. They are not parallel
+// with the other tests (at most their own real-Redis and cluster halves
+// run together, see onServers): cases 3, 4 and 7 load the machine with hundreds of
+// goroutines and four processes, which would slow the timing-sensitive
+// tests of the suite. Together they take about 2.5 minutes.
 
 // contentionStrategies are the strategies of these tests: every one,
 // Windows at a precision of 1% of the two-second windows of cases 3 and 4
@@ -61,16 +63,29 @@ func strategyNamed(name string) (Strategy, bool) {
 // without a precision of its own).
 func isFixed(s Strategy) bool { return s.String() == FixedWindows.String() }
 
-// onServers runs test once per contention strategy, on the real Redis and
-// then on the real cluster, one at a time. Each env has a prefix of its
-// own, deleted afterwards; without the servers' addresses the test is
-// skipped, except under CI, where it fails (env_test.go).
-func onServers(t *testing.T, test func(t *testing.T, e *env)) {
+// onServers runs test once per contention strategy, one strategy at a
+// time, on the real Redis and then on the real cluster; with together, on
+// both at once, which halves the time of a test whose checks are a bound
+// on counts, not a speed. (Cases 1 and 4 run the halves one after the
+// other: together, the flush race takes twice as long, and case 4's
+// Windows reproduction admits more, its processes slowed by the other
+// half's.) Each env has a prefix of its own, deleted afterwards; without
+// the servers' addresses the test is skipped, except under CI, where it
+// fails (env_test.go).
+func onServers(t *testing.T, together bool, test func(t *testing.T, e *env)) {
 	t.Helper()
+	half := func(newEnv func(*testing.T, Strategy) *env, s Strategy) func(*testing.T) {
+		return func(t *testing.T) {
+			if together {
+				t.Parallel()
+			}
+			test(t, newEnv(t, s))
+		}
+	}
 	for _, s := range contentionStrategies {
 		t.Run(s.String(), func(t *testing.T) {
-			t.Run("redis", func(t *testing.T) { test(t, newRealEnv(t, s)) })
-			t.Run("cluster", func(t *testing.T) { test(t, newClusterEnv(t, s)) })
+			t.Run("redis", half(newRealEnv, s))
+			t.Run("cluster", half(newClusterEnv, s))
 		})
 	}
 }
@@ -229,7 +244,7 @@ type raceRound struct {
 //     and Usage never below 36;
 //   - flush-nil (case 2): every Flush returned nil.
 func TestContentionFlushRace(t *testing.T) {
-	onServers(t, func(t *testing.T, e *env) {
+	onServers(t, false, func(t *testing.T, e *env) {
 		ops := e.otherClient(t)
 		rounds := make([]*raceRound, 0, raceRounds)
 		start := time.Now()
@@ -410,7 +425,7 @@ const (
 // 2 s (41 under Windows(20ms)), far below 100: a correct limiter denies
 // none of the polite calls, and at least 95 of 100 must be admitted.
 func TestContentionPoliteBesideAbuser(t *testing.T) {
-	onServers(t, func(t *testing.T, e *env) {
+	onServers(t, true, func(t *testing.T, e *env) {
 		rules := []Option{PerResource(Per(politeLimit, politeWindow)), PerClient(Per(abuserLimit, politeWindow))}
 		abusers := make([]*Bucket, abuserBuckets)
 		for i := range abusers {
@@ -536,7 +551,7 @@ type admission struct {
 //     2.02 s under Windows(20ms)), so the partial window at the end is its
 //     margin.
 func TestContentionProcesses(t *testing.T) {
-	onServers(t, func(t *testing.T, e *env) {
+	onServers(t, false, func(t *testing.T, e *env) {
 		start, admissions := runProcesses(t, e)
 		end := start.Add(procRun)
 		fixed := isFixed(e.strategy)
@@ -818,7 +833,7 @@ const (
 //     after Flush returns (plus 0.5 s for the 50 ms poll and a loaded
 //     machine), a call on the first Bucket must be admitted.
 func TestContentionDenialCache(t *testing.T) {
-	onServers(t, func(t *testing.T, e *env) {
+	onServers(t, true, func(t *testing.T, e *env) {
 		t.Run("hammered", func(t *testing.T) { testHammeredCache(t, e) })
 		t.Run("remote-flush", func(t *testing.T) { testRemoteFlush(t, e) })
 	})
