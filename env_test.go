@@ -421,6 +421,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(helperVar); spec != "" {
 		os.Exit(helperMain(spec))
 	}
+	if spec := os.Getenv(contentionVar); spec != "" {
+		os.Exit(contentionMain(spec)) // contention_test.go
+	}
 	ctx := context.Background()
 	teardown, err := testACLSetup(ctx)
 	if err != nil {
