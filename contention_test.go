@@ -174,8 +174,8 @@ func (c *callTally) String() string {
 	return s
 }
 
-// allowWithin is b.AllowN bounded by d.
-func allowWithin(b *Bucket, d time.Duration, resource, client string, n int) (Result, error) {
+// allowBounded is b.AllowN bounded by d.
+func allowBounded(b *Bucket, d time.Duration, resource, client string, n int) (Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	return b.AllowN(ctx, resource, client, n)
@@ -193,7 +193,7 @@ func mustAdmit(t *testing.T, b *Bucket, resource, client string, n int) {
 // each call is admitted.
 func admitAll(b *Bucket, resource, client string, n int) error {
 	for i := range n {
-		res, err := allowWithin(b, 5*time.Second, resource, client, 1)
+		res, err := allowBounded(b, 5*time.Second, resource, client, 1)
 		if err != nil || !res.Allowed {
 			return fmt.Errorf("call %d of %s, before the test: %+v, %v; want admitted", i+1, client, res, err)
 		}
@@ -303,7 +303,7 @@ func raceOnce(t *testing.T, b, ops *Bucket) *raceRound {
 	r := &raceRound{leastUsed: raceHolders * raceHeld}
 	stop := make(chan struct{})
 	waitHammer := hammer(raceGoroutines, stop, func(int, *rand.Rand) {
-		res, err := allowWithin(b, 5*time.Second, "r", "c", raceWeight)
+		res, err := allowBounded(b, 5*time.Second, "r", "c", raceWeight)
 		r.hammer.add(res, err, raceWeight)
 	})
 	usageDone := make(chan struct{})
@@ -360,7 +360,7 @@ func (r *raceRound) readUsage(t *testing.T, ops *Bucket) {
 func drainFresh(t *testing.T, b *Bucket) int {
 	t.Helper()
 	for n := range 2 * raceLimit {
-		res, err := allowWithin(b, 5*time.Second, "r", fmt.Sprint("fresh", n), 1)
+		res, err := allowBounded(b, 5*time.Second, "r", fmt.Sprint("fresh", n), 1)
 		if err != nil {
 			t.Fatalf("Allow of a fresh client: %v", err)
 		}
@@ -436,7 +436,7 @@ func TestContentionPoliteBesideAbuser(t *testing.T) {
 		var abuse callTally
 		stop := make(chan struct{})
 		wait := hammer(abuserBuckets*abuserGoroutine, stop, func(g int, _ *rand.Rand) {
-			res, err := allowWithin(abusers[g%abuserBuckets], 2*time.Second, "r", "abuser", 1)
+			res, err := allowBounded(abusers[g%abuserBuckets], 2*time.Second, "r", "abuser", 1)
 			abuse.add(res, err, 1)
 		})
 		time.Sleep(200 * time.Millisecond) // the abuse under way
@@ -466,7 +466,7 @@ func politeRun(b *Bucket) (admitted, byResource int, failed []error) {
 	for i := range politeCalls {
 		<-tick.C
 		wg.Go(func() {
-			res, err := allowWithin(b, 5*time.Second, "r", fmt.Sprint("polite", i), 1)
+			res, err := allowBounded(b, 5*time.Second, "r", fmt.Sprint("polite", i), 1)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
@@ -732,7 +732,7 @@ func callFor(b *Bucket, start time.Time) procReport {
 	hammer(procGoroutines, stop, func(_ int, r *rand.Rand) {
 		n := 1 + r.IntN(procMaxWeight)
 		called := time.Now()
-		res, err := allowWithin(b, 5*time.Second, "r", "c", n)
+		res, err := allowBounded(b, 5*time.Second, "r", "c", n)
 		replied := time.Now()
 		mu.Lock()
 		defer mu.Unlock()
@@ -849,7 +849,7 @@ func testHammeredCache(t *testing.T, e *env) {
 	var calls callTally
 	stop := make(chan struct{})
 	wait := hammer(cacheGoroutines, stop, func(int, *rand.Rand) {
-		res, err := allowWithin(b, 2*time.Second, "hammered", "c", 1)
+		res, err := allowBounded(b, 2*time.Second, "hammered", "c", 1)
 		calls.add(res, err, 1)
 	})
 	time.Sleep(time.Second)
@@ -878,7 +878,7 @@ func testRemoteFlush(t *testing.T, e *env) {
 	for i := 0; i < 100 && !cached; i++ {
 		var res Result
 		var err error
-		sent := trips.count(func() { res, err = allowWithin(b, 2*time.Second, "flushed", "c", 1) })
+		sent := trips.count(func() { res, err = allowBounded(b, 2*time.Second, "flushed", "c", 1) })
 		if err != nil {
 			t.Fatalf("Allow: %v", err)
 		}
@@ -905,7 +905,7 @@ func testRemoteFlush(t *testing.T, e *env) {
 func pollAdmitted(b *Bucket, resource, client string, bound time.Duration) (time.Duration, bool) {
 	since := time.Now()
 	for time.Since(since) < bound {
-		res, err := allowWithin(b, time.Second, resource, client, 1)
+		res, err := allowBounded(b, time.Second, resource, client, 1)
 		if err == nil && res.Allowed {
 			return time.Since(since), true
 		}

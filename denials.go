@@ -25,8 +25,10 @@ import (
 const maxDenials = 100_000
 
 // maxDenialLife bounds how long an entry answers: how late a flush made by
-// another process (an operator's, through the ops command) is seen.
-const maxDenialLife = time.Second
+// another process (an operator's, through the ops command) is seen. Under
+// a second, so that one is seen within a second of the flush even by a
+// caller that polls.
+const maxDenialLife = 900 * time.Millisecond
 
 // denials is a Bucket's cache.
 type denials struct {
