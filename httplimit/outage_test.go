@@ -1,0 +1,179 @@
+//go:build linux
+
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/leakybucket/leakybucket"
+	"github.com/redis/go-redis/v9"
+)
+
+// The middleware inherits the Bucket's breaker: with Redis killed and a
+// client of go-redis's default options (the Quick start's), 200 requests
+// with 500 ms decision deadlines are answered at once after the first few
+// (p99 <= 10 ms, plus the scheduler's lag on a loaded machine), 503 when
+// failing closed, served when failing open with ErrUnavailable reported;
+// and requests are limited again within a second of a restart on the same
+// port.
+func TestOutageFailsFast(t *testing.T) {
+	for _, open := range []bool{false, true} {
+		t.Run(fmt.Sprint("fail open ", open), func(t *testing.T) {
+			srv := startServer(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
+			t.Cleanup(func() { _ = rdb.Close() })
+			b := bucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(1_000_000)))
+			var reported []error
+			opts := []Option{WithDecisionTimeout(500 * time.Millisecond)}
+			if open {
+				opts = append(opts, WithFailOpen(func(_ *http.Request, err error) { reported = append(reported, err) }))
+			}
+			h := handler(t, b, opts...)
+			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK {
+				t.Fatalf("before the kill: %d %q", w.Code, w.Body)
+			}
+			srv.kill()
+			want := http.StatusServiceUnavailable
+			if open {
+				want = http.StatusOK
+			}
+			checkOutage(t, h, want)
+			if open && countUnavailable(reported) < len(reported)*95/100 {
+				t.Errorf("%d of %d reported errors match ErrUnavailable", countUnavailable(reported), len(reported))
+			}
+			srv.restart(t)
+			checkRecovery(t, h)
+		})
+	}
+}
+
+// outageRequests is how many requests the outage test sends, and how many
+// of the first may wait for go-redis's retries, before the breaker knew.
+const (
+	outageRequests = 200
+	outageFirst    = 5
+)
+
+// checkOutage sends the outage's requests one after the other and checks
+// their statuses and how long the later ones took.
+func checkOutage(t *testing.T, h http.Handler, want int) {
+	t.Helper()
+	var took []time.Duration
+	var lag time.Duration // the worst lateness of a 1 ms sleep: the scheduler's share
+	for i := range outageRequests {
+		start := time.Now()
+		w := get(h, "203.0.113.9:1")
+		took = append(took, time.Since(start))
+		if w.Code != want {
+			t.Fatalf("request %d: %d %q, want %d", i, w.Code, w.Body, want)
+		}
+		slept := time.Now()
+		time.Sleep(time.Millisecond)
+		lag = max(lag, time.Since(slept)-time.Millisecond)
+	}
+	later := slices.Sorted(slices.Values(took[outageFirst:]))
+	p99 := later[len(later)*99/100]
+	t.Logf("first requests took %v; p99 of the rest %v (scheduler lag up to %v)", took[:outageFirst], p99, lag)
+	if p99 > 10*time.Millisecond+lag {
+		t.Errorf("p99 of the requests after the first %d = %v, want at most 10ms (+%v of lag)", outageFirst, p99, lag)
+	}
+}
+
+// checkRecovery checks that a request is decided again within a second
+// of the restart.
+func checkRecovery(t *testing.T, h http.Handler) {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < 5*time.Second {
+		if w := get(h, "203.0.113.9:1"); w.Code == http.StatusOK && w.Result().Header.Get("RateLimit") != "" {
+			if took := time.Since(start); took > time.Second {
+				t.Errorf("decided again %v after the restart, want within 1s", took)
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no request decided within 5s of the restart")
+}
+
+func countUnavailable(errs []error) int {
+	n := 0
+	for _, err := range errs {
+		if errors.Is(err, leakybucket.ErrUnavailable) && errors.Unwrap(err) != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// server is a redis-server of the test's own, which it kills and starts
+// again on the same port.
+type server struct {
+	bin, addr string
+	args      []string
+	cmd       *exec.Cmd
+}
+
+// startServer starts a redis-server on a free port, denied scripting as
+// make test's is; it skips the test where there is none (fails under CI).
+func startServer(t *testing.T) *server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("redis-server is not installed: CI must run the outage test (use make test)")
+		}
+		t.Skip("redis-server is not installed")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	s := &server{bin: bin, addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-@scripting"}}
+	s.start(t)
+	t.Cleanup(s.kill)
+	return s
+}
+
+// start runs the server and waits until it answers.
+func (s *server) start(t *testing.T) {
+	t.Helper()
+	s.cmd = exec.Command(s.bin, s.args...)
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	defer rdb.Close()
+	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(context.Background()).Err() != nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("redis-server on %s did not answer within 10s", s.addr)
+		}
+	}
+}
+
+// kill ends the server at once (SIGKILL), as a crash would.
+func (s *server) kill() {
+	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+}
+
+// restart starts the server again on its port.
+func (s *server) restart(t *testing.T) {
+	t.Helper()
+	s.start(t)
+}
