@@ -187,11 +187,7 @@ func (br *breaker) ping() error {
 // breaker: an unreachable server opens it, a call that ran out of time
 // makes the probe look.
 func (b *Bucket) settle(ctx context.Context, resource string, err error) error {
-	if err == nil || b.local != nil || b.cfg.noBreaker || resource == "" {
-		return err
-	}
-	var open *openError
-	if errors.As(err, &open) || errors.Is(err, ErrLockNotObtained) {
+	if !b.feedsBreaker(resource, err) {
 		return err
 	}
 	node, nerr := b.node(ctx, b.keysOf(resource).slotKey())
@@ -209,6 +205,20 @@ func (b *Bucket) settle(ctx context.Context, resource string, err error) error {
 		br.open(err)
 	}
 	return err
+}
+
+// feedsBreaker reports whether err of a call at resource says anything
+// to the breaker: not a local Bucket's, nor one the breaker itself gave,
+// nor a busy lock's.
+func (b *Bucket) feedsBreaker(resource string, err error) bool {
+	var open *openError
+	switch {
+	case err == nil, b.local != nil, b.cfg.noBreaker, resource == "":
+		return false
+	case errors.As(err, &open), errors.Is(err, ErrLockNotObtained):
+		return false
+	}
+	return true
 }
 
 // gone reports whether err says that the server cannot be reached: a

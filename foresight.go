@@ -60,7 +60,7 @@ type seenCall struct {
 	weight int
 }
 
-// keyOf is where rule r of plan p keeps what a call by client saw.
+// seenKeyOf is where rule r of plan p keeps what a call by client saw.
 func (p plan) seenKeyOf(resource, client string, r int) seenKey {
 	if p.rules[r].Scope == ScopeResource {
 		client = ""

@@ -248,18 +248,7 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 			v.counts[r].stamp = stamp
 		}
 		recorded := judge(i, v)
-		for _, w := range b.distinct(i) {
-			if len(w.members) == 0 {
-				continue // it only looked
-			}
-			evicted := int(replyInt(t.replies[w.evicted]))
-			w.set.after(w, evicted, stamp, b.recordDenied)
-			// Without WithRecordDenied the cap removed the newest members,
-			// which are the call's: all of them, for a call that did not fit.
-			if !recorded && (b.recordDenied || evicted < len(w.members)) {
-				undo[w.set] = append(undo[w.set], w.members...)
-			}
-		}
+		b.settleWrites(t, i, recorded, stamp, undo)
 	}
 	for _, set := range b.sets {
 		if members := undo[set]; len(members) > 0 {
@@ -267,6 +256,23 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 		}
 	}
 	return nil
+}
+
+// settleWrites updates call i's sets as Redis did, and notes in undo the
+// members to take back if the call was not recorded.
+func (b *zBatch) settleWrites(t *txn, i int, recorded bool, stamp int64, undo map[*zSet][]any) {
+	for _, w := range b.distinct(i) {
+		if len(w.members) == 0 {
+			continue // it only looked
+		}
+		evicted := int(replyInt(t.replies[w.evicted]))
+		w.set.after(w, evicted, stamp, b.recordDenied)
+		// Without WithRecordDenied the cap removed the newest members,
+		// which are the call's: all of them, for a call that did not fit.
+		if !recorded && (b.recordDenied || evicted < len(w.members)) {
+			undo[w.set] = append(undo[w.set], w.members...)
+		}
+	}
 }
 
 // takeAll queues the removal of every call's members.

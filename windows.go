@@ -286,7 +286,6 @@ func incarnation(fields iter.Seq2[string, string]) string {
 // of it and of the resource's under a guard (see guard): not after a Flush
 // took it out with the client's hash.
 func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
-	resource := b.byKey[b.keys.hash(b.gen)]
 	tidy := false
 	for _, h := range b.order {
 		tidy = tidy || len(h.dead) >= tidyAt
@@ -294,27 +293,38 @@ func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
 		switch {
 		case n <= 0:
 		case h.client:
-			g := guard{key: h.key, want: []string{b.token}}
-			if h.incarnation != "" {
-				g.want = append(g.want, h.incarnation)
-			}
-			g.cmds = b.subtract(g.cmds, h, n)
-			if resource != nil {
-				g.cmds = b.subtract(g.cmds, resource, n)
-			}
-			back.guards = append(back.guards, g)
+			back.guards = append(back.guards, b.guardOf(h, n))
 		case !b.hasClientRule:
 			back.cmds = b.subtract(back.cmds, h, n)
 		}
 	}
-	if len(back.cmds) == 0 && len(back.guards) == 0 && !tidy {
-		return
+	if len(back.cmds) > 0 || len(back.guards) > 0 || tidy {
+		b.queueTidy(back)
 	}
+}
+
+// queueTidy queues the deletion of the dead fields read.
+func (b *hBatch) queueTidy(back *txn) {
 	for _, h := range b.order {
 		if len(h.dead) > 0 {
 			back.cmds = append(back.cmds, append([]any{"hdel", h.key}, h.dead...))
 		}
 	}
+}
+
+// guardOf is the take-back of n from h, a client's hash, and from the
+// resource's if a rule is per-resource: under a guard of h's incarnation,
+// as read, or as the batch made it.
+func (b *hBatch) guardOf(h *hash, n int) guard {
+	g := guard{key: h.key, want: []string{b.token}}
+	if h.incarnation != "" {
+		g.want = append(g.want, h.incarnation)
+	}
+	g.cmds = b.subtract(g.cmds, h, n)
+	if resource := b.byKey[b.keys.hash(b.gen)]; resource != nil {
+		g.cmds = b.subtract(g.cmds, resource, n)
+	}
+	return g
 }
 
 // subtract appends to cmds the commands that take n out of h's current
@@ -335,15 +345,13 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string]) {
 	if len(y.lanes) > len(h.laneRoom) {
 		h.lanes, h.current = make([][]logEntry, len(y.lanes)), make([]int, len(y.spans))
 	}
+	h.incarnation = ""
 	for field, value := range fields {
-		if field == incarnationField {
-			h.incarnation = value
-			continue
-		}
 		g, index, ok := y.interval(field)
 		n, err := strconv.Atoi(value)
 		switch {
 		case !ok || err != nil:
+			h.other(field, value)
 		case index <= y.lastDead(g, now):
 			h.dead = append(h.dead, field)
 		case index == now/y.spans[g]:
@@ -357,6 +365,14 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string]) {
 	for l, entries := range h.lanes {
 		slices.SortFunc(entries, func(a, b logEntry) int { return cmp.Compare(a.at, b.at) })
 		h.lanes[l] = slices.Grow(entries, 1) // room for withCurrent
+	}
+}
+
+// other reads a field that is not an interval: the incarnation, or not
+// ours.
+func (h *hash) other(field, value string) {
+	if field == incarnationField {
+		h.incarnation = value
 	}
 }
 
