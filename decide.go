@@ -27,11 +27,11 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 // every rule is per-resource.
 //
 // Concurrent calls of one Bucket to the same resource are batched: a worker
-// decides them all in arrival order, each with its own Result, in one round
-// (see batch.go). A call of weight 1 that every rule, all per-client,
-// denied is answered in-process until a rule has room again (denials.go). AllowN returns by ctx's deadline whatever Redis does;
-// what it left under way (the batch, the release of a lock) finishes in the
-// background.
+// decides them all in arrival order, each with its own Result, in one
+// round. A call of weight 1 that every rule, all per-client, denied is
+// answered in-process until a rule has room again, for at most 900 ms.
+// AllowN returns by ctx's deadline whatever Redis does; what it left under
+// way (the batch, the release of a lock) finishes in the background.
 //
 // Errors, to match with errors.Is: ErrEmptyResource, ErrEmptyClient or
 // ErrInvalidWeight for bad input (nothing is sent to Redis);

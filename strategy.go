@@ -38,7 +38,7 @@ type Strategy interface {
 var (
 	// Logs writes one expiring key per batch of admitted calls (SET PXAT)
 	// and counts the live ones with SCAN MATCH, under a lock made of plain
-	// SET NX (lock.go): two round trips per decision, uncontended. It is
+	// SET NX: two round trips per decision, uncontended. It is
 	// exact and needs nothing but strings, but SCAN walks the whole
 	// database, so a decision slows down as the database grows: keep the
 	// limiter in a logical database of its own. The default.
@@ -49,8 +49,9 @@ var (
 	// capped at the rule's Requests: one member per unit of weight, scored
 	// by Redis time. A decision is one MULTI/EXEC that adds the call and
 	// removes it again if it went past the cap, so it decides by the
-	// call's position, in O(log n), with no lock. It is exact to the
-	// millisecond (of the clock estimate, see clock.go).
+	// call's position, in O(log n), with no lock. It is exact to within
+	// the error of its estimate of Redis's clock (a stamp may be early,
+	// never late).
 	SortedSet Strategy = sortedSetStrategy{}
 )
 
