@@ -285,20 +285,21 @@ func testACLSetup(ctx context.Context) (teardown func() error, err error) {
 	return teardown, nil
 }
 
-// The README's ACL SETUSER lines are ready to paste: the real Redis accepts
-// each (renamed, so as not to touch a real user), and the user it makes may
-// run its strategy's commands on the default prefix and nothing else.
+// The ACL SETUSER lines of the least-privilege page are ready to paste: the
+// real Redis accepts each (renamed, so as not to touch a real user), and the
+// user it makes may run its strategy's commands on the default prefix and
+// nothing else.
 func TestReadmeACLLinesWork(t *testing.T) {
 	t.Parallel()
 	realAddrOrSkip(t)
 	ctx := context.Background()
 	admin := realAdmin(t)
-	readme, err := os.ReadFile("README.md")
+	doc, err := os.ReadFile(leastPrivilegeDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	found := 0
-	for line := range strings.SplitSeq(string(readme), "\n") {
+	for line := range strings.SplitSeq(string(doc), "\n") {
 		fields := strings.Fields(line)
 		if len(fields) < 3 || fields[0] != "ACL" || fields[1] != "SETUSER" || !strings.HasPrefix(fields[2], "leakybucket-") {
 			continue
@@ -306,7 +307,7 @@ func TestReadmeACLLinesWork(t *testing.T) {
 		found++
 		s := strings.TrimPrefix(fields[2], "leakybucket-")
 		if _, ok := strategyCommands[s]; !ok {
-			t.Errorf("README line for an unknown strategy %q: %s", s, line)
+			t.Errorf("%s: line for an unknown strategy %q: %s", leastPrivilegeDoc, s, line)
 			continue
 		}
 		user := "lbreadme-" + testUsers.prefix + "-" + s
@@ -315,7 +316,7 @@ func TestReadmeACLLinesWork(t *testing.T) {
 			args = append(args, f)
 		}
 		if err := admin.Do(ctx, args...).Err(); err != nil {
-			t.Errorf("the README's line for %s: %v", s, err)
+			t.Errorf("%s: the line for %s: %v", leastPrivilegeDoc, s, err)
 			continue
 		}
 		defer admin.Do(ctx, "acl", "deluser", user)
@@ -330,16 +331,16 @@ func TestReadmeACLLinesWork(t *testing.T) {
 				}
 			}
 			if ok, err := admin.ACLDryRun(ctx, user, cmd...).Result(); err != nil || ok != "OK" {
-				t.Errorf("the README's user for %s may not run %v: %v, %v", s, cmd, ok, err)
+				t.Errorf("%s: the user for %s may not run %v: %v, %v", leastPrivilegeDoc, s, cmd, ok, err)
 			}
 		}
 		for _, cmd := range append(dangerous, []any{"get", "lbtest:key"}) {
 			if ok, err := admin.ACLDryRun(ctx, user, cmd...).Result(); err != nil || ok == "OK" {
-				t.Errorf("the README's user for %s may run %v: %v, %v", s, cmd, ok, err)
+				t.Errorf("%s: the user for %s may run %v: %v, %v", leastPrivilegeDoc, s, cmd, ok, err)
 			}
 		}
 	}
 	if found != len(strategyNames) {
-		t.Errorf("the README has %d ACL SETUSER lines, want one per strategy (%d)", found, len(strategyNames))
+		t.Errorf("%s has %d ACL SETUSER lines, want one per strategy (%d)", leastPrivilegeDoc, found, len(strategyNames))
 	}
 }

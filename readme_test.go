@@ -27,12 +27,22 @@ func TestReadmeQuickStartIsExampleNew(t *testing.T) {
 	}
 }
 
-// The README's least-privilege section is rendered from commands_test.go:
-// its table of commands, the lock's commands, go-redis's connection
-// commands and the ACL SETUSER lines. The test prints what to paste when
-// they differ.
+// leastPrivilegeDoc is the README's least-privilege page: the commands a
+// Bucket sends and the ACL SETUSER lines, which the README links.
+const leastPrivilegeDoc = "docs/least-privilege.md"
+
+// The least-privilege page is rendered from commands_test.go: its table of
+// commands, the lock's commands, go-redis's connection commands and the ACL
+// SETUSER lines. The test prints what to paste when they differ.
 func TestReadmeLeastPrivilege(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "]("+leastPrivilegeDoc+")") {
+		t.Errorf("README.md does not link %s", leastPrivilegeDoc)
+	}
+	doc, err := os.ReadFile(leastPrivilegeDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,13 +52,14 @@ func TestReadmeLeastPrivilege(t *testing.T) {
 		{"table of connection commands", readmeConnTable()},
 		{"ACL SETUSER lines", readmeACLLines()},
 	} {
-		if !strings.Contains(string(readme), part.text) {
-			t.Errorf("README.md lacks the %s of commands_test.go:\n%s", part.name, part.text)
+		if !strings.Contains(string(doc), part.text) {
+			t.Errorf("%s lacks the %s of commands_test.go:\n%s", leastPrivilegeDoc, part.name, part.text)
 		}
 	}
 }
 
-// readmeCommand writes a command as the README does: `CLIENT SETINFO`.
+// readmeCommand writes a command as the least-privilege page does:
+// `CLIENT SETINFO`.
 func readmeCommand(name string) string {
 	return "`" + strings.ToUpper(strings.ReplaceAll(name, "|", " ")) + "`"
 }
