@@ -32,7 +32,7 @@ import (
 // The lists themselves live in internal/commands, which leakybucket
 // doctor reads too; the names below are the tests' views of them.
 
-// A method of a Bucket, as the README's table names it.
+// A method of a Bucket, as the table of docs/least-privilege.md names it.
 type method = commands.Method
 
 const (

@@ -24,7 +24,7 @@
 // database, so keep its keys in a logical database of their own. Time
 // comes from Redis: the server's own clock, or this host's estimate of it
 // from TIME replies. Concurrent calls to one resource are batched into one
-// round. The README describes the design in full.
+// round. The README and docs/ describe the design in full.
 //
 // The name: every admitted request fills the bucket by its weight and leaks
 // out of it exactly one window later, when Redis expires its log.

@@ -282,7 +282,7 @@ func checkACL(ctx context.Context, node *redis.Client, user, strategy, prefix st
 		}
 	}
 	if len(denied) > 0 {
-		return verdict{levelFail, check, fmt.Sprintf("user %q may not run %s, which the %s strategy sends; fix: ACL SETUSER %s +%s (the README lists every command)",
+		return verdict{levelFail, check, fmt.Sprintf("user %q may not run %s, which the %s strategy sends; fix: ACL SETUSER %s +%s (docs/least-privilege.md lists every command)",
 			user, strings.ToUpper(strings.Join(denied, " ")), strategy, user, strings.Join(denied, " +"))}
 	}
 	return verdict{levelOK, check, fmt.Sprintf("user %q may run every command the %s strategy sends, on keys under %q", user, strategy, prefix+":")}

@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// A Method of a Bucket, as the README's table names it.
+// A Method of a Bucket, as the table of docs/least-privilege.md names it.
 type Method string
 
 // The methods.
