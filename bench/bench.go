@@ -24,6 +24,10 @@ type config struct {
 	tables     *regexp.Regexp // which tables to measure
 	hammer     hammerSpec
 	noisy      noisySpec
+	abuser     abuserSpec
+	procs      procsSpec
+	steady     steadySpec
+	memory     memorySpec
 	costLimits []int  // of the SortedSet cost table
 	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
 	command    string // the command line, for the report
@@ -164,6 +168,13 @@ type results struct {
 	cost   []costRow
 	// inProcess is issue 13's table: NewLocal.
 	inProcess []inProcessRow
+	// Issue 19's: a client past its own limit beside polite ones, and
+	// processes on one key; the distinct-clients workload in a steady
+	// state. Issue 20's: Redis memory per client, and how long it stays.
+	abuser []abuserRow
+	procs  []procsRow
+	steady []steadyRow
+	memory []memoryRow
 }
 
 // Names of the tables, for -table.
@@ -173,9 +184,13 @@ const (
 	noisyTable      = "neighbour"
 	costTable       = "sortedset"
 	inProcessTable  = "inprocess"
+	abuserTable     = "abuser"
+	procsTable      = "processes"
+	steadyTable     = "steady"
+	memoryTable     = "memory"
 )
 
-var tableNames = []string{throughputTable, hammerTable, noisyTable, costTable, inProcessTable}
+var tableNames = []string{throughputTable, steadyTable, hammerTable, noisyTable, abuserTable, procsTable, costTable, memoryTable, inProcessTable}
 
 // run measures every table that -table selects, in order.
 func (r *runner) run(ctx context.Context) (results, error) {
@@ -185,9 +200,13 @@ func (r *runner) run(ctx context.Context) (results, error) {
 		run  func(context.Context, *results) error
 	}{
 		{throughputTable, r.throughput},
+		{steadyTable, r.steadyAll},
 		{hammerTable, r.hammerAll},
 		{noisyTable, r.noisyAll},
+		{abuserTable, r.abuserAll},
+		{procsTable, r.procsAll},
 		{costTable, r.costAll},
+		{memoryTable, r.memoryAll},
 		{inProcessTable, r.inProcessAll},
 	}
 	for _, s := range steps {

@@ -9,6 +9,15 @@ import (
 	"time"
 )
 
+// TestMain lets the test binary serve as one process of the processes
+// table, as the program does.
+func TestMain(m *testing.M) {
+	if code, ok := childMode(); ok {
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
 // TestQuick runs the whole program in -quick mode, when redis-server is
 // installed: every implementation, every table, the checks, the report
 // and the chart.
@@ -55,6 +64,14 @@ func quickRows() map[string][]string {
 	want := map[string][]string{
 		"SortedSet cost": {"| 10/min | 10 |", "| 1 000/min | 1 000 |", "| 10 000/min | 10 000 |"},
 		"Targets":        {"targets met."},
+		"Steady state":   {"| " + sortedSetName + " | " + phaseNames[phaseSteady] + " |", "| " + windowsName + " | " + phaseNames[phaseSteady] + " |"},
+	}
+	for _, a := range abuserImpls() {
+		want["Abuser"] = append(want["Abuser"], "| "+a.name+" | "+a.how+" |")
+	}
+	for _, im := range procsImpls() {
+		want["Processes"] = append(want["Processes"], "| "+im.name+" | 4 processes x 16 goroutines, 2s |")
+		want["Memory"] = append(want["Memory"], "| "+im.name+" | ")
 	}
 	for _, im := range inProcessImpls(quickInProcess) {
 		want["In process"] = append(want["In process"], "| "+im.name+" | ")
@@ -108,12 +125,12 @@ func TestWorkloadsDistinct(t *testing.T) {
 func TestMostWithin(t *testing.T) {
 	ms := time.Millisecond
 	spans := []interval{
-		{1000 * ms, 1004 * ms}, {0, 10 * ms}, {5 * ms, 20 * ms}, {990 * ms, 999 * ms},
-		{6 * ms, 1006 * ms}, // sent inside [5ms, 1005ms), answered after it: not counted
-		{1001 * ms, 1003 * ms},
+		{1000 * ms, 1004 * ms, 1}, {0, 10 * ms, 1}, {5 * ms, 20 * ms, 1}, {990 * ms, 999 * ms, 1},
+		{6 * ms, 1006 * ms, 1}, // sent inside [5ms, 1005ms), answered after it: not counted
+		{1001 * ms, 1003 * ms, 3},
 	}
-	if got := mostWithin(spans, time.Second); got != 4 {
-		t.Errorf("mostWithin = %d, want 4 (the calls within [5ms, 1005ms))", got)
+	if got := mostWithin(spans, time.Second); got != 6 {
+		t.Errorf("mostWithin = %d, want 6 (the weight of the calls within [5ms, 1005ms))", got)
 	}
 	if got := mostWithin(nil, time.Second); got != 0 {
 		t.Errorf("mostWithin(nil) = %d, want 0", got)

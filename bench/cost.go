@@ -53,9 +53,13 @@ func (r *runner) costAll(ctx context.Context, res *results) error {
 	return nil
 }
 
+// costWeight is the weight of the table's calls: the denial cache answers
+// calls of weight 1 only, so each of these is decided by Redis.
+const costWeight = 2
+
 // cost fills one key's window to the limit, then measures one goroutine
-// calling it for a cell: every call is denied and records nothing, so each
-// decision reads the same full window.
+// calling it with calls of weight costWeight for a cell: every call is
+// denied and records nothing, so each decision reads the same full window.
 func (r *runner) cost(ctx context.Context, limit int) (costRow, error) {
 	s := r.lib
 	b, err := newBucket(s.client, limit, r.cfg.window, leakybucket.WithStrategy(leakybucket.SortedSet))
@@ -72,7 +76,7 @@ func (r *runner) cost(ctx context.Context, limit int) (costRow, error) {
 	}
 	out := costRow{Limit: limit, Members: int64(limit), Fill: time.Since(t0)}
 	w := workload{Name: "cost", Resource: costResource, Keys: 1, Goroutines: 1}
-	got := load{w: w, lims: []limiter{libLimiter{b}}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout}.run(ctx)
+	got := load{w: w, lims: []limiter{libLimiter{b}}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout, weights: []int{costWeight}}.run(ctx)
 	if err := ctx.Err(); err != nil {
 		return costRow{}, err
 	}
@@ -84,7 +88,12 @@ func (r *runner) cost(ctx context.Context, limit int) (costRow, error) {
 	if got.Admitted[0] > 0 || n != int64(limit) {
 		return costRow{}, fmt.Errorf("the window did not stay full: %d calls admitted, %d members at the end", got.Admitted[0], n)
 	}
-	out.Check = "ok, full throughout"
+	// One goroutine, so no batching: each decision that Redis made is one
+	// round trip; fewer would mean some were answered in process.
+	if out.Trips < 0.99 {
+		return costRow{}, fmt.Errorf("%.2f round trips per decision: some calls were answered without Redis", out.Trips)
+	}
+	out.Check = "ok, full throughout, every call decided by Redis"
 	return out, nil
 }
 

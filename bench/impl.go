@@ -132,10 +132,19 @@ func newBucket(rdb *redis.Client, limit int, window time.Duration, opts ...leaky
 	}, opts...)...)
 }
 
+// A weightedLimiter also decides calls of weight n, all or nothing.
+type weightedLimiter interface {
+	AllowN(ctx context.Context, resource, client string, n int) (allowed bool, err error)
+}
+
 type libLimiter struct{ b *leakybucket.Bucket }
 
 func (l libLimiter) Allow(ctx context.Context, resource, client string) (bool, error) {
-	res, err := l.b.Allow(ctx, resource, client)
+	return l.AllowN(ctx, resource, client, 1)
+}
+
+func (l libLimiter) AllowN(ctx context.Context, resource, client string, n int) (bool, error) {
+	res, err := l.b.AllowN(ctx, resource, client, n)
 	return res.Allowed, err
 }
 
@@ -145,7 +154,11 @@ type rateLimiter struct {
 }
 
 func (r rateLimiter) Allow(ctx context.Context, resource, client string) (bool, error) {
-	res, err := r.l.Allow(ctx, resource+":"+client, r.limit)
+	return r.AllowN(ctx, resource, client, 1)
+}
+
+func (r rateLimiter) AllowN(ctx context.Context, resource, client string, n int) (bool, error) {
+	res, err := r.l.AllowN(ctx, resource+":"+client, r.limit, n)
 	if err != nil {
 		return false, err
 	}
@@ -159,7 +172,13 @@ func (r rateLimiter) Allow(ctx context.Context, resource, client string) (bool, 
 type ululeLimiter struct{ l *ulule.Limiter }
 
 func (u ululeLimiter) Allow(ctx context.Context, resource, client string) (bool, error) {
-	res, err := u.l.Get(ctx, resource+":"+client)
+	return u.AllowN(ctx, resource, client, 1)
+}
+
+// AllowN counts n (Get is Increment of 1); a call past the limit is
+// counted too, as ulule's fixed window counts every attempt.
+func (u ululeLimiter) AllowN(ctx context.Context, resource, client string, n int) (bool, error) {
+	res, err := u.l.Increment(ctx, resource+":"+client, int64(n))
 	if err != nil {
 		return false, err
 	}

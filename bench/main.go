@@ -31,6 +31,9 @@ import (
 )
 
 func main() {
+	if code, ok := childMode(); ok {
+		os.Exit(code)
+	}
 	os.Exit(benchMain(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -107,10 +110,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 // config turns the flags into what the run measures.
 func (f flags) config() (config, error) {
 	cfg := config{timeout: f.timeout, window: f.window, limits: throughputLimits, quick: f.quick, out: f.out,
-		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy, costLimits: fullCostLimits}
+		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy, costLimits: fullCostLimits,
+		abuser: fullAbuser, procs: fullProcs, steady: fullSteady, memory: fullMemory}
 	if f.quick {
 		cfg.workloads, cfg.cell, cfg.hammer, cfg.noisy = quickWorkloads(), 150*time.Millisecond, quickHammer, quickNoisy
-		cfg.costLimits = quickCostLimits
+		cfg.costLimits, cfg.abuser, cfg.procs, cfg.steady, cfg.memory = quickCostLimits, quickAbuser, quickProcs, quickSteady, quickMemory
 	} else if cfg.out == "" {
 		cfg.out = "."
 	}
@@ -259,18 +263,23 @@ func violations(res results) error {
 			bad = append(bad, fmt.Sprintf("%s, limit %d, %s: %s", r.Workload.Name, r.Limit, r.Impl, r.Check))
 		}
 	}
-	for _, h := range res.hammer {
-		if h.Violation {
-			bad = append(bad, fmt.Sprintf("hammer, %s: %s", h.Impl, h.Check))
-		}
-	}
-	for _, n := range res.noisy {
-		if n.Violation {
-			bad = append(bad, fmt.Sprintf("noisy neighbour, %s: %s", n.Impl, n.Check))
-		}
-	}
+	bad = append(bad, badRows("hammer", res.hammer, func(h hammerRow) (string, string, bool) { return h.Impl, h.Check, h.Violation })...)
+	bad = append(bad, badRows("noisy neighbour", res.noisy, func(n noisyRow) (string, string, bool) { return n.Impl, n.Check, n.Violation })...)
+	bad = append(bad, badRows("abuser", res.abuser, func(a abuserRow) (string, string, bool) { return a.Impl, a.Check, a.Violation })...)
+	bad = append(bad, badRows("processes", res.procs, func(p procsRow) (string, string, bool) { return p.Impl, p.Check, p.Violation })...)
 	if len(bad) > 0 {
 		return errors.New("a limiter admitted more than its limit:\n  " + strings.Join(bad, "\n  "))
 	}
 	return nil
+}
+
+// badRows names the rows of one table whose check found an over-admission.
+func badRows[T any](table string, rows []T, get func(T) (impl, check string, violation bool)) []string {
+	var bad []string
+	for _, r := range rows {
+		if impl, check, v := get(r); v {
+			bad = append(bad, fmt.Sprintf("%s, %s: %s", table, impl, check))
+		}
+	}
+	return bad
 }

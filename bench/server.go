@@ -195,9 +195,12 @@ func (s *server) readInfo(ctx context.Context, admin *redis.Client) error {
 
 // client returns a client of the server, as its default user, with pool
 // connections at most.
-func (s *server) client(pool int) *redis.Client {
+func (s *server) client(pool int) *redis.Client { return s.clientDB(pool, 0) }
+
+// clientDB is client, on logical database db.
+func (s *server) clientDB(pool, db int) *redis.Client {
 	return redis.NewClient(&redis.Options{
-		Addr: s.addr, PoolSize: pool, MaxRetries: -1, DisableIdentity: true,
+		Addr: s.addr, DB: db, PoolSize: pool, MaxRetries: -1, DisableIdentity: true,
 	})
 }
 

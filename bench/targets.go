@@ -5,7 +5,8 @@ import (
 	"strings"
 )
 
-// A target is one of issue 11's, judged on one run's figures.
+// A target is one of issue 11's (or 13's, 19's), judged on one run's
+// figures.
 type target struct {
 	Target   string // what is asked
 	Impl     string
@@ -23,8 +24,69 @@ func targets(cfg config, res results) []target {
 			out = append(out, throughputTargets(res.rows, w, limit, limit == cfg.limits[0])...)
 		}
 	}
+	out = append(out, steadyTargets(res.steady)...)
 	out = append(append(out, hammerTargets(res.hammer)...), noisyTargets(res.noisy)...)
+	out = append(append(out, abuserTargets(res.abuser)...), procsTargets(res.procs)...)
 	return append(out, inProcessTargets(res.inProcess)...)
+}
+
+// steadyTargets are issue 11's targets on distinct keys, judged on the
+// steady phase of the steady table: what users get.
+func steadyTargets(rows []steadyRow) []target {
+	var out []target
+	for _, r := range rows {
+		p := r.Phases[phaseSteady]
+		if p.Pairs == 0 {
+			continue
+		}
+		least := 1.0
+		if r.Impl == windowsName {
+			least = 1.2
+		}
+		where := fmt.Sprintf("steady state, %s, %s/%s, %v cells alternating", r.Spec.workload().Name, thousands(int64(r.Spec.Limit)), shortDur(r.Spec.Window), r.Spec.Cell)
+		ours, peer := row{Impl: r.Impl, measures: p.Ours}, row{measures: p.Peer}
+		out = append(out, rateTarget(ours, peer, least, where), p99Target(ours, peer, where))
+	}
+	return out
+}
+
+// abuserTargets (issue 19): beside a client past its own limit, >= 95% of
+// the polite calls admitted, for this library's strategies.
+func abuserTargets(rows []abuserRow) []target {
+	var out []target
+	for _, a := range rows {
+		if !isOurs(a.Impl) {
+			continue
+		}
+		least := (95*a.Spec.Polite + 99) / 100
+		out = append(out, target{
+			Target: fmt.Sprintf("polite calls admitted >= %d of %d", least, a.Spec.Polite), Impl: a.Impl,
+			Where:    fmt.Sprintf("abuser at its own limit, %d Buckets x %d goroutines; a call every %v from a fresh client", a.Spec.Buckets, a.Spec.Goroutines, a.Spec.Pace),
+			Measured: fmt.Sprintf("%d of %d (abuser: %.3f round trips per call)", a.Admitted, a.Spec.Polite, a.AbuserTrips), Met: a.Admitted >= int64(least),
+		})
+	}
+	return out
+}
+
+// procsTargets (issue 19): processes on one key admit >= 90% of the most
+// possible, and never more than the limit in a window.
+func procsTargets(rows []procsRow) []target {
+	var out []target
+	for _, p := range rows {
+		if !p.Ours {
+			continue
+		}
+		where := fmt.Sprintf("%d processes x %d goroutines, one key, weights 1-3, %d/%s, %v", p.Spec.Procs, p.Spec.Goroutines, p.Spec.Limit, shortDur(p.Spec.Window), p.Spec.Duration)
+		out = append(out, target{
+			Target: "admitted >= 90% of the most possible", Impl: p.Impl, Where: where,
+			Measured: fmt.Sprintf("%.1f%% (%d of %d)", p.ofMost(), p.Units, p.Spec.mostPossible()), Met: p.ofMost() >= 90,
+		}, target{
+			Target: fmt.Sprintf("never more than %d in any window", p.Spec.Limit), Impl: p.Impl, Where: where,
+			Measured: fmt.Sprintf("at most %d in any %v (%d in any %v)", p.MostInCheck, p.Spec.checkSpan(), p.MostInWindow, p.Spec.Window),
+			Met:      p.MostInCheck <= int64(p.Spec.Limit),
+		})
+	}
+	return out
 }
 
 // speedup is one target on decisions/s against redis_rate.

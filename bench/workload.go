@@ -53,11 +53,15 @@ type loadResult struct {
 	Elapsed   time.Duration
 	Latencies []int64    // ns, one per decision
 	Spans     []interval // of each admitted call, with load.spans
+	Units     int64      // the weight admitted, all keys
 }
 
 // An interval is when a call was sent and when its answer came, since the
-// load started: the limiter decided it in between.
-type interval struct{ Start, End time.Duration }
+// load started: the limiter decided it in between. Weight is what it asked.
+type interval struct {
+	Start, End time.Duration
+	Weight     int64
+}
 
 // A load is the calls of one cell: w.Goroutines goroutines call w's keys
 // round-robin, goroutine g through lims[g*len(lims)/w.Goroutines] (so that
@@ -69,6 +73,13 @@ type load struct {
 	tr         *trips // of the clients the limiters use
 	d, timeout time.Duration
 	spans      bool // keep the interval of each admitted call
+	// weights: the calls ask these weights in turn, each goroutine from
+	// its own place in the turn (through AllowN where a weight is not 1);
+	// none: weight 1.
+	weights []int
+	// start, if set, is when the calls begin: the load waits for it (the
+	// processes of one load share it). Else at once.
+	start time.Time
 }
 
 // tally is what the goroutines of a load share.
@@ -94,13 +105,27 @@ func (t *tally) note(k int, ok bool, err error) {
 type callerResult struct {
 	lat   []int64
 	spans []interval
+	units int64
 }
 
 // allowWithin is one call, bounded by timeout.
 func allowWithin(ctx context.Context, lim limiter, timeout time.Duration, resource, client string) (bool, error) {
+	return allowNWithin(ctx, lim, timeout, resource, client, 1)
+}
+
+// allowNWithin is one call of weight n, bounded by timeout: through Allow
+// for weight 1, else through AllowN, which lim must have.
+func allowNWithin(ctx context.Context, lim limiter, timeout time.Duration, resource, client string, n int) (bool, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return lim.Allow(cctx, resource, client)
+	if n == 1 {
+		return lim.Allow(cctx, resource, client)
+	}
+	wl, ok := lim.(weightedLimiter)
+	if !ok {
+		return false, fmt.Errorf("%T has no AllowN", lim)
+	}
+	return wl.AllowN(cctx, resource, client, n)
 }
 
 // run makes the load's calls and returns what they measured.
@@ -109,10 +134,14 @@ func (l load) run(ctx context.Context) loadResult {
 	per := make([]callerResult, l.w.Goroutines)
 	trips0, scripts0 := l.tr.n.Load(), l.tr.scripts.Load()
 	t0 := time.Now()
+	if !l.start.IsZero() {
+		time.Sleep(time.Until(l.start))
+		t0 = l.start
+	}
 	var wg sync.WaitGroup
 	for g := range l.w.Goroutines {
 		lim := l.lims[g*len(l.lims)/l.w.Goroutines]
-		wg.Go(func() { per[g] = l.call(ctx, lim, t, t0) })
+		wg.Go(func() { per[g] = l.call(ctx, lim, t, t0, g) })
 	}
 	wg.Wait()
 	r := loadResult{
@@ -125,18 +154,25 @@ func (l load) run(ctx context.Context) loadResult {
 }
 
 // call is one goroutine of the load.
-func (l load) call(ctx context.Context, lim limiter, t *tally, t0 time.Time) callerResult {
+func (l load) call(ctx context.Context, lim limiter, t *tally, t0 time.Time, g int) callerResult {
 	out := callerResult{lat: make([]int64, 0, 1024)}
 	end := t0.Add(l.d)
 	for ctx.Err() == nil && time.Now().Before(end) {
 		k := int((t.next.Add(1) - 1) % int64(l.w.Keys))
+		n := 1
+		if len(l.weights) > 0 {
+			n = l.weights[(g+len(out.lat))%len(l.weights)]
+		}
 		s := time.Now()
-		ok, err := allowWithin(ctx, lim, l.timeout, l.w.Resource, l.w.client(k))
+		ok, err := allowNWithin(ctx, lim, l.timeout, l.w.Resource, l.w.client(k), n)
 		e := time.Now()
 		out.lat = append(out.lat, int64(e.Sub(s)))
 		t.note(k, ok, err)
+		if ok {
+			out.units += int64(n)
+		}
 		if ok && l.spans {
-			out.spans = append(out.spans, interval{s.Sub(t0), e.Sub(t0)})
+			out.spans = append(out.spans, interval{s.Sub(t0), e.Sub(t0), int64(n)})
 		}
 	}
 	return out
@@ -156,24 +192,26 @@ func (r *loadResult) collect(t *tally, per []callerResult) {
 	for _, c := range per {
 		r.Latencies = append(r.Latencies, c.lat...)
 		r.Spans = append(r.Spans, c.spans...)
+		r.Units += c.units
 	}
 }
 
-// mostWithin is the most intervals that fit in one span of length d: calls
-// both sent and answered within it, so each was decided inside it. The
-// best span starts at some call's start, so only those are tried.
+// mostWithin is the most weight of the intervals that fit in one span of
+// length d: calls both sent and answered within it, so each was decided
+// inside it. The best span starts at some call's start, so only those are
+// tried.
 func mostWithin(spans []interval, d time.Duration) int64 {
 	s := slices.Clone(spans)
 	slices.SortFunc(s, func(a, b interval) int { return cmp.Compare(a.Start, b.Start) })
-	most := 0
+	var most int64
 	for i := range s {
-		end, n := s[i].Start+d, 0
+		end, n := s[i].Start+d, int64(0)
 		for j := i; j < len(s) && s[j].Start < end; j++ {
 			if s[j].End < end {
-				n++
+				n += s[j].Weight
 			}
 		}
 		most = max(most, n)
 	}
-	return int64(most)
+	return most
 }

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The memory table (issue 20): Clients clients of one resource make Calls
+// calls each under PerClient(Per(Limit, Window)); then what Redis holds
+// per client (used_memory before and after, over Clients), the keys' PTTL,
+// and when, on the real clock, the database is empty again (DBSIZE 0:
+// Redis has expired every key), checked every Poll up to Bound after the
+// last call. Each implementation writes to a logical database of its own,
+// so that the waits overlap and one DBSIZE counts one implementation.
+type memorySpec struct {
+	Clients, Calls, Limit, Goroutines int
+	Window, Bound, Poll               time.Duration
+}
+
+var (
+	fullMemory  = memorySpec{Clients: 2_000, Calls: 3, Limit: 10, Goroutines: 16, Window: 10 * time.Second, Bound: 40 * time.Second, Poll: 100 * time.Millisecond}
+	quickMemory = memorySpec{Clients: 200, Calls: 3, Limit: 10, Goroutines: 8, Window: time.Second, Bound: 3 * time.Second, Poll: 50 * time.Millisecond}
+)
+
+// memoryRow is one implementation's memory.
+type memoryRow struct {
+	Impl      string
+	Spec      memorySpec
+	Keys      int64 // after the calls
+	Bytes     int64 // used_memory after less before
+	NoTTL     int64 // keys without an expiry
+	MinTTL    time.Duration
+	MaxTTL    time.Duration
+	Gone      time.Duration // from the last call's reply to DBSIZE 0
+	Left      int64         // keys still there at Bound, if any
+	Errors    int64
+	FirstErr  string
+	db        int
+	client    *redis.Client
+	lastReply time.Time
+}
+
+// perClient is Bytes over the clients.
+func (m memoryRow) perClient() float64 { return float64(m.Bytes) / float64(m.Spec.Clients) }
+
+// memoryAll fills each implementation's database, then waits for them to
+// empty.
+func (r *runner) memoryAll(ctx context.Context, res *results) error {
+	spec := r.cfg.memory
+	var rows []*memoryRow
+	defer func() {
+		for _, m := range rows {
+			m.client.Close()
+		}
+	}()
+	for i, im := range r.impls(func(im impl) bool { return im.ours || im.name == redisRateName || im.name == ululeName }) {
+		m := &memoryRow{Impl: im.name, Spec: spec, db: 1 + i}
+		rows = append(rows, m)
+		if err := r.fillMemory(ctx, im, m); err != nil {
+			return fmt.Errorf("%s: %w", im.name, err)
+		}
+	}
+	if err := awaitEmpty(ctx, rows, spec); err != nil {
+		return err
+	}
+	for _, m := range rows {
+		fmt.Fprintf(r.log, "bench: memory %-33s %d keys, %.0f bytes per client, PTTL %v–%v, empty %v after the last call (%d left)\n",
+			m.Impl, m.Keys, m.perClient(), m.MinTTL, m.MaxTTL, m.Gone.Round(10*time.Millisecond), m.Left)
+		res.memory = append(res.memory, *m)
+	}
+	return nil
+}
+
+// fillMemory makes im's calls in its database and measures what they
+// left.
+func (r *runner) fillMemory(ctx context.Context, im impl, m *memoryRow) error {
+	spec, s := m.Spec, r.sideOf(im)
+	m.client = s.srv.clientDB(poolSize, m.db)
+	if err := warmPool(ctx, m.client, spec.Goroutines); err != nil {
+		return err
+	}
+	lim, err := im.make(m.client, spec.Limit, spec.Window)
+	if err != nil {
+		return err
+	}
+	if _, err := lim.Allow(ctx, "warmup", "warmup"); err != nil {
+		return fmt.Errorf("warm-up call: %w", err)
+	}
+	if err := m.client.FlushDB(ctx).Err(); err != nil {
+		return err
+	}
+	before, err := usedMemory(ctx, s.admin)
+	if err != nil {
+		return err
+	}
+	m.calls(ctx, lim, r.cfg.timeout)
+	after, err := usedMemory(ctx, s.admin)
+	if err != nil {
+		return err
+	}
+	m.Bytes = after - before
+	return m.readTTLs(ctx)
+}
+
+// calls makes every client's calls, from Goroutines goroutines.
+func (m *memoryRow) calls(ctx context.Context, lim limiter, timeout time.Duration) {
+	var next, errs atomic.Int64
+	var first sync.Once
+	var wg sync.WaitGroup
+	total := int64(m.Spec.Clients * m.Spec.Calls)
+	for range m.Spec.Goroutines {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < total; i = next.Add(1) - 1 {
+				client := "client-" + strconv.FormatInt(i%int64(m.Spec.Clients), 10)
+				if _, err := allowWithin(ctx, lim, timeout, "memory", client); err != nil {
+					errs.Add(1)
+					first.Do(func() { m.FirstErr = err.Error() })
+				}
+			}
+		})
+	}
+	wg.Wait()
+	m.lastReply, m.Errors = time.Now(), errs.Load()
+}
+
+// readTTLs counts the keys and reads their PTTL.
+func (m *memoryRow) readTTLs(ctx context.Context) error {
+	var keys []string
+	iter := m.client.Scan(ctx, 0, "*", 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	m.Keys = int64(len(keys))
+	cmds, err := m.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			p.PTTL(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	m.MinTTL = -1
+	for _, c := range cmds {
+		d := c.(*redis.DurationCmd).Val()
+		switch {
+		case d < 0:
+			m.NoTTL++
+		case m.MinTTL < 0:
+			m.MinTTL, m.MaxTTL = d, d
+		default:
+			m.MinTTL, m.MaxTTL = min(m.MinTTL, d), max(m.MaxTTL, d)
+		}
+	}
+	return nil
+}
+
+// awaitEmpty polls each database until it is empty, or Bound has passed
+// since the last call of the last implementation.
+func awaitEmpty(ctx context.Context, rows []*memoryRow, spec memorySpec) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	deadline := rows[len(rows)-1].lastReply.Add(spec.Bound)
+	for {
+		waiting, err := pollEmpty(ctx, rows)
+		if err != nil || waiting == 0 || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(spec.Poll):
+		}
+	}
+}
+
+// pollEmpty reads the DBSIZE of each database not yet seen empty, notes
+// when one is, and returns how many are still waited for.
+func pollEmpty(ctx context.Context, rows []*memoryRow) (int, error) {
+	waiting := 0
+	for _, m := range rows {
+		if m.Gone > 0 {
+			continue
+		}
+		n, err := m.client.DBSize(ctx).Result()
+		if err != nil {
+			return 0, err
+		}
+		if m.Left = n; n == 0 {
+			m.Gone = time.Since(m.lastReply)
+			continue
+		}
+		waiting++
+	}
+	return waiting, nil
+}
+
+// usedMemory is the server's used_memory (INFO memory), in bytes.
+func usedMemory(ctx context.Context, admin *redis.Client) (int64, error) {
+	info, err := admin.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no used_memory in INFO memory")
+}
