@@ -57,7 +57,9 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 //     (ZREMRANGEBYRANK Requests -1: only pending members can be there, as
 //     the set held at most Requests before), and gives the members that
 //     stayed their real score (ZADD XX);
-//  3. sets the key to expire with its newest member.
+//  3. sets the key to expire lagLimit after its newest member leaves the
+//     window, unless it expires later already (PEXPIREAT NX, then GT),
+//     if the batch wrote to it.
 //
 // So a call that does not fit is gone before EXEC returns: it never makes
 // another caller see the set fuller than it is. A call the cap let in may
@@ -121,6 +123,8 @@ type zSet struct {
 	spec setSpec
 	read int // how many oldest members to read
 
+	written bool // some call of the batch adds members (others only look)
+
 	card, first, latest int // replies
 
 	held   int        // members held before the call being judged
@@ -172,6 +176,7 @@ func (b *zBatch) write(byKey map[string]*zSet, keys keyspace, spec setSpec, c re
 	if c.look {
 		return w // it only reads the set
 	}
+	set.written = true
 	w.members = make([]any, c.n)
 	for unit := range c.n {
 		w.members[unit] = member(spec, c.client, id, unit)
@@ -204,7 +209,11 @@ func (b *zBatch) queue(t *txn) {
 		}
 	}
 	for _, set := range b.sets {
-		t.add("pexpireat", set.key, b.now+set.spec.window)
+		if set.written {
+			for _, cmd := range extendTo(set.key, b.now+set.spec.window+lagLimit.Milliseconds()) {
+				t.add(cmd...)
+			}
+		}
 	}
 }
 
