@@ -47,12 +47,28 @@ func (l lane) at(index int64) int64 {
 func (l lane) stamp(now int64) int64 { return l.at(now / l.span) }
 
 // lastDead is the newest interval that no rule of the lane counts at now:
-// the last whose stamp is at least longest before now.
+// the last whose stamp is at least longest before now. A fixed lane is
+// judged at its decision's stamp, which may trail Redis's time by up to
+// lagLimit: its last window stays alive that much longer, so that a
+// decision stamped just before the boundary still finds it (and no HDEL
+// takes it first).
 func (l lane) lastDead(now int64) int64 {
 	if l.fixed {
-		return now/l.span - 1
+		return (now-lagLimit.Milliseconds())/l.span - 1
 	}
 	return (now+1-l.longest)/l.span - 1
+}
+
+// expireAt is when a hash may expire once a call stamped now counted in
+// it: when the call's interval leaves the lane's longest window (a sliding
+// lane counts at Redis's own time, so its reads never need more), and for
+// a fixed lane lagLimit later (see lastDead).
+func (l lane) expireAt(now int64) int64 {
+	at := l.stamp(now) + l.longest
+	if l.fixed {
+		at += lagLimit.Milliseconds()
+	}
+	return at
 }
 
 // layout is the lanes of a Bucket's rules, and how their hash fields are
@@ -174,24 +190,31 @@ func (y layout) lastDead(g int, now int64) int64 {
 }
 
 // expireAt is when a hash written at now may expire: once no rule counts
-// an interval of it, and expireMargin later.
+// the interval of a call stamped now (lane.expireAt). That is at most one
+// precision after the window of a call made at now ends (its interval's
+// end), or lagLimit after a fixed window's. A hash is only ever given a
+// later deadline, never an earlier one (PEXPIREAT NX, then GT: see
+// windowsStore).
 func (y layout) expireAt(now int64) int64 {
 	var at int64
 	for _, l := range y.lanes {
-		at = max(at, l.stamp(now)+l.longest)
+		at = max(at, l.expireAt(now))
 	}
-	return at + expireMargin.Milliseconds()
+	return at
 }
 
-// expireMargin is how long a hash outlives its last counted interval. Its
-// PEXPIREAT is absolute, and computed from this host's estimate of Redis's
-// time, which may be behind Redis's by up to clockJump and a round trip
-// (round.go); a take-back carries one too, and may land up to resolveFor
-// and takeBackFor later. An expiry Redis reads as past deletes the hash at
-// once, with counts other calls made in a window still open: a fixed
-// window's last interval ends right at the boundary, so without the margin
-// every take-back just after one would empty the new window.
-const expireMargin = clockJump + resolveFor + takeBackFor
+// genLife is how long Windows' generation key lives after a FlushAll (and
+// after the decisions of its generation, which extend it to their hashes'
+// deadline): longer than any hash written before the FlushAll, which a late
+// decision or take-back may have made again under the old generation's
+// name, can hold an interval any rule counts. See windowsStore.flushAll.
+func (y layout) genLife() time.Duration {
+	var life int64
+	for _, l := range y.lanes {
+		life = max(life, l.span+l.longest)
+	}
+	return time.Duration(life)*time.Millisecond + lagLimit
+}
 
 // tag names the layout in the keys, as w<longest>p<span> per lane (f<span>
 // for a fixed one): Buckets whose lanes differ in span, stamping or

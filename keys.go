@@ -24,7 +24,9 @@ import (
 //	                              made at Redis time <ms>; it expires (PXAT)
 //	                              when the longest window has passed
 //	SortedSet, per rule of window W ms and limit L:
-//	P:T:{R}:zset:W:L              a per-resource rule's calls (members C:<id>:<unit>)
+//	P:T:{R}:zset:W:L              a per-resource rule's calls (members C:<id>:<unit>,
+//	                              or ~D:<id>:<unit> for a client name over 16 bytes,
+//	                              D its 128-bit digest: see memberPrefix)
 //	P:T:{R}:zset:W:L:C            a per-client rule's calls (members <id>:<unit>),
 //	                              one member per unit of weight, scored by Redis
 //	                              time (ms); at most L members
@@ -36,7 +38,8 @@ import (
 //	P:T:{R}:hashG:C               the client's weight per interval, when a rule
 //	                              is per-client
 //	P:T:{R}:gen                   the generation, once FlushAll ran; it expires
-//	                              after the longest window
+//	                              with the last hash of its generation, and no
+//	                              sooner than genLife after the FlushAll
 //
 // Why this shape:
 //   - The tag keeps apart Buckets that would corrupt each other's counts if

@@ -283,17 +283,26 @@ func TestLayoutTag(t *testing.T) {
 	}
 }
 
-// A hash outlives its last counted interval by more than a decision or a
-// take-back can be late: a PEXPIREAT Redis reads as past would delete the
-// counts of a window still open. The worst case is a fixed window's last
-// millisecond.
-func TestExpiryOutlivesLateWrites(t *testing.T) {
+// A hash outlives every interval a rule counts of a call stamped now, and
+// no more than one precision beyond its window (a fixed window: lagLimit
+// beyond it, for a decision whose stamp trails Redis's time).
+func TestExpiryBounds(t *testing.T) {
 	y := mixedLayout()
 	for _, now := range []int64{30*60_000 - 1, 30 * 60_000, 17} {
-		late := now + (clockJump + resolveFor + takeBackFor).Milliseconds()
-		if at := y.expireAt(now); at <= late {
-			t.Errorf("expireAt(%d) = %d: a write stamped then may land at %d, after it", now, at, late)
+		at := y.expireAt(now)
+		for _, l := range y.lanes {
+			if counted := l.stamp(now) + l.longest; at < counted {
+				t.Errorf("expireAt(%d) = %d: lane %+v counts the call until %d", now, at, l, counted)
+			}
 		}
+		// The longest window is the hour's, at a precision of 30 minutes.
+		if most := now + time.Hour.Milliseconds() + 30*time.Minute.Milliseconds(); at > most {
+			t.Errorf("expireAt(%d) = %d: more than a precision after the window, %d", now, at, most)
+		}
+	}
+	fixed := newLayout(0, []Rule{{ScopeResource, Per(1, time.Minute)}})
+	if got, want := fixed.expireAt(61_000), 120_000+lagLimit.Milliseconds(); got != want {
+		t.Errorf("fixed expireAt = %d, want the window's end and lagLimit, %d", got, want)
 	}
 }
 

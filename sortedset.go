@@ -2,6 +2,8 @@ package leakybucket
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -57,7 +59,9 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 //     (ZREMRANGEBYRANK Requests -1: only pending members can be there, as
 //     the set held at most Requests before), and gives the members that
 //     stayed their real score (ZADD XX);
-//  3. sets the key to expire with its newest member.
+//  3. sets the key to expire lagLimit after its newest member leaves the
+//     window, unless it expires later already (PEXPIREAT NX, then GT),
+//     if the batch wrote to it.
 //
 // So a call that does not fit is gone before EXEC returns: it never makes
 // another caller see the set fuller than it is. A call the cap let in may
@@ -92,13 +96,33 @@ func (s sortedSetStore) key(keys keyspace, spec setSpec, client string) string {
 }
 
 // member names one unit of weight of a call: the client is in the members
-// of a per-resource set, for Flush.
+// of a per-resource set, for Flush, as memberPrefix names it.
 func member(spec setSpec, client, id string, unit int) string {
 	m := id + ":" + strconv.Itoa(unit)
 	if spec.scope == ScopeResource {
-		m = encode(client) + ":" + m
+		m = memberPrefix(client) + m
 	}
 	return m
+}
+
+// shortClient is the longest client name that a member carries whole.
+const shortClient = 16
+
+// memberPrefix is how the members of a per-resource set name client: its
+// encoding and ':' for a name of at most shortClient bytes (at most 22
+// characters, as every version wrote them), else '~', a 128-bit digest
+// (the first 16 bytes of its SHA-256, encoded) and ':', so that a member
+// is at most about 50 bytes whatever the name. No encoding holds '~' or
+// ':', so one client's prefix is never another's unless two long names
+// share a digest, a chance of 2^-128 per pair: Flush removes the members
+// with the client's prefix, and one that removed another client's
+// admitted members would let that many more in.
+func memberPrefix(client string) string {
+	if len(client) <= shortClient {
+		return encode(client) + ":"
+	}
+	sum := sha256.Sum256([]byte(client))
+	return "~" + base64.RawURLEncoding.EncodeToString(sum[:16]) + ":"
 }
 
 func (s sortedSetStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
@@ -120,6 +144,8 @@ type zSet struct {
 	key  string
 	spec setSpec
 	read int // how many oldest members to read
+
+	written bool // some call of the batch adds members (others only look)
 
 	card, first, latest int // replies
 
@@ -172,6 +198,7 @@ func (b *zBatch) write(byKey map[string]*zSet, keys keyspace, spec setSpec, c re
 	if c.look {
 		return w // it only reads the set
 	}
+	set.written = true
 	w.members = make([]any, c.n)
 	for unit := range c.n {
 		w.members[unit] = member(spec, c.client, id, unit)
@@ -204,7 +231,11 @@ func (b *zBatch) queue(t *txn) {
 		}
 	}
 	for _, set := range b.sets {
-		t.add("pexpireat", set.key, b.now+set.spec.window)
+		if set.written {
+			for _, cmd := range extendTo(set.key, b.now+set.spec.window+lagLimit.Milliseconds()) {
+				t.add(cmd...)
+			}
+		}
 	}
 }
 
@@ -393,7 +424,8 @@ func (s sortedSetStore) flush(ctx context.Context, at site, client string) error
 	if err != nil {
 		return err
 	}
-	mine := encode(client) + ":"
+	// A long name's members written before the digest carry it whole.
+	mine, before := memberPrefix(client), encode(client)+":"
 	_, err = at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		if len(own) > 0 {
 			pipe.Del(ctx, own...)
@@ -401,7 +433,7 @@ func (s sortedSetStore) flush(ctx context.Context, at site, client string) error
 		for key, members := range shared {
 			var gone []any
 			for _, m := range members.Val() {
-				if strings.HasPrefix(m, mine) {
+				if strings.HasPrefix(m, mine) || strings.HasPrefix(m, before) {
 					gone = append(gone, m)
 				}
 			}

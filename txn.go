@@ -281,6 +281,23 @@ func (t *txn) look(ctx context.Context, node *redis.Client) (bool, error) {
 	return done == "done", err
 }
 
+// extendTo returns the commands that make key expire at at (absolute Redis
+// ms) unless it expires later already: PEXPIREAT NX gives a key that the
+// transaction made (it has no deadline yet) its first, and PEXPIREAT GT
+// only ever moves a deadline later. So a writer whose stamp trails
+// another's, or who comes late, never shortens a key's life.
+func extendTo(key string, at int64) [][]any {
+	return [][]any{{"pexpireat", key, at, "nx"}, {"pexpireat", key, at, "gt"}}
+}
+
+// dropIfMade returns the command that deletes key at once if the commands
+// before it in the transaction made it (it has no deadline yet), and else
+// does nothing: a take-back's. The weight a take-back takes out was
+// written to a key whose deadline covers every interval any rule may
+// count it in; finding the key gone, the take-back would make a key of
+// negative counts, which is dropped rather than let live.
+func dropIfMade(key string) []any { return []any{"pexpireat", key, 1, "nx"} }
+
 // Replies of EXEC, as go-redis reads them (RESP3 or RESP2).
 
 func replyInt(v any) int64 {

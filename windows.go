@@ -197,7 +197,9 @@ func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatc
 
 func (b *hBatch) queue(t *txn) {
 	b.genReply = t.add("get", b.keys.generation())
+	wrote := false
 	for _, h := range b.order {
+		wrote = wrote || h.added > 0
 		if h.added > 0 {
 			if h.client {
 				t.add("hsetnx", h.key, incarnationField, b.token)
@@ -208,8 +210,14 @@ func (b *hBatch) queue(t *txn) {
 		}
 		h.read = t.add("hgetall", h.key)
 		if h.added > 0 {
-			t.add("pexpireat", h.key, b.expireAt(b.now))
+			for _, cmd := range extendTo(h.key, b.expireAt(b.now)) {
+				t.add(cmd...)
+			}
 		}
+	}
+	if wrote && b.gen != "" {
+		// The generation outlives every hash of its own (see flushAll).
+		t.add("pexpireat", b.keys.generation(), b.expireAt(b.now), "gt")
 	}
 }
 
@@ -333,9 +341,9 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
 	for g := range b.spans {
 		cmds = append(cmds, []any{"hincrby", h.key, b.current(g, b.now), -n})
 	}
-	// A take-back that raced a FlushAll makes an old generation's hash
-	// again: let it expire.
-	return append(cmds, []any{"pexpireat", h.key, b.expireAt(b.now)})
+	// A hash gone meanwhile (it expired, or a FlushAll deleted it) is not
+	// made again.
+	return append(cmds, dropIfMade(h.key))
 }
 
 // parse reads a hash's fields at now: its intervals, and the fields no
@@ -516,17 +524,20 @@ func (s windowsStore) share(keys keyspace, resource string, mine *hash, now int6
 		}
 	}
 	if len(t.cmds) > 0 {
-		t.add("pexpireat", resource, s.expireAt(now))
+		t.add(dropIfMade(resource)...)
 	}
 	return t
 }
 
 // flushAll starts a new generation, and deletes the hashes of the resource
 // (with SCAN when a rule is per-client): a decision or take-back that
-// raced it writes to the old generation, which nothing reads. The
-// generation's key outlives the longest window and the latest take-back
-// (resolveFor, takeBackFor), so that no decision counts with what a late
-// take-back wrote to a generation before.
+// raced it writes to the old generation, which nothing reads. When the
+// generation's key expires, the names start again from the first
+// generation's, so it must outlive every hash that holds an interval some
+// rule counts: those written before the flush (genLife after it: each
+// was written by a call stamped before it) and those of its own generation
+// (each decision extends it to its hash's deadline, with GT). It lives no
+// longer than that.
 func (s windowsStore) flushAll(ctx context.Context, at site) error {
 	keys := []string{at.keys.hash(s.gen(at.keys))}
 	if s.hasClientRule {
@@ -539,7 +550,9 @@ func (s windowsStore) flushAll(ctx context.Context, at site) error {
 	var bumped *redis.IntCmd
 	_, err := at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		bumped = pipe.Incr(ctx, at.keys.generation())
-		pipe.PExpire(ctx, at.keys.generation(), time.Duration(s.longest)*time.Millisecond+resolveFor+takeBackFor)
+		life := s.genLife().Milliseconds()
+		pipe.Do(ctx, "pexpire", at.keys.generation(), life, "nx")
+		pipe.Do(ctx, "pexpire", at.keys.generation(), life, "gt")
 		if len(keys) > 0 {
 			pipe.Del(ctx, keys...)
 		}
