@@ -266,12 +266,13 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 	for _, set := range b.sets {
 		set.start(t.replies)
 	}
-	undo := map[*zSet][]any{}
+	due := zBacklog{undo: map[*zSet][]any{}, late: map[*zSet][]any{}}
 	// The calls were scored with the estimate of Redis's time, off by at
 	// most its error: the Results count them from Redis's own time when it
 	// is earlier, so that a stopped clock (a test's) gives the same Results
 	// every run.
 	stamp := min(b.now, now)
+	restamp := now-b.now > maxEarly
 	for i, c := range b.calls {
 		v := view{now: now, counts: make([]count, len(b.rules))}
 		for r, w := range b.of[i] {
@@ -279,19 +280,49 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 			v.counts[r].stamp = stamp
 		}
 		recorded := judge(i, v)
-		b.settleWrites(t, i, recorded, stamp, undo)
+		b.settleWrites(t, i, recorded, stamp, due)
+		if recorded && restamp {
+			due.note(due.late, b.distinct(i))
+		}
 	}
 	for _, set := range b.sets {
-		if members := undo[set]; len(members) > 0 {
+		if members := due.undo[set]; len(members) > 0 {
 			back.add(append([]any{"zrem", set.key}, members...)...)
+		}
+		if members := due.late[set]; len(members) > 0 {
+			back.add(append([]any{"zadd", set.key, "xx", "gt"}, scored(now, members)...)...)
 		}
 	}
 	return nil
 }
 
-// settleWrites updates call i's sets as Redis did, and notes in undo the
+// maxEarly bounds, in ms, how much earlier than Redis's time a recorded
+// call's members may stay scored. The stamp is the estimate of Redis's
+// time less its error, so it is never late, but the transaction runs a
+// round trip after it, later still on a loaded host: members scored that
+// early would leave their window as early, and let it admit past its
+// limit by what it admitted meanwhile. Those of a transaction that ran
+// more than maxEarly after its stamp are scored again with its TIME, by
+// the take-back's transaction (ZADD XX GT: never earlier, and only members
+// still there), long before their window ends.
+const maxEarly = 1
+
+// zBacklog is what a batch leaves to do after its transaction: by set,
+// the members to take back, and those to score again.
+type zBacklog struct{ undo, late map[*zSet][]any }
+
+// note adds the members of writes to m.
+func (zBacklog) note(m map[*zSet][]any, writes []*zWrite) {
+	for _, w := range writes {
+		if len(w.members) > 0 {
+			m[w.set] = append(m[w.set], w.members...)
+		}
+	}
+}
+
+// settleWrites updates call i's sets as Redis did, and notes in due the
 // members to take back if the call was not recorded.
-func (b *zBatch) settleWrites(t *txn, i int, recorded bool, stamp int64, undo map[*zSet][]any) {
+func (b *zBatch) settleWrites(t *txn, i int, recorded bool, stamp int64, due zBacklog) {
 	for _, w := range b.distinct(i) {
 		if len(w.members) == 0 {
 			continue // it only looked
@@ -301,7 +332,7 @@ func (b *zBatch) settleWrites(t *txn, i int, recorded bool, stamp int64, undo ma
 		// Without WithRecordDenied the cap removed the newest members,
 		// which are the call's: all of them, for a call that did not fit.
 		if !recorded && (b.recordDenied || evicted < len(w.members)) {
-			undo[w.set] = append(undo[w.set], w.members...)
+			due.undo[w.set] = append(due.undo[w.set], w.members...)
 		}
 	}
 }
