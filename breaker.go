@@ -211,14 +211,11 @@ func (b *Bucket) settle(ctx context.Context, resource string, err error) error {
 // to the breaker: not a local Bucket's, nor one the breaker itself gave,
 // nor a busy lock's.
 func (b *Bucket) feedsBreaker(resource string, err error) bool {
-	var open *openError
-	switch {
-	case err == nil, b.local != nil, b.cfg.noBreaker, resource == "":
-		return false
-	case errors.As(err, &open), errors.Is(err, ErrLockNotObtained):
-		return false
+	if err == nil || b.local != nil || b.cfg.noBreaker || resource == "" {
+		return false // before open's address is taken: that allocates
 	}
-	return true
+	var open *openError
+	return !errors.As(err, &open) && !errors.Is(err, ErrLockNotObtained)
 }
 
 // gone reports whether err says that the server cannot be reached: a
