@@ -67,7 +67,9 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 // another caller see the set fuller than it is. A call the cap let in may
 // still be denied by another rule, or be a weighted call that fit only in
 // part: its members are then removed by a second round trip (ZREM), and
-// until then others count them, at worst denied for that round trip.
+// until then others count them. Such a call is one that every rule showed
+// this process room for (foresight.go): a call it saw no room for only
+// looks, and writes nothing.
 // With WithRecordDenied every call is kept and the cap drops the oldest
 // instead: the newest Requests attempts decide, as all of them would.
 type sortedSetStore struct {

@@ -69,17 +69,20 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 // The calls are then judged in order: each counts the intervals read, less
 // the batch's own weight, plus the weight of the batch's calls admitted
 // before it. So a call sees every call decided before it, in this process
-// or any other (transactions run one at a time), and nothing else. The
-// weight of the calls not recorded is then taken back (HINCRBY of minus
-// it), in a second fenced transaction: until it lands, others count it, at
-// worst denied for that round trip.
+// or any other (transactions run one at a time), and nothing else. Only
+// calls that every rule showed this process room for are written
+// (foresight.go); the weight of those not recorded is then taken back
+// (HINCRBY of minus it), in a second fenced transaction, under a guard of
+// the client's hash (see guard) where there is one: until it lands,
+// others count it.
 //
 // A take-back must never apply to a hash made again by a flush, or the
 // count would go below what was admitted. So the hashes are named by a
 // generation, which FlushAll bumps (INCR): a decision or take-back that
 // raced a FlushAll writes to the old generation's hashes, which nothing
-// reads and which expire. A decision that wrote to an old generation
-// (its process had not seen the flush yet) is made again.
+// reads and which expire; and a client's hash carries an incarnation,
+// which Flush ends with the hash. A decision that wrote to an old
+// generation (its process had not seen the flush yet) is made again.
 type windowsStore struct {
 	plan
 	layout
