@@ -7,7 +7,7 @@ test:
 # make fuzz: a short run of each fuzz target (FUZZTIME=1m for longer).
 FUZZTIME ?= 20s
 fuzz:
-	go test -run='^$$' -fuzz='^FuzzKeys$$' -fuzztime=$(FUZZTIME) .
+	go test -run='^$$' -fuzz='^FuzzKeys$$' -fuzztime=$(FUZZTIME) ./internal/keys
 	go test -run='^$$' -fuzz='^FuzzAllowInput$$' -fuzztime=$(FUZZTIME) .
 	go test -run='^$$' -fuzz='^FuzzParseLimit$$' -fuzztime=$(FUZZTIME) ./cmd/leakybucket
 

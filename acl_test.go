@@ -11,8 +11,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leakybucket/leakybucket/internal/commands"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/commands"
 )
 
 // Least privilege, proven. Before the tests, TestMain creates on the real

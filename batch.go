@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // Batching. Concurrent AllowN calls of one process that go to the same
@@ -69,8 +71,8 @@ type line struct {
 
 // shared is what the batches of one line share, for the stores.
 type shared struct {
-	lock  lockView // what this process knows of the lock (Logs)
-	carry carried  // take-backs for the line's next transaction (round.go)
+	lock  lock.View // what this process knows of the lock (Logs)
+	carry carried   // take-backs for the line's next transaction (round.go)
 	// busy reports whether calls wait in the line: a batch after this
 	// one will carry what this one hands on.
 	busy func() bool
@@ -192,7 +194,7 @@ func (q *batcher) abandon(l *line, c *call) (Result, error) {
 	if c.batch != nil && allAbandoned(c.batch.calls) {
 		c.batch.cancel()
 	}
-	return Result{}, givenUp(c.ctx, l.shared.lock.contended(), l.lastErr)
+	return Result{}, givenUp(c.ctx, l.shared.lock.Contended(), l.lastErr)
 }
 
 // settle gives c the result res, and reports whether its caller still
@@ -266,7 +268,7 @@ func (q *batcher) work(key string, l *line) {
 		if err == nil {
 			start := time.Now()
 			err = q.run(ctx, b.calls, &l.shared)
-			if err == nil && l.shared.lock.freeSince(start) {
+			if err == nil && l.shared.lock.FreeSince(start) {
 				q.took(time.Since(start))
 			}
 		}
@@ -332,7 +334,7 @@ func (q *batcher) finish(l *line, b *batch, ctx context.Context, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err != nil && ctx.Err() != nil {
-		err = givenUp(ctx, l.shared.lock.contended(), err)
+		err = givenUp(ctx, l.shared.lock.Contended(), err)
 	}
 	l.lastErr = err
 	for _, c := range b.calls {

@@ -58,7 +58,7 @@ func (e *env) awaitContended(t *testing.T, b *Bucket, resource, client string) {
 		b.batches.mu.Lock()
 		line, ok := b.batches.lines[key]
 		b.batches.mu.Unlock()
-		return ok && line.shared.lock.contended()
+		return ok && line.shared.lock.Contended()
 	}
 	for deadline := time.Now().Add(time.Minute); !contended(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
 )
 
 // The breaker. Once a call finds a Redis server unreachable (a failed
@@ -132,7 +134,7 @@ func (br *breaker) startProbe(suspect bool) {
 // failure's cause, and closes it once the server answers; or stops when
 // no call has come for probeIdle.
 func (br *breaker) probe() {
-	wait := probeFirstWait
+	waits := backoff.New(probeFirstWait, probeMaxWait)
 	for {
 		err := br.ping()
 		if !gone(err) {
@@ -146,8 +148,7 @@ func (br *breaker) probe() {
 			br.stopProbing()
 			return
 		}
-		time.Sleep(wait)
-		wait = min(2*wait, probeMaxWait)
+		time.Sleep(waits.NextBackoff())
 	}
 }
 
@@ -190,7 +191,7 @@ func (b *Bucket) settle(ctx context.Context, resource string, err error) error {
 	if !b.feedsBreaker(resource, err) {
 		return err
 	}
-	node, nerr := b.node(ctx, b.keysOf(resource).slotKey())
+	node, nerr := b.node(ctx, b.keysOf(resource).Slot())
 	if nerr != nil {
 		return err
 	}

@@ -5,6 +5,10 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // A Bucket limits requests to resources by the rules it was made with,
@@ -21,7 +25,7 @@ type Bucket struct {
 	maxN          int // the smallest Requests of the rules
 
 	keyPrefix string // the prefix and the tag of the strategy's key layout
-	clocks    clocks
+	clocks    clock.Set
 	batches   batcher
 	denials   denials
 	foresight foresight
@@ -107,22 +111,22 @@ func nodeOf(rdb redis.UniversalClient) (func(context.Context, string) (*redis.Cl
 const lockFreeWorkers = 2
 
 // siteOf returns where resource's counts live.
-func (b *Bucket) siteOf(ctx context.Context, resource string, lock *lockView) (site, error) {
-	keys := b.keysOf(resource)
-	node, err := b.node(ctx, keys.slotKey())
+func (b *Bucket) siteOf(ctx context.Context, resource string, view *lock.View) (site, error) {
+	ks := b.keysOf(resource)
+	node, err := b.node(ctx, ks.Slot())
 	if err != nil {
 		return site{}, classify(err)
 	}
 	if err := b.admit(node); err != nil {
 		return site{}, err // the breaker is open: see breaker.go
 	}
-	refind := func(ctx context.Context) (*redis.Client, error) { return b.node(ctx, keys.slotKey()) }
-	return site{node: node, keys: keys, clock: b.clocks.of(node.Options().Addr), route: b.route, lock: lock, refind: refind}, nil
+	refind := func(ctx context.Context) (*redis.Client, error) { return b.node(ctx, ks.Slot()) }
+	return site{node: node, keys: ks, clock: b.clocks.Of(node.Options().Addr), route: b.route, lock: view, refind: refind}, nil
 }
 
 // keysOf names the keys of resource.
-func (b *Bucket) keysOf(resource string) keyspace {
-	return resourceKeys(b.keyPrefix, resource)
+func (b *Bucket) keysOf(resource string) keys.Space {
+	return keys.Of(b.keyPrefix, resource)
 }
 
 // check refuses bad input before anything is sent.

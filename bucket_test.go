@@ -590,7 +590,7 @@ func TestHugeWeightsDoNotOverflow(t *testing.T) {
 func TestNilRetryStrategy(t *testing.T) {
 	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(PerMinute(1)), WithLockRetry(func() redislock.RetryStrategy { return nil }))
-		e.admin.Set(context.Background(), b.keysOf("r").clientLock("a"), "x", time.Minute)
+		e.admin.Set(context.Background(), b.keysOf("r").ClientLock("a"), "x", time.Minute)
 		if _, err := b.Allow(context.Background(), "r", "a"); !errors.Is(err, ErrLockNotObtained) {
 			t.Errorf("Allow on a held lock with a nil strategy: error %v, want ErrLockNotObtained", err)
 		}

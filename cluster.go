@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // On a Redis Cluster a Bucket runs each decision on the *redis.Client of the
@@ -69,20 +71,20 @@ func (c *clusterRoute) redirected(err error) error {
 
 // conn returns node as the connection of a read of keys' resource: on a
 // cluster, one whose every pipeline also checks that node owns the slot.
-func (c *clusterRoute) conn(node *redis.Client, keys keyspace) pipeliner {
+func (c *clusterRoute) conn(node *redis.Client, ks keys.Space) pipeliner {
 	if c == nil {
 		return node
 	}
-	return slotGuarded{node: node, key: keys.slotKey()}
+	return slotGuarded{node: node, key: ks.Slot()}
 }
 
 // owns returns nil if node owns keys' slot, and is not migrating it away;
 // else the MOVED or ASK error (or the error of the round trip).
-func (c *clusterRoute) owns(ctx context.Context, node *redis.Client, keys keyspace) error {
+func (c *clusterRoute) owns(ctx context.Context, node *redis.Client, ks keys.Space) error {
 	if c == nil {
 		return nil
 	}
-	return node.Exists(ctx, keys.slotKey()).Err()
+	return node.Exists(ctx, ks.Slot()).Err()
 }
 
 // slotGuarded is a node whose every pipeline starts with EXISTS key. If that

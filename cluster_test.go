@@ -18,6 +18,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // The cluster suite runs on a real 3-master Redis Cluster whose default user
@@ -247,7 +249,7 @@ func (tc *testCluster) resourceOn(t *testing.T, m *clusterMaster, candidates fun
 	t.Helper()
 	for i := range 10000 {
 		r := candidates(i)
-		if tc.owner(t, tc.slot(t, resourceKeys("p", r).slotKey())) == m {
+		if tc.owner(t, tc.slot(t, keys.Of("p", r).Slot())) == m {
 			return r
 		}
 	}
@@ -259,15 +261,15 @@ func (tc *testCluster) resourceOn(t *testing.T, m *clusterMaster, candidates fun
 func (m *clusterMaster) keysOn(t *testing.T, prefix string) []string {
 	t.Helper()
 	ctx := context.Background()
-	var keys []string
-	iter := m.rdb.Scan(ctx, 0, matchPrefix(prefix), 1000).Iterator()
+	var found []string
+	iter := m.rdb.Scan(ctx, 0, keys.MatchPrefix(prefix), 1000).Iterator()
 	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
+		found = append(found, iter.Val())
 	}
 	if err := iter.Err(); err != nil {
 		t.Fatalf("%s: SCAN: %v", m.addr, err)
 	}
-	return keys
+	return found
 }
 
 // cleanPrefix deletes every key under prefix on every master.
@@ -318,7 +320,7 @@ func TestClusterSlots(t *testing.T) {
 	covered := map[*clusterMaster]bool{}
 	slotOf := map[string]int{} // by encoded resource
 	add := func(r string) {
-		key := resourceKeys("p", r).slotKey()
+		key := keys.Of("p", r).Slot()
 		slot := tc.slot(t, key)
 		owner := tc.owner(t, slot)
 		node, err := cc.MasterForKey(ctx, key)
@@ -326,14 +328,14 @@ func TestClusterSlots(t *testing.T) {
 			t.Fatalf("MasterForKey(%q) = %v, %v; CLUSTER SLOTS says %s", key, node, err, owner.addr)
 		}
 		covered[owner] = true
-		slotOf[encode(r)] = slot
+		slotOf[keys.Encode(r)] = slot
 	}
 	for _, r := range resources {
 		add(r)
 	}
 	for i := 0; len(covered) < len(tc.masters); i++ {
 		r := awkward[i%len(awkward)] + strconv.Itoa(i)
-		if !covered[tc.owner(t, tc.slot(t, resourceKeys("p", r).slotKey()))] {
+		if !covered[tc.owner(t, tc.slot(t, keys.Of("p", r).Slot()))] {
 			resources = append(resources, r)
 			add(r)
 		}
@@ -382,7 +384,7 @@ func TestClusterSlots(t *testing.T) {
 			}
 		}
 		for _, r := range resources {
-			if found[encode(r)] == 0 {
+			if found[keys.Encode(r)] == 0 {
 				t.Errorf("no key of resource %q found", r)
 			}
 		}
@@ -470,7 +472,7 @@ func TestClusterScanOwnMaster(t *testing.T) {
 		for i, owner := range tc.masters {
 			r := tc.resourceOn(t, owner, func(j int) string { return "scan-" + strconv.Itoa(j) })
 			for j := range others { // in the resource's slot, so on its master
-				if err := cc.Set(ctx, fmt.Sprintf("%s:other:{%s}:%d", prefix, encode(r), j), "", time.Minute).Err(); err != nil {
+				if err := cc.Set(ctx, fmt.Sprintf("%s:other:{%s}:%d", prefix, keys.Encode(r), j), "", time.Minute).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -662,7 +664,7 @@ func testMigration(t *testing.T, tc *testCluster, s Strategy) {
 		t.Fatal(err)
 	}
 	const resource = "migrating"
-	slot := tc.slot(t, resourceKeys(prefix, resource).slotKey())
+	slot := tc.slot(t, keys.Of(prefix, resource).Slot())
 	from := tc.owner(t, slot)
 	to := tc.masters[(slices.Index(tc.masters, from)+1)%len(tc.masters)]
 	moved := false

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leakybucket/leakybucket/internal/commands"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/commands"
 )
 
 // The Redis commands a Bucket sends, by strategy and method: the one list

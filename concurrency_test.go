@@ -12,6 +12,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // The concurrency tests admit exactly the limit with 64 goroutines in this
@@ -266,7 +268,7 @@ func (h *helperT) Fatal(args ...any) {
 func cleanPrefix(rdb redis.UniversalClient, prefix string) {
 	ctx := context.Background()
 	_ = forEachNode(rdb, func(node *redis.Client) error {
-		iter := node.Scan(ctx, 0, matchPrefix(prefix), 1000).Iterator()
+		iter := node.Scan(ctx, 0, keys.MatchPrefix(prefix), 1000).Iterator()
 		for iter.Next(ctx) {
 			node.Del(ctx, iter.Val())
 		}

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
 )
 
 // The contention tests of issue 19, written as an adversarial user would:
@@ -494,10 +496,10 @@ const (
 	procFairPercent = 90
 	procMaxWeight   = 3
 	// stampError bounds how far a call's stamp may stray from the span of
-	// the call: the clock's estimate may be up to clockJump early or late
+	// the call: the clock's estimate may be up to clock.Jump early or late
 	// beyond the transaction's round trip (round.go's stampOff), which
 	// lies within the span.
-	stampError = clockJump
+	stampError = clock.Jump
 )
 
 // procJob is what a child process of TestContentionProcesses runs.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"runtime"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // The decision path, top to bottom: AllowN validates its input and queues
@@ -94,8 +97,8 @@ func (b *Bucket) AllowNInto(ctx context.Context, resource, client string, n int,
 // was seen moving at the pace of this host's: only then may the denial
 // cache count time for it (a test's stopped clock moves by jumps).
 func (b *Bucket) clockRuns(ctx context.Context, resource string) bool {
-	node, err := b.node(ctx, b.keysOf(resource).slotKey())
-	return err == nil && b.clocks.of(node.Options().Addr).pace() == paceRunning
+	node, err := b.node(ctx, b.keysOf(resource).Slot())
+	return err == nil && b.clocks.Of(node.Options().Addr).Pace() == clock.PaceRunning
 }
 
 // batchKey names the line of a call: calls that can be decided in one
@@ -103,11 +106,11 @@ func (b *Bucket) clockRuns(ctx context.Context, resource string) bool {
 // per-resource, else the (resource, client)'s. The other strategies decide
 // a whole resource's calls in one MULTI/EXEC.
 func (b *Bucket) batchKey(resource, client string) string {
-	keys := b.keysOf(resource)
+	ks := b.keysOf(resource)
 	if _, locked := b.store.(logsStore); locked {
-		return lockKey(keys, b.plan, client)
+		return lockKey(ks, b.plan, client)
 	}
-	return keys.slotKey()
+	return ks.Slot()
 }
 
 // decideBatch decides the calls of batch, all to one resource: the store
@@ -124,7 +127,7 @@ func (b *Bucket) decideBatch(ctx context.Context, batch []*call, sh *shared) err
 	for i, c := range batch {
 		requests[i] = request{client: c.client, n: c.n}
 	}
-	if now, ok := at.clock.now(); ok && b.foresees() {
+	if now, ok := at.clock.Now(); ok && b.foresees() {
 		b.foresight.foresee(b.plan, batch[0].resource, requests, now)
 	}
 	again, err := b.decideRequests(ctx, at, batch, requests)
@@ -184,7 +187,7 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res
 	if err := b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	return bounded(ctx, func(ctx context.Context, _ *lockView) (Result, error) {
+	return bounded(ctx, func(ctx context.Context, _ *lock.View) (Result, error) {
 		v, err := b.read(ctx, resource, client, n)
 		if err != nil {
 			return Result{}, err
@@ -202,7 +205,7 @@ func (b *Bucket) Usage(ctx context.Context, resource, client string) ([]RuleResu
 	if err := b.check(resource, client, 1); err != nil {
 		return nil, err
 	}
-	return bounded(ctx, func(ctx context.Context, _ *lockView) ([]RuleResult, error) {
+	return bounded(ctx, func(ctx context.Context, _ *lock.View) ([]RuleResult, error) {
 		v, err := b.read(ctx, resource, client, 1)
 		if err != nil {
 			return nil, err

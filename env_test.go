@@ -20,6 +20,8 @@ import (
 	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // The behaviour suite runs every test against two servers:
@@ -111,7 +113,7 @@ func (e *env) keys(t *testing.T) []string {
 		return all
 	}
 	err := forEachNode(e.admin, func(node *redis.Client) error {
-		iter := node.Scan(context.Background(), 0, matchPrefix(e.prefix), 1000).Iterator()
+		iter := node.Scan(context.Background(), 0, keys.MatchPrefix(e.prefix), 1000).Iterator()
 		for iter.Next(context.Background()) {
 			all = append(all, iter.Val())
 		}

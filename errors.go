@@ -1,6 +1,10 @@
 package leakybucket
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/leakybucket/leakybucket/internal/lock"
+)
 
 // Errors returned by New and by the Bucket's methods. Match them with
 // errors.Is: most are wrapped with detail, and ErrLockNotObtained is joined
@@ -55,7 +59,7 @@ var (
 	// strategy gave up. Nothing was recorded. (A call whose context ends
 	// while Redis is slow or unreachable gets its context's error, or
 	// ErrUnavailable, not this one.)
-	ErrLockNotObtained = errors.New("leakybucket: lock not obtained")
+	ErrLockNotObtained = lock.ErrNotObtained
 
 	// ErrUnavailable: Redis could not be reached or did not answer: a
 	// connection refused or reset, an I/O timeout, a pool that cannot
@@ -69,5 +73,5 @@ var (
 	// was written, so the write was refused and nothing was recorded. It
 	// means the lock TTL is shorter than a decision takes (a slow SCAN of a
 	// large database, a long pause of the process): raise WithLockTTL.
-	ErrLockExpired = errors.New("leakybucket: lock expired before the decision was written")
+	ErrLockExpired = lock.ErrExpired
 )

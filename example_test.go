@@ -9,8 +9,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/leakybucket/leakybucket"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket"
 )
 
 func ExampleNew() {

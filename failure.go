@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // classify turns an error of a Redis call into what the caller is told:
@@ -58,7 +60,7 @@ func unreachable(err error) bool {
 // holder): f then goes on in the background until it notices, so a call
 // never overruns its deadline while Redis is slow or a lock is released.
 // A call whose context has already ended sends nothing.
-func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lockView) (T, error)) (T, error) {
+func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lock.View) (T, error)) (T, error) {
 	var zero T
 	if ctx.Err() != nil {
 		return zero, givenUp(ctx, false, nil)
@@ -67,7 +69,7 @@ func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lockV
 		v   T
 		err error
 	}
-	view := &lockView{}
+	view := &lock.View{}
 	done := make(chan outcome, 1)
 	go func() {
 		v, err := f(ctx, view)
@@ -81,7 +83,7 @@ func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lockV
 		case o := <-done:
 			return o.v, o.err
 		default:
-			return zero, givenUp(ctx, view.contended(), nil)
+			return zero, givenUp(ctx, view.Contended(), nil)
 		}
 	}
 }

@@ -2,6 +2,8 @@ package leakybucket
 
 import (
 	"context"
+
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // Flush forgets the counts of client at resource: its own, and its share of
@@ -22,8 +24,8 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error)
 		return b.local.flush(ctx, resource, client)
 	}
 	b.denials.forget(resource, &client)
-	_, err = bounded(ctx, func(ctx context.Context, lock *lockView) (struct{}, error) {
-		at, err := b.siteOf(ctx, resource, lock)
+	_, err = bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
+		at, err := b.siteOf(ctx, resource, view)
 		if err != nil {
 			return struct{}{}, err
 		}
@@ -49,8 +51,8 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
 		return b.local.flushAll(ctx, resource)
 	}
 	b.denials.forget(resource, nil)
-	_, err = bounded(ctx, func(ctx context.Context, lock *lockView) (struct{}, error) {
-		at, err := b.siteOf(ctx, resource, lock)
+	_, err = bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
+		at, err := b.siteOf(ctx, resource, view)
 		if err != nil {
 			return struct{}{}, err
 		}

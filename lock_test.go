@@ -15,6 +15,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // pauseBeforeExec stalls the MULTI/EXEC of a decision, like a GC pause or a
@@ -124,7 +126,7 @@ func (b *busyLocks) wait(n int, stop <-chan struct{}) bool {
 func TestLockBusy(t *testing.T) {
 	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
-		lockKey := b.keysOf("r").clientLock("a")
+		lockKey := b.keysOf("r").ClientLock("a")
 		e.admin.Set(context.Background(), lockKey, "someone else", time.Minute)
 		// The Bucket's connections and clock estimate first, so that the
 		// deadline is spent on the lock, not on dialing a loaded server.
@@ -157,7 +159,7 @@ func TestLockBusy(t *testing.T) {
 			t.Errorf("the other holder's lock is now %q", got)
 		}
 		// The waiter's claim to be next in line lapses on its own.
-		time.Sleep(queueTTL + ms)
+		time.Sleep(lock.ClaimTTL + ms)
 		if keys := e.keys(t); len(keys) != 1 {
 			t.Errorf("keys %q, want only the other holder's lock", keys)
 		}
@@ -177,7 +179,7 @@ func TestLockReleasedWhileWaiting(t *testing.T) {
 		b := e.bucket(t, PerResource(Per(5, time.Minute)))
 		busy := newBusyLocks()
 		e.addHook(busy)
-		lockKey := b.keysOf("r").resourceLock()
+		lockKey := b.keysOf("r").ResourceLock()
 		e.admin.Set(ctx, lockKey, "someone else", time.Minute)
 		done := make(chan bool)
 		go func() {
@@ -308,7 +310,7 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 	eachLocked(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(PerMinute(5)))
-		lockKey := b.keysOf("r").resourceLock()
+		lockKey := b.keysOf("r").ResourceLock()
 		e.addHook(takeOverAndAbort{e.admin, lockKey})
 		// Redis reports EXECABORT; miniredis checks the WATCH first.
 		if _, err := b.Allow(ctx, "r", "a"); !redis.IsExecAbortError(errors.Unwrap(err)) && !errors.Is(err, ErrLockExpired) {

@@ -6,6 +6,9 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // parseLog reads a key found under logs (the resource's log prefix). A key
@@ -47,23 +50,23 @@ type logsStore struct{ plan }
 
 // lockKey names the lock of client's decisions at a resource: the
 // resource's when a rule is per-resource, else the (resource, client)'s.
-func lockKey(keys keyspace, p plan, client string) string {
+func lockKey(ks keys.Space, p plan, client string) string {
 	if p.clientScoped {
-		return keys.clientLock(client)
+		return ks.ClientLock(client)
 	}
-	return keys.resourceLock()
+	return ks.ResourceLock()
 }
 
 // read scans the client's own logs when every rule is per-client, else the
 // whole resource's.
-func (s logsStore) read(keys keyspace, client string) *logScan {
-	prefix := keys.logs()
+func (s logsStore) read(ks keys.Space, client string) *logScan {
+	prefix := ks.Logs()
 	if s.clientScoped {
-		prefix = keys.clientLogs(client)
+		prefix = ks.ClientLogs(client)
 	}
 	return &logScan{
-		logs:  keys.logs(),
-		match: matchPrefix(prefix),
+		logs:  ks.Logs(),
+		match: keys.MatchPrefix(prefix),
 		count: int64(s.scanCount),
 		seen:  map[string]struct{}{},
 		t:     newTally(),
@@ -76,7 +79,7 @@ func (s logsStore) read(keys keyspace, client string) *logScan {
 // releases the lock.
 func (s logsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
 	client := calls[0].client // every call's, when every rule is per-client
-	return locked(ctx, at, lockKey(at.keys, s.plan, client), s.plan, s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+	return s.locked(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
@@ -86,7 +89,7 @@ func (s logsStore) decide(ctx context.Context, at site, calls []request, judge j
 			}
 		}
 		for client, weight := range weights {
-			pipe.Do(ctx, "set", at.keys.newLog(client, t.now, weight), "", "pxat", t.now+s.longest)
+			pipe.Do(ctx, "set", at.keys.NewLog(client, t.now, weight), "", "pxat", t.now+s.longest)
 		}
 	})
 }
@@ -104,7 +107,7 @@ func (s logsStore) peek(ctx context.Context, at site, client string, _ int) (vie
 
 // flush deletes the client's logs under the lock.
 func (s logsStore) flush(ctx context.Context, at site, client string) error {
-	return locked(ctx, at, lockKey(at.keys, s.plan, client), s.plan, s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+	return s.locked(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
 		if ids := ids(t.of(client)); len(ids) > 0 {
 			pipe.Del(ctx, ids...)
 		}
@@ -116,10 +119,10 @@ func (s logsStore) flush(ctx context.Context, at site, client string) error {
 // through; when every rule is per-client there is no such lock.
 func (s logsStore) flushAll(ctx context.Context, at site) error {
 	if s.clientScoped {
-		return deleteUnder(ctx, at, at.keys.logs(), s.scanCount)
+		return deleteUnder(ctx, at, at.keys.Logs(), s.scanCount)
 	}
-	r := newKeyScan(at.keys.logs(), s.scanCount)
-	return locked(ctx, at, at.keys.resourceLock(), s.plan, r, func(pipe redis.Pipeliner, _ *tally) {
+	r := newKeyScan(at.keys.Logs(), s.scanCount)
+	return s.locked(ctx, at, at.keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
 		if len(r.found) > 0 {
 			pipe.Del(ctx, r.found...)
 		}
@@ -204,6 +207,27 @@ func ids(entries []logEntry) []string {
 	return ids
 }
 
+// locked runs a read-then-write of the logs under the lock key (see
+// package lock): r's reads, then write's commands with the release.
+func (s logsStore) locked(ctx context.Context, at site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
+	view := at.lock
+	if view == nil {
+		view = &lock.View{}
+	}
+	o := lock.Options{TTL: s.lockTTL, Retry: s.lockRetry(), Clock: at.clock}
+	return lock.Run(ctx, at.node, key, o, view, section{r: r, write: write})
+}
+
+// section is a read-then-write of the logs, as the lock runs it.
+type section struct {
+	r     reader
+	write func(redis.Pipeliner, *tally)
+}
+
+func (s section) Read(ctx context.Context, pipe redis.Pipeliner) { s.r.queue(ctx, pipe) }
+func (s section) Finish(ctx context.Context, tx *redis.Tx) error { return s.r.finish(ctx, tx) }
+func (s section) Write(pipe redis.Pipeliner)                     { s.write(pipe, s.r.tally()) }
+
 // A reader reads the counts of one decision under the lock.
 type reader interface {
 	// queue adds the first reads and TIME to a pipeline: the lock's, or
@@ -244,7 +268,7 @@ type keyScan struct {
 }
 
 func newKeyScan(prefix string, count int) *keyScan {
-	return &keyScan{match: matchPrefix(prefix), count: int64(count), seen: map[string]struct{}{}, t: newTally()}
+	return &keyScan{match: keys.MatchPrefix(prefix), count: int64(count), seen: map[string]struct{}{}, t: newTally()}
 }
 
 func (s *keyScan) queue(ctx context.Context, pipe redis.Pipeliner) {

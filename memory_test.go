@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // Memory: what a Bucket leaves in Redis, and for how long (docs/design.md,
@@ -117,7 +120,7 @@ func checkTTLs(t *testing.T, e *env, keys []string, window time.Duration, sent t
 		// Not before the call's window ends (a fixed window's ends
 		// sooner, and a log's is its own): its stamp trails Redis's time
 		// by at most its round trip.
-		if ttl+elapsed < window-clockJump && e.strategy != FixedWindows && !strings.Contains(key, ":log:") {
+		if ttl+elapsed < window-clock.Jump && e.strategy != FixedWindows && !strings.Contains(key, ":log:") {
 			t.Errorf("%s: PTTL %v, %v after the last call: it would expire before the call's window ends", key, ttl, elapsed)
 		}
 		last = max(last, ttl)
@@ -137,7 +140,7 @@ func TestLateTakeBackKeepsCounts(t *testing.T) {
 		ctx := context.Background()
 		mustAllowN(t, b, "c", 1, true)
 		s, keys := b.store.(windowsStore), b.keysOf("r")
-		hash := keys.hash("")
+		hash := keys.Hash("")
 		before := deadlineOf(t, e, hash)
 		batch := s.newBatch(keys, serverMillis(t, e)-20_000, []request{{client: "c", n: 1}})
 		late := batch.subtract(nil, batch.order[0], 1)
@@ -253,7 +256,7 @@ func TestSortedSetMembersBounded(t *testing.T) {
 		set := b.store.(sortedSetStore).key(b.keysOf("r"), b.store.(sortedSetStore).sets[0], "")
 		checkMembers(t, e, set, 53)
 		// A member an older version wrote, the long name whole.
-		old := encode(long) + ":old:0"
+		old := keys.Encode(long) + ":old:0"
 		if err := e.admin.ZAdd(ctx, set, redis.Z{Score: float64(time.Now().UnixMilli()), Member: old}).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +268,7 @@ func TestSortedSetMembersBounded(t *testing.T) {
 			t.Fatalf("after Flush of the long name: %d members, %v; want the lookalike's 3", len(left), err)
 		}
 		for _, m := range left {
-			if !strings.HasPrefix(m, encode(lookalike)+":") {
+			if !strings.HasPrefix(m, keys.Encode(lookalike)+":") {
 				t.Errorf("member %.40q left: want only the lookalike's", m)
 			}
 		}

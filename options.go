@@ -3,11 +3,12 @@ package leakybucket
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/bsm/redislock"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
 )
 
 // Defaults of the options below.
@@ -33,16 +34,7 @@ const (
 // holds the lock for two round trips: a waiter that slept 20 ms would lose
 // every free moment of a busy lock to callers that just arrived.
 func DefaultLockRetry() redislock.RetryStrategy {
-	return &jitteredBackoff{next: time.Millisecond, max: 16 * time.Millisecond}
-}
-
-// jitteredBackoff doubles its wait up to max, drawing each within ±25 %.
-type jitteredBackoff struct{ next, max time.Duration }
-
-func (b *jitteredBackoff) NextBackoff() time.Duration {
-	d := b.next
-	b.next = min(2*b.next, b.max)
-	return d - d/4 + rand.N(d/2+1)
+	return backoff.Jittered(time.Millisecond, 16*time.Millisecond)
 }
 
 // An Option configures a Bucket. Rules are options too: PerResource and

@@ -64,7 +64,7 @@ func TestLostSetReplyIsReleased(t *testing.T) {
 			if _, err := b.Allow(context.Background(), "r", "a"); !errors.Is(err, ErrUnavailable) {
 				t.Fatalf("%v: Allow with the lock's reply lost: error %v, want ErrUnavailable", s, err)
 			}
-			lockKey := b.keysOf("r").resourceLock()
+			lockKey := b.keysOf("r").ResourceLock()
 			time.Sleep(time.Millisecond) // the release runs in the background
 			synctest.Wait()
 			if n := e.mini.Exists(lockKey); n {

@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
+	"github.com/leakybucket/leakybucket/internal/clock"
 )
 
 // A round is one lock-free decision of a batch, as SortedSet and Windows
@@ -59,7 +62,7 @@ func decideRound(ctx context.Context, at site, newRound func(now int64) round, j
 // between stamping and sending), it takes the calls back and says redo:
 // a stamp too early would let the calls leave their windows early.
 func decideOnce(ctx context.Context, at site, newRound func(now int64) round, judge judgeFunc) error {
-	now, err := at.clock.estimate(ctx, at.node)
+	now, err := at.clock.Estimate(ctx, at.node)
 	if err != nil {
 		return err
 	}
@@ -77,19 +80,19 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 		handOn(at, &txn{cmds: carried}, r.idempotent())
 		return err
 	case unknown:
-		at.clock.reset()
+		at.clock.Reset()
 		go settleLost(at, r, t, carried)
 		return err
 	}
 	back := newTxn(at.keys, !r.idempotent())
 	server, ok := replyTime(t.replies[clock])
-	if !ok || stampOff(server, now, time.Since(sent), at.clock.pace()) {
-		at.clock.reset()
+	if !ok || stampOff(server, now, time.Since(sent), at.clock.Pace()) {
+		at.clock.Reset()
 		r.takeAll(t, back)
 		takeBack(at, back, r.idempotent())
 		return fmt.Errorf("%w: Redis ran it %d ms after its stamp", errRedo, server.UnixMilli()-now)
 	}
-	at.clock.sample(server, sent)
+	at.clock.Sample(server, sent)
 	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
 		return err
 	}
@@ -121,23 +124,23 @@ func handOn(at site, back *txn, idempotent bool) {
 const lagLimit = time.Second
 
 // stampOff reports whether a transaction stamped now ran too far from
-// it, by Redis's clock: more than lagLimit; more than clockJump beyond its
+// it, by Redis's clock: more than lagLimit; more than clock.Jump beyond its
 // round trip; at all
 // on a clock that stands still (a test's, which moves by jumps); and,
 // until the clock was seen moving, before its stamp (a running clock
 // cannot).
-func stampOff(server time.Time, now int64, rtt time.Duration, p pace) bool {
+func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool {
 	off := time.Duration(server.UnixMilli()-now) * time.Millisecond
 	if off > lagLimit {
 		return true
 	}
 	switch p {
-	case paceStopped:
+	case clock.PaceStopped:
 		return off != 0
-	case paceUnknown:
-		return off < 0 || off > clockJump+rtt
+	case clock.PaceUnknown:
+		return off < 0 || off > clock.Jump+rtt
 	}
-	return off > clockJump+rtt || off < -clockJump
+	return off > clock.Jump+rtt || off < -clock.Jump
 }
 
 // settleLost settles a round whose transaction t lost its reply: once
@@ -216,21 +219,20 @@ func takeBack(at site, back *txn, idempotent bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), takeBackFor)
 	defer cancel()
-	node, backoff := at.node, resolveFirstBackoff
-	for {
+	node := at.node
+	backoff.New(resolveFirstBackoff, resolveMaxBackoff).Retry(ctx, func() bool {
 		over, err := tryTakeBack(ctx, node, back, idempotent)
-		if over || ctx.Err() != nil {
-			return
+		if over {
+			return true
 		}
 		if at.route.redirected(err) != nil && at.refind != nil {
 			if moved, err := at.refind(ctx); err == nil {
 				node = moved
 			}
 		}
-		_ = sleep(ctx, backoff) // ctx's end is seen above
-		backoff = min(2*backoff, resolveMaxBackoff)
 		back = back.again(at.keys)
-	}
+		return false
+	})
 }
 
 // tryTakeBack makes one attempt of takeBack, and reports whether it is

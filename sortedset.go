@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 type sortedSetStrategy struct{}
@@ -89,10 +91,10 @@ type setSpec struct {
 // that the cap removes pending members before any decided one.
 const pending = "4503599627370496" // 2^52, exact in a float64
 
-func (s sortedSetStore) key(keys keyspace, spec setSpec, client string) string {
-	key := keys.sortedSet() + ":" + strconv.FormatInt(spec.window, 10) + ":" + strconv.Itoa(spec.limit)
+func (s sortedSetStore) key(ks keys.Space, spec setSpec, client string) string {
+	key := ks.SortedSet() + ":" + strconv.FormatInt(spec.window, 10) + ":" + strconv.Itoa(spec.limit)
 	if spec.scope == ScopeClient {
-		key += ":" + encode(client)
+		key += ":" + keys.Encode(client)
 	}
 	return key
 }
@@ -121,7 +123,7 @@ const shortClient = 16
 // admitted members would let that many more in.
 func memberPrefix(client string) string {
 	if len(client) <= shortClient {
-		return encode(client) + ":"
+		return keys.Encode(client) + ":"
 	}
 	sum := sha256.Sum256([]byte(client))
 	return "~" + base64.RawURLEncoding.EncodeToString(sum[:16]) + ":"
@@ -163,7 +165,7 @@ type zWrite struct {
 	evicted int // reply: how many members the cap removed
 }
 
-func (s sortedSetStore) newBatch(keys keyspace, now int64, calls []request) *zBatch {
+func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []request) *zBatch {
 	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls))}
 	byKey := map[string]*zSet{}
 	for i, c := range calls {
@@ -173,7 +175,7 @@ func (s sortedSetStore) newBatch(keys keyspace, now int64, calls []request) *zBa
 		for r := range s.rules {
 			w := shared[s.setOf[r]]
 			if w == nil {
-				w = b.write(byKey, keys, s.sets[s.setOf[r]], c, id)
+				w = b.write(byKey, ks, s.sets[s.setOf[r]], c, id)
 				shared[s.setOf[r]] = w
 			}
 			b.of[i][r] = w
@@ -184,8 +186,8 @@ func (s sortedSetStore) newBatch(keys keyspace, now int64, calls []request) *zBa
 
 // write returns call c's write to the set spec, adding the set to the
 // batch if it is new.
-func (b *zBatch) write(byKey map[string]*zSet, keys keyspace, spec setSpec, c request, id string) *zWrite {
-	key := b.key(keys, spec, c.client)
+func (b *zBatch) write(byKey map[string]*zSet, ks keys.Space, spec setSpec, c request, id string) *zWrite {
+	key := b.key(ks, spec, c.client)
 	set := byKey[key]
 	if set == nil {
 		set = &zSet{key: key, spec: spec}
@@ -398,7 +400,7 @@ func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
 // WithRecordDenied a denied call counts too, so RetryAfter may wait for
 // the oldest 2n to leave: those are read.
 func (s sortedSetStore) peek(ctx context.Context, at site, client string, n int) (view, error) {
-	now, err := at.clock.estimate(ctx, at.node)
+	now, err := at.clock.Estimate(ctx, at.node)
 	if err != nil {
 		return view{}, err
 	}
@@ -458,7 +460,7 @@ func (s sortedSetStore) flush(ctx context.Context, at site, client string) error
 		return err
 	}
 	// A long name's members written before the digest carry it whole.
-	mine, before := memberPrefix(client), encode(client)+":"
+	mine, before := memberPrefix(client), keys.Encode(client)+":"
 	_, err = at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		if len(own) > 0 {
 			pipe.Del(ctx, own...)
@@ -483,13 +485,13 @@ func (s sortedSetStore) flush(ctx context.Context, at site, client string) error
 // sets, or, when a rule is per-client, of every set SCAN finds.
 func (s sortedSetStore) flushAll(ctx context.Context, at site) error {
 	if s.hasClientRule {
-		return deleteUnder(ctx, at, at.keys.sortedSet()+":", s.scanCount)
+		return deleteUnder(ctx, at, at.keys.SortedSet()+":", s.scanCount)
 	}
-	keys := make([]string, len(s.sets))
+	ks := make([]string, len(s.sets))
 	for i, spec := range s.sets {
-		keys[i] = s.key(at.keys, spec, "")
+		ks[i] = s.key(at.keys, spec, "")
 	}
-	return at.node.Del(ctx, keys...).Err()
+	return at.node.Del(ctx, ks...).Err()
 }
 
 // tag is the longest window: the sets' own keys carry each rule's window

@@ -8,6 +8,10 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // A Strategy is how a Bucket keeps its counts in Redis: Logs (the default),
@@ -92,7 +96,7 @@ func Windows(precision time.Duration) Strategy { return windowsStrategy{precisio
 //
 // A call counts in the window of its stamp: this host's estimate of Redis's
 // time, never later than Redis's own and normally less than a millisecond
-// earlier (at most clockJump and a round trip, beyond which the call is
+// earlier (at most clock.Jump and a round trip, beyond which the call is
 // made again). So no fixed window ever holds more than its limit, and a
 // call that Redis ran in the first moment of a window may count in the
 // one before.
@@ -207,10 +211,10 @@ func countOf(rule Rule, entries []logEntry, now int64) count {
 // what is known of it.
 type site struct {
 	node  *redis.Client
-	keys  keyspace
-	clock *redisClock // the node's clock
+	keys  keys.Space
+	clock *clock.Clock // the node's clock
 	route *clusterRoute
-	lock  *lockView // what this process knows of the resource's lock (Logs)
+	lock  *lock.View // what this process knows of the resource's lock (Logs)
 	// carry holds take-backs for the next transaction of the batch's
 	// line, while busy says calls wait in it; nil outside a batch.
 	carry *carried

@@ -3,6 +3,8 @@ package leakybucket
 import (
 	"cmp"
 	"slices"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // tally is the calls a read found (Logs' logs, Windows' intervals),
@@ -16,13 +18,13 @@ type tally struct {
 func newTally() tally { return tally{mine: map[string][]logEntry{}} }
 
 // of returns the entries of client.
-func (t *tally) of(client string) []logEntry { return t.mine[encode(client)] }
+func (t *tally) of(client string) []logEntry { return t.mine[keys.Encode(client)] }
 
 // add counts a call by client, the newest, as a read would show it after
 // the call was recorded.
 func (t *tally) add(client string, e logEntry) {
 	t.all = append(t.all, e)
-	t.mine[encode(client)] = append(t.mine[encode(client)], e)
+	t.mine[keys.Encode(client)] = append(t.mine[keys.Encode(client)], e)
 }
 
 // sort puts the entries oldest first: the order in which they leave every

@@ -6,8 +6,9 @@ import (
 	"log"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/leakybucket/leakybucket"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket"
 )
 
 // Free API keys may call 3 times a minute, pro keys 10 times. A key that

@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // A txn is one MULTI/EXEC, sent in one round trip, that go-redis never
@@ -62,18 +65,18 @@ const (
 )
 
 // newTxn returns an empty transaction, marked in keys' slot if marked.
-func newTxn(keys keyspace, marked bool) *txn {
+func newTxn(ks keys.Space, marked bool) *txn {
 	t := &txn{}
 	if marked {
-		t.marker = keys.fence(strconv.FormatUint(rand.Uint64(), 36))
+		t.marker = ks.Fence(strconv.FormatUint(rand.Uint64(), 36))
 	}
 	return t
 }
 
 // again returns t's commands as a new transaction, with a new marker, to
 // send after t did not run.
-func (t *txn) again(keys keyspace) *txn {
-	fresh := newTxn(keys, t.marker != "")
+func (t *txn) again(ks keys.Space) *txn {
+	fresh := newTxn(ks, t.marker != "")
 	fresh.cmds, fresh.guards = t.cmds, t.guards
 	return fresh
 }
@@ -122,11 +125,11 @@ func anys(s []string) []any {
 
 // guardKeys returns the keys of t's guards.
 func (t *txn) guardKeys() []string {
-	keys := make([]string, len(t.guards))
+	ks := make([]string, len(t.guards))
 	for i, g := range t.guards {
-		keys[i] = g.key
+		ks[i] = g.key
 	}
-	return keys
+	return ks
 }
 
 // unguarded WATCHes the guarded hashes on conn and reads their
@@ -227,16 +230,13 @@ func (t *txn) resolve(node *redis.Client, refusedIsGone bool) txnOutcome {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveFor)
 	defer cancel()
 	r := resolution{marked: t.marker != "", refusedIsGone: refusedIsGone}
-	for backoff := resolveFirstBackoff; ; backoff = min(2*backoff, resolveMaxBackoff) {
+	verdict := unknown
+	backoff.New(resolveFirstBackoff, resolveMaxBackoff).Retry(ctx, func() (over bool) {
 		done, err := t.look(ctx, node)
-		if o, over := r.next(done, err); over {
-			return o
-		}
-		if ctx.Err() != nil {
-			return unknown
-		}
-		_ = sleep(ctx, backoff) // ctx's end is seen above
-	}
+		verdict, over = r.next(done, err)
+		return over
+	})
+	return verdict
 }
 
 // resolution is what resolve learned so far.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
 )
 
 // Bounds of the jitter that Wait adds to each sleep: a tenth of the wait,
@@ -60,7 +62,7 @@ func (b *Bucket) WaitN(ctx context.Context, resource, client string, n int) erro
 		if hasDeadline && wait > left {
 			return &deadlineError{n: n, wait: wait, left: left}
 		}
-		if err := sleep(ctx, wait+jitter(wait, left, hasDeadline)); err != nil {
+		if err := backoff.Sleep(ctx, wait+jitter(wait, left, hasDeadline)); err != nil {
 			return fmt.Errorf("leakybucket: Wait(n=%d): %w", n, err)
 		}
 	}
@@ -87,18 +89,6 @@ func jitter(wait, left time.Duration, hasDeadline bool) time.Duration {
 		return 0
 	}
 	return rand.N(most + 1)
-}
-
-// sleep waits for d, or until ctx ends, whose error it returns then.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // deadlineError is WaitN's answer when the wait a denial asks for would

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // windowsStrategy is Windows(precision), or FixedWindows if fixed.
@@ -86,12 +88,12 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 type windowsStore struct {
 	plan
 	layout
-	gens *sync.Map // by resource (keyspace.base): the latest generation seen
+	gens *sync.Map // by resource (keys.Space.base): the latest generation seen
 }
 
 // gen is the generation of keys' hashes as last seen.
-func (s windowsStore) gen(keys keyspace) string {
-	if g, ok := s.gens.Load(keys.base); ok {
+func (s windowsStore) gen(ks keys.Space) string {
+	if g, ok := s.gens.Load(ks.Slot()); ok {
 		return g.(string)
 	}
 	return ""
@@ -99,28 +101,28 @@ func (s windowsStore) gen(keys keyspace) string {
 
 // saw records the generation read with a decision, and reports whether it
 // is the one the decision wrote to.
-func (s windowsStore) saw(keys keyspace, used string, reply any) bool {
+func (s windowsStore) saw(ks keys.Space, used string, reply any) bool {
 	seen, _ := reply.(string)
 	if seen == used {
 		return true
 	}
 	if seen == "" {
-		s.gens.Delete(keys.base)
+		s.gens.Delete(ks.Slot())
 	} else {
-		s.gens.Store(keys.base, seen)
+		s.gens.Store(ks.Slot(), seen)
 	}
 	return false
 }
 
 // hashes returns the hashes a call by client writes and reads, in
 // generation gen: the resource's first.
-func (s windowsStore) hashes(keys keyspace, gen, client string) []string {
+func (s windowsStore) hashes(ks keys.Space, gen, client string) []string {
 	var out []string
 	if !s.clientScoped {
-		out = append(out, keys.hash(gen))
+		out = append(out, ks.Hash(gen))
 	}
 	if s.hasClientRule {
-		out = append(out, keys.clientHash(gen, client))
+		out = append(out, ks.ClientHash(gen, client))
 	}
 	return out
 }
@@ -147,7 +149,7 @@ func (s windowsStore) decide(ctx context.Context, at site, calls []request, judg
 // hBatch is the round of one batch on the hashes of a resource.
 type hBatch struct {
 	windowsStore
-	keys     keyspace
+	keys     keys.Space
 	gen      string
 	now      int64
 	calls    []request
@@ -178,15 +180,15 @@ type hash struct {
 	currentRoom [1]int
 }
 
-func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatch {
-	b := &hBatch{windowsStore: s, keys: keys, gen: s.gen(keys), now: now, calls: calls, byKey: map[string]*hash{},
+func (s windowsStore) newBatch(ks keys.Space, now int64, calls []request) *hBatch {
+	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byKey: map[string]*hash{},
 		token: strconv.FormatUint(rand.Uint64(), 36)}
 	for _, c := range calls {
-		keys := s.hashes(keys, b.gen, c.client)
-		for i, key := range keys {
+		hashKeys := s.hashes(ks, b.gen, c.client)
+		for i, key := range hashKeys {
 			h := b.byKey[key]
 			if h == nil {
-				h = &hash{key: key, client: s.hasClientRule && i == len(keys)-1}
+				h = &hash{key: key, client: s.hasClientRule && i == len(hashKeys)-1}
 				b.byKey[key] = h
 				b.order = append(b.order, h)
 			}
@@ -199,7 +201,7 @@ func (s windowsStore) newBatch(keys keyspace, now int64, calls []request) *hBatc
 }
 
 func (b *hBatch) queue(t *txn) {
-	b.genReply = t.add("get", b.keys.generation())
+	b.genReply = t.add("get", b.keys.Generation())
 	wrote := false
 	for _, h := range b.order {
 		wrote = wrote || h.added > 0
@@ -220,7 +222,7 @@ func (b *hBatch) queue(t *txn) {
 	}
 	if wrote && b.gen != "" {
 		// The generation outlives every hash of its own (see flushAll).
-		t.add("pexpireat", b.keys.generation(), b.expireAt(b.now), "gt")
+		t.add("pexpireat", b.keys.Generation(), b.expireAt(b.now), "gt")
 	}
 }
 
@@ -332,7 +334,7 @@ func (b *hBatch) guardOf(h *hash, n int) guard {
 		g.want = append(g.want, h.incarnation)
 	}
 	g.cmds = b.subtract(g.cmds, h, n)
-	if resource := b.byKey[b.keys.hash(b.gen)]; resource != nil {
+	if resource := b.byKey[b.keys.Hash(b.gen)]; resource != nil {
 		g.cmds = b.subtract(g.cmds, resource, n)
 	}
 	return g
@@ -434,14 +436,14 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client 
 		keys := s.hashes(ks, gen, client)
 		reads := make([]*redis.MapStringStringCmd, len(keys))
 		var seen *redis.StringCmd
-		var clock *redis.TimeCmd
+		var serverTime *redis.TimeCmd
 		sent := time.Now()
 		_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			seen = pipe.Get(ctx, ks.generation())
+			seen = pipe.Get(ctx, ks.Generation())
 			for i, key := range keys {
 				reads[i] = pipe.HGetAll(ctx, key)
 			}
-			clock = pipe.Time(ctx)
+			serverTime = pipe.Time(ctx)
 			return nil
 		})
 		if err != nil && !errors.Is(err, redis.Nil) {
@@ -450,8 +452,8 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client 
 		if !s.saw(ks, gen, seen.Val()) {
 			continue
 		}
-		at.clock.sample(clock.Val(), sent)
-		now := clock.Val().UnixMilli()
+		at.clock.Sample(serverTime.Val(), sent)
+		now := serverTime.Val().UnixMilli()
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
 			hashes[i] = &hash{key: keys[i]}
@@ -496,14 +498,14 @@ func (s windowsStore) flush(ctx context.Context, at site, client string) error {
 		take := newTxn(at.keys, false)
 		read := take.add("hgetall", keys[len(keys)-1])
 		take.add("del", keys[len(keys)-1])
-		seen, clock := take.add("get", at.keys.generation()), take.add("time")
+		seen, timeAt := take.add("get", at.keys.Generation()), take.add("time")
 		if _, err := take.exec(ctx, at.node); err != nil {
 			return err
 		}
 		if !s.saw(at.keys, gen, take.replies[seen]) {
 			continue // a FlushAll came first: the client's hash is another one
 		}
-		server, _ := replyTime(take.replies[clock])
+		server, _ := replyTime(take.replies[timeAt])
 		mine := &hash{key: keys[len(keys)-1]}
 		mine.parse(s.layout, server.UnixMilli(), replyFields(take.replies[read]))
 		if !s.clientScoped {
@@ -516,8 +518,8 @@ func (s windowsStore) flush(ctx context.Context, at site, client string) error {
 
 // share is the marked transaction that takes mine's live intervals out of
 // the resource's hash: of each span's, as the span's first lane holds them.
-func (s windowsStore) share(keys keyspace, resource string, mine *hash, now int64) *txn {
-	t := newTxn(keys, true)
+func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int64) *txn {
+	t := newTxn(ks, true)
 	for g, span := range s.spans {
 		current := logEntry{id: s.fieldName(g, now/span), weight: mine.current[g]}
 		for _, e := range append(mine.lanes[s.lanesOf[g][0]], current) {
@@ -542,29 +544,29 @@ func (s windowsStore) share(keys keyspace, resource string, mine *hash, now int6
 // (each decision extends it to its hash's deadline, with GT). It lives no
 // longer than that.
 func (s windowsStore) flushAll(ctx context.Context, at site) error {
-	keys := []string{at.keys.hash(s.gen(at.keys))}
+	ks := []string{at.keys.Hash(s.gen(at.keys))}
 	if s.hasClientRule {
-		r := newKeyScan(at.keys.hashes(), s.scanCount)
+		r := newKeyScan(at.keys.Hashes(), s.scanCount)
 		if err := r.finish(ctx, at.node); err != nil {
 			return err
 		}
-		keys = r.found
+		ks = r.found
 	}
 	var bumped *redis.IntCmd
 	_, err := at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		bumped = pipe.Incr(ctx, at.keys.generation())
+		bumped = pipe.Incr(ctx, at.keys.Generation())
 		life := s.genLife().Milliseconds()
-		pipe.Do(ctx, "pexpire", at.keys.generation(), life, "nx")
-		pipe.Do(ctx, "pexpire", at.keys.generation(), life, "gt")
-		if len(keys) > 0 {
-			pipe.Del(ctx, keys...)
+		pipe.Do(ctx, "pexpire", at.keys.Generation(), life, "nx")
+		pipe.Do(ctx, "pexpire", at.keys.Generation(), life, "gt")
+		if len(ks) > 0 {
+			pipe.Del(ctx, ks...)
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	s.gens.Store(at.keys.base, strconv.FormatInt(bumped.Val(), 10))
+	s.gens.Store(at.keys.Slot(), strconv.FormatInt(bumped.Val(), 10))
 	return at.route.owns(ctx, at.node, at.keys)
 }
 

@@ -1,4 +1,4 @@
-package leakybucket
+package lock
 
 import (
 	"context"
@@ -9,17 +9,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// lockView is what the callers of one lock in this process learned of it,
+// View is what the callers of one lock in this process learned of it,
 // kept across attempts and batches: whether it was last seen held by
 // another holder, and when another waiter was last seen next in line.
-type lockView struct {
+type View struct {
 	mu        sync.Mutex
 	busy      bool
 	busySeen  time.Time // when the lock was last seen held by another
 	claimSeen time.Time
 }
 
-func (v *lockView) setBusy(busy bool) {
+func (v *View) setBusy(busy bool) {
 	v.mu.Lock()
 	v.busy = busy
 	if busy {
@@ -28,32 +28,32 @@ func (v *lockView) setBusy(busy bool) {
 	v.mu.Unlock()
 }
 
-// freeSince reports whether the lock was not seen held by another since t.
-func (v *lockView) freeSince(t time.Time) bool {
+// FreeSince reports whether the lock was not seen held by another since t.
+func (v *View) FreeSince(t time.Time) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.busySeen.Before(t)
 }
 
-// contended reports whether the lock was last seen held by another holder.
-func (v *lockView) contended() bool {
+// Contended reports whether the lock was last seen held by another holder.
+func (v *View) Contended() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.busy
 }
 
-func (v *lockView) sawClaim() {
+func (v *View) sawClaim() {
 	v.mu.Lock()
 	v.claimSeen = time.Now()
 	v.mu.Unlock()
 }
 
 // deferring reports whether another waiter was seen next in line within
-// queueTTL: then we do not even try to take the lock (see queueing).
-func (v *lockView) deferring() bool {
+// ClaimTTL: then we do not even try to take the lock (see queueing).
+func (v *View) deferring() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return time.Since(v.claimSeen) < queueTTL
+	return time.Since(v.claimSeen) < ClaimTTL
 }
 
 // Taking turns. A plain SET NX lock is unfair: a holder that releases and
@@ -62,32 +62,32 @@ func (v *lockView) deferring() bool {
 // calls can starve another process's waiter for as long as they keep
 // coming. So:
 //
-//   - a waiter that found the lock busy, and has at least queueTTL left to
+//   - a waiter that found the lock busy, and has at least ClaimTTL left to
 //     wait, claims the next turn (SET lock:next token NX PX 5ms, with each
 //     poll), and polls every millisecond at least while it has it;
 //   - anyone who takes the lock while another waiter has the turn gives it
 //     back at once (yield) and waits;
-//   - a process that saw another waiter's turn in the last queueTTL only
+//   - a process that saw another waiter's turn in the last ClaimTTL only
 //     reads the claim (GET lock:next) until it is gone, rather than take
 //     the lock only to give it back;
 //   - the holder whose turn it was clears the claim with its release, and a
-//     claim lapses queueTTL after its last poll, so a waiter that gave up
+//     claim lapses ClaimTTL after its last poll, so a waiter that gave up
 //     holds nobody up for longer.
 //
 // Safety does not depend on any of this: it rests on SET NX and the WATCH.
 const (
-	queueTTL  = 5 * time.Millisecond
+	ClaimTTL  = 5 * time.Millisecond
 	queuePoll = time.Millisecond
 )
 
 func (l *lock) nextKey() string { return l.key + ":next" }
 
 // willWait reports whether the callers of ctx can wait their turn: a claim
-// to be next in line asks everyone else to stand back for up to queueTTL,
+// to be next in line asks everyone else to stand back for up to ClaimTTL,
 // so only a waiter with at least that long left makes one.
 func willWait(ctx context.Context) bool {
 	d, ok := ctx.Deadline()
-	return !ok || time.Until(d) >= queueTTL
+	return !ok || time.Until(d) >= ClaimTTL
 }
 
 // deferToOthers reports whether to stand back this attempt: when another
@@ -133,7 +133,7 @@ func (l *lock) yield(ctx context.Context, tx *redis.Tx) error {
 			return nil // it expired meanwhile: nothing to give back
 		}
 	}
-	if err := l.release(ctx, tx, func(redis.Pipeliner) {}); err != nil && !errors.Is(err, ErrLockExpired) {
+	if err := l.release(ctx, tx, func(redis.Pipeliner) {}); err != nil && !errors.Is(err, ErrExpired) {
 		return err
 	}
 	return nil

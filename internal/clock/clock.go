@@ -1,4 +1,11 @@
-package leakybucket
+// Package clock estimates the time of a Redis server from this host.
+//
+// A decision stamps its calls with the server's time, read from an
+// estimate rather than a TIME round trip, and a lock is given an absolute
+// deadline in the server's clock (SET ... PXAT): both need the server's
+// time without asking for it. The host's wall clock is never used, so a
+// skewed host clock changes nothing.
+package clock
 
 import (
 	"context"
@@ -8,30 +15,29 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// redisClock estimates the time of one Redis server from this host, so that
-// a lock can be given an absolute deadline in the server's clock (SET ...
-// PXAT). A relative PX counts from when Redis runs the SET, which after a
-// pause (SIGSTOP, a long fork, a failover) can be long after the caller
-// gave up; an absolute deadline ends the lock when it was meant to end,
-// however late the SET runs.
+// Clock estimates the time of one Redis server. The zero Clock is ready;
+// it is safe for concurrent use.
+//
+// A relative deadline (PX) counts from when Redis runs the command, which
+// after a pause (SIGSTOP, a long fork, a failover) can be long after the
+// caller gave up; a stamp or deadline from the estimate says when the
+// caller meant.
 //
 // Each sample is a TIME reply together with the host's monotonic clock
 // before the request and after the reply: the server's time was read
 // somewhere in between, so the estimate at the midpoint is off by at most
 // half the round trip. The sample with the shortest round trip is kept,
 // and replaced by a newer one with a round trip at most about four times
-// as long once it is older than clockSampleAge (clock drift is parts per
-// million, so minutes-old samples would do too); a reply delayed by a pause
-// is not taken unless there is nothing better. The
-// host's wall clock is never used: a skewed host clock changes nothing.
+// as long once it is older than sampleAge (clock drift is parts per
+// million, so minutes-old samples would do too); a reply delayed by a
+// pause is not taken unless there is nothing better.
 //
 // A clock that does not move (miniredis after SetTime, in tests) would
 // make the estimate run ahead of it: once a request sent a millisecond or
 // more after an earlier reply arrived reads the same microsecond, which no
-// running clock does, the clock is taken for a test's, and the estimate
-// is the latest reply from then on (a decision whose transaction then
-// reads another time is made again: see stampOff).
-type redisClock struct {
+// running clock does, the clock is taken for a test's (PaceStopped), and
+// the estimate is the latest reply from then on.
+type Clock struct {
 	mu     sync.Mutex
 	valid  bool
 	server time.Time     // Redis time (to the µs) at the midpoint of the sample
@@ -47,10 +53,10 @@ type redisClock struct {
 	running bool      // the server's clock was seen moving at this host's pace
 }
 
-const clockSampleAge = 10 * time.Second
+const sampleAge = 10 * time.Second
 
-// observe records a TIME reply (server) read between sent and received.
-func (c *redisClock) observe(server time.Time, sent, received time.Time) {
+// Observe records a TIME reply (server) read between sent and received.
+func (c *Clock) Observe(server time.Time, sent, received time.Time) {
 	rtt := received.Sub(sent)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -63,7 +69,7 @@ func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 		c.last, c.lastAt = server, received
 	}
 	c.judgeRunning(server, sent, received)
-	if c.valid && rtt > c.rtt && !(time.Since(c.at) > clockSampleAge && rtt <= 4*c.rtt+time.Millisecond) {
+	if c.valid && rtt > c.rtt && !(time.Since(c.at) > sampleAge && rtt <= 4*c.rtt+time.Millisecond) {
 		return // a worse sample: a round trip slowed by load or a pause
 	}
 	c.valid, c.server, c.at, c.rtt = true, server, sent.Add(rtt/2), rtt
@@ -78,7 +84,7 @@ func (c *redisClock) observe(server time.Time, sent, received time.Time) {
 // each reply so judged; replies sent sooner are not judged, so that a
 // Bucket hammered from its first call, which sends each request as the
 // last reply arrives, sees its clock run too. c.mu is held.
-func (c *redisClock) judgeRunning(server time.Time, sent, received time.Time) {
+func (c *Clock) judgeRunning(server time.Time, sent, received time.Time) {
 	if c.sinceAt.IsZero() {
 		c.anchor, c.asked, c.sinceAt = server, sent, received
 		return
@@ -94,40 +100,41 @@ func (c *redisClock) judgeRunning(server time.Time, sent, received time.Time) {
 	c.anchor, c.asked, c.sinceAt = server, sent, received
 }
 
-// now returns the server's estimated time in ms, and false until a sample
+// Now returns the server's estimated time in ms, and false until a sample
 // was observed.
-func (c *redisClock) now() (int64, bool) { return c.estimateLess(false) }
+func (c *Clock) Now() (int64, bool) { return c.estimateLess(false) }
 
-// clocks holds one redisClock per server address (a cluster's masters may
+// Set holds one Clock per server address (a cluster's masters may
 // disagree).
-type clocks struct{ m sync.Map }
+type Set struct{ m sync.Map }
 
-func (cs *clocks) of(addr string) *redisClock {
-	c, _ := cs.m.LoadOrStore(addr, &redisClock{})
-	return c.(*redisClock)
+// Of returns the Clock of the server at addr.
+func (cs *Set) Of(addr string) *Clock {
+	c, _ := cs.m.LoadOrStore(addr, &Clock{})
+	return c.(*Clock)
 }
 
-// reset forgets the sample, after the server's clock was seen to disagree
+// Reset forgets the sample, after the server's clock was seen to disagree
 // with the estimate: the next reply is taken as the new sample.
-func (c *redisClock) reset() {
+func (c *Clock) Reset() {
 	c.mu.Lock()
 	c.valid = false
 	c.mu.Unlock()
 }
 
-// clockJump is how far a TIME reply may stray from the estimate before the
+// Jump is how far a TIME reply may stray from the estimate before the
 // estimate is thrown away: the server's clock was set, or a failover put
 // another host behind the address.
-const clockJump = 50 * time.Millisecond
+const Jump = 50 * time.Millisecond
 
-// estimate returns the server's time in ms: the estimate, or, before the
+// Estimate returns the server's time in ms: the estimate, or, before the
 // first sample, a TIME round trip's reply.
 //
 // It is the estimate less its error, so that it is never later than the
 // server's time: a call stamped later than it was made would stay in its
 // windows too long, and its Result would say so.
-func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, error) {
-	if now, ok := c.earliest(); ok {
+func (c *Clock) Estimate(ctx context.Context, node *redis.Client) (int64, error) {
+	if now, ok := c.Earliest(); ok {
 		return now, nil
 	}
 	sent := time.Now()
@@ -135,17 +142,17 @@ func (c *redisClock) estimate(ctx context.Context, node *redis.Client) (int64, e
 	if err != nil {
 		return 0, err
 	}
-	c.observe(t, sent, time.Now())
-	now, _ := c.earliest()
+	c.Observe(t, sent, time.Now())
+	now, _ := c.Earliest()
 	return now, nil
 }
 
-// earliest is now less the estimate's error.
-func (c *redisClock) earliest() (int64, bool) { return c.estimateLess(true) }
+// Earliest is Now less the estimate's error.
+func (c *Clock) Earliest() (int64, bool) { return c.estimateLess(true) }
 
 // estimateLess is the estimate in ms, less its error if lessError, and
 // false until a sample was observed.
-func (c *redisClock) estimateLess(lessError bool) (int64, bool) {
+func (c *Clock) estimateLess(lessError bool) (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -161,13 +168,13 @@ func (c *redisClock) estimateLess(lessError bool) (int64, bool) {
 	return c.server.Add(elapsed).UnixMilli(), true
 }
 
-// sample records the TIME reply (server) of a transaction sent at sent,
+// Sample records the TIME reply (server) of a transaction sent at sent,
 // which returned just now. Redis read its clock between the two, so a
 // right estimate puts the reply between its estimates of them, give or
 // take its own error and a millisecond of rounding: a reply outside means
 // the server's clock jumped, or runs at another pace (a test's stopped
 // clock), and the estimate is thrown away for this reply.
-func (c *redisClock) sample(server time.Time, sent time.Time) {
+func (c *Clock) Sample(server time.Time, sent time.Time) {
 	received := time.Now()
 	c.mu.Lock()
 	if c.valid && !c.stopped {
@@ -177,26 +184,27 @@ func (c *redisClock) sample(server time.Time, sent time.Time) {
 		c.valid = !server.Before(early) && !server.After(late)
 	}
 	c.mu.Unlock()
-	c.observe(server, sent, received)
+	c.Observe(server, sent, received)
 }
 
-// pace is what is known of the server clock's pace.
-type pace uint8
+// Pace is what is known of the server clock's pace.
+type Pace uint8
 
 const (
-	paceUnknown pace = iota
-	paceRunning      // it was seen moving
-	paceStopped      // it was seen standing still: a test's
+	PaceUnknown Pace = iota
+	PaceRunning      // it was seen moving
+	PaceStopped      // it was seen standing still: a test's
 )
 
-func (c *redisClock) pace() pace {
+// Pace returns what was seen of the server clock's pace.
+func (c *Clock) Pace() Pace {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case c.stopped:
-		return paceStopped
+		return PaceStopped
 	case c.running:
-		return paceRunning
+		return PaceRunning
 	}
-	return paceUnknown
+	return PaceUnknown
 }

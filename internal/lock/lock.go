@@ -1,4 +1,10 @@
-package leakybucket
+// Package lock is a mutual-exclusion lock in Redis that needs no script,
+// for a read-then-write that a single MULTI/EXEC cannot express (the Logs
+// strategy's SCAN-then-SET). Run takes the lock, runs a Section's reads
+// and writes under it, and releases it with the writes, in one
+// transaction fenced by WATCH. It knows nothing of what the section reads
+// or writes.
+package lock
 
 import (
 	"context"
@@ -10,6 +16,8 @@ import (
 	"github.com/bsm/redislock"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
 )
 
 // lock is a mutual-exclusion lock in Redis that needs no script: every
@@ -21,7 +29,7 @@ import (
 // The protocol, on one connection (a *redis.Tx):
 //
 //  1. SET key token NX PXAT deadline takes the lock, until an absolute
-//     deadline in the server's clock (see redisClock), so that a SET that
+//     deadline in the server's clock (see clock.Clock), so that a SET that
 //     Redis runs late, after a pause, ends when it was meant to.
 //  2. WATCH key, then GET key: the GET proves the watched value is our token,
 //     so from here on any change to the key, including its expiry (Redis >= 7.0
@@ -35,14 +43,14 @@ import (
 // aborts its EXEC too.
 //
 // Whenever a SET of ours may have taken the lock (it was sent, whatever the
-// reply) and step 3 did not confirm the release, free (free.go) runs in the
+// reply) and step 3 did not confirm the release, free runs in the
 // background: compare-and-delete (WATCH, GET, MULTI DEL EXEC) on another
 // connection, retried until the key is deleted or the lock's deadline has
 // passed in Redis's own clock. So a caller that gives up, a lost reply or a
 // dropped connection never leaves a lock behind for longer than Redis takes
 // to answer again.
 //
-// Waiters take turns (turns.go), so that no process's callers starve
+// Waiters take turns (see ClaimTTL), so that no process's callers starve
 // another's.
 //
 // An uncontended holder pays one round trip for steps 1 and 2 together with
@@ -53,10 +61,10 @@ type lock struct {
 	ttl   time.Duration
 	retry redislock.RetryStrategy
 	node  *redis.Client // where free runs
-	clock *redisClock   // the node's clock
+	clock *clock.Clock  // the node's clock
 
 	// view is what this process knows of the lock across attempts.
-	view *lockView
+	view *View
 
 	deadline  int64     // Redis ms at which our latest SET expires; 0 if sent with PX
 	sent      time.Time // when our latest SET was sent
@@ -69,7 +77,7 @@ type lock struct {
 
 // newLock returns a lock on key of node; a nil retry strategy means
 // NoRetry.
-func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node *redis.Client, clock *redisClock, view *lockView) *lock {
+func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node *redis.Client, clock *clock.Clock, view *View) *lock {
 	if retry == nil {
 		retry = redislock.NoRetry()
 	}
@@ -87,7 +95,7 @@ const unwatchTimeout = 100 * time.Millisecond
 // obtain takes the lock on tx's connection and runs the commands queued by
 // read after it is taken and watched, in the same round trip when the lock is
 // free. While the lock is busy it waits as the retry strategy says, until the
-// context ends; then it returns ErrLockNotObtained joined with the context's
+// context ends; then it returns ErrNotObtained joined with the context's
 // error. A Redis or I/O error ends it at once.
 func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipeliner)) error {
 	timer := time.NewTimer(time.Hour)
@@ -106,12 +114,12 @@ func (l *lock) obtain(ctx context.Context, tx *redis.Tx, read func(redis.Pipelin
 }
 
 // wait sleeps until the next attempt, as the retry strategy says (at most
-// queuePoll while we are next in line), and returns ErrLockNotObtained if
+// queuePoll while we are next in line), and returns ErrNotObtained if
 // the strategy gives up or ctx ends first.
 func (l *lock) wait(ctx context.Context, timer *time.Timer) error {
 	backoff := l.retry.NextBackoff()
 	if backoff <= 0 {
-		return ErrLockNotObtained
+		return ErrNotObtained
 	}
 	if l.queued {
 		backoff = min(backoff, queuePoll)
@@ -120,7 +128,7 @@ func (l *lock) wait(ctx context.Context, timer *time.Timer) error {
 	select {
 	case <-ctx.Done():
 		timer.Stop()
-		return fmt.Errorf("%w: %w", ErrLockNotObtained, context.Cause(ctx))
+		return fmt.Errorf("%w: %w", ErrNotObtained, context.Cause(ctx))
 	case <-timer.C:
 		return nil
 	}
@@ -165,7 +173,7 @@ func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redi
 func (l *lock) heard(a attempt) bool {
 	l.ran = true
 	if now, err := a.clock.Result(); err == nil {
-		l.clock.observe(now, l.sent, time.Now())
+		l.clock.Observe(now, l.sent, time.Now())
 	}
 	next := a.next.Val()
 	l.queued = next == l.token
@@ -192,7 +200,7 @@ func (l *lock) send(ctx context.Context, tx *redis.Tx, claim, first bool, args [
 		a.set = pipe.Do(ctx, args...)
 		a.clock = pipe.Time(ctx)
 		if claim {
-			pipe.SetNX(ctx, l.nextKey(), l.token, queueTTL)
+			pipe.SetNX(ctx, l.nextKey(), l.token, ClaimTTL)
 		}
 		a.next = pipe.Get(ctx, l.nextKey())
 		if first {
@@ -226,7 +234,7 @@ func (l *lock) confirm(ctx context.Context, tx *redis.Tx, a attempt, read func(r
 		// from this attempt.
 		l.maybeHeld = false
 		if now, err := a.clock.Result(); err == nil && l.deadline != 0 && now.UnixMilli() >= l.deadline {
-			l.clock.reset()
+			l.clock.Reset()
 		}
 		return false, nil
 	}
@@ -238,7 +246,7 @@ func (l *lock) confirm(ctx context.Context, tx *redis.Tx, a attempt, read func(r
 // a caller giving up never cuts one in the middle, which would leave the
 // lock to be freed in the background; and ending holdGrace after the lock,
 // so that a decision that outlived its lock hears from Redis that its
-// write was refused (ErrLockExpired) rather than timing out.
+// write was refused (ErrExpired) rather than timing out.
 func (l *lock) holding(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.WithoutCancel(ctx), l.sent.Add(l.lifetime+holdGrace))
 }
@@ -251,7 +259,7 @@ func (l *lock) setArgs(ctx context.Context) []any {
 	if d, ok := ctx.Deadline(); ok {
 		l.lifetime = max(min(l.ttl, time.Until(d)+lockGrace), time.Millisecond)
 	}
-	now, ok := l.clock.now()
+	now, ok := l.clock.Now()
 	if !ok {
 		l.deadline = 0
 		return []any{"set", l.key, l.token, "nx", "px", l.lifetime.Milliseconds()}
@@ -269,7 +277,7 @@ func (l *lock) watch(ctx context.Context, pipe redis.Pipeliner, read func(redis.
 
 // release applies the writes queued by write and frees the lock in one
 // MULTI/EXEC. If the lock expired or changed hands since it was watched, EXEC
-// applies nothing and release returns ErrLockExpired.
+// applies nothing and release returns ErrExpired.
 func (l *lock) release(ctx context.Context, tx *redis.Tx, write func(redis.Pipeliner)) error {
 	_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		write(pipe)
@@ -286,7 +294,7 @@ func (l *lock) release(ctx context.Context, tx *redis.Tx, write func(redis.Pipel
 		// The watched key changed after our token was read: the lock is not
 		// ours any more.
 		l.maybeHeld, l.watching = false, false
-		err = ErrLockExpired
+		err = ErrExpired
 	case redis.IsExecAbortError(err):
 		// EXEC ran and dropped the WATCH, but applied nothing: the lock is
 		// still ours, and free must delete it.
@@ -312,30 +320,45 @@ func (l *lock) cleanup(ctx context.Context, tx *redis.Tx) {
 	}
 }
 
-// locked runs a read-then-write under the lock lockKey, on one connection
-// of at's node: take the lock and queue r's reads (one round trip, more if
-// a SCAN needs more pages), then queue write's commands and release the
-// lock in one MULTI/EXEC (one more). at.lock keeps what was learned of the
-// lock. ctx bounds the wait for the lock; once a SET is sent, the round
-// trips are bounded by the lock's deadline instead.
-func locked(ctx context.Context, at site, lockKey string, p plan, r reader, write func(redis.Pipeliner, *tally)) error {
-	view := at.lock
-	if view == nil {
-		view = &lockView{}
-	}
-	return at.node.Watch(ctx, func(tx *redis.Tx) error {
-		l := newLock(lockKey, p.lockTTL, p.lockRetry(), at.node, at.clock, view)
+// A Section is the work done under the lock.
+type Section interface {
+	// Read queues the first reads, sent with the SET that takes the lock
+	// when it is free.
+	Read(ctx context.Context, pipe redis.Pipeliner)
+	// Finish reads their replies, and whatever else is needed, on tx's
+	// connection, under the lock.
+	Finish(ctx context.Context, tx *redis.Tx) error
+	// Write queues the writes, applied with the release or not at all.
+	Write(pipe redis.Pipeliner)
+}
+
+// Options are how a lock is taken.
+type Options struct {
+	TTL   time.Duration           // the longest a holder keeps it
+	Retry redislock.RetryStrategy // waits while it is held by another; nil: no retry
+	Clock *clock.Clock            // node's, for absolute deadlines (SET ... PXAT)
+}
+
+// Run runs s under the lock key of node, on one connection: take the lock
+// and queue s's reads (one round trip, more if s needs more), then queue
+// s's writes and release the lock in one MULTI/EXEC (one more). view
+// keeps what this process learned of the lock. ctx bounds the wait for the
+// lock; once a SET is sent, the round trips are bounded by the lock's
+// deadline instead, so a caller that gives up never cuts a holder in the
+// middle. A busy lock makes it return ErrNotObtained (joined with ctx's
+// error if ctx ended); a lock lost before the release, ErrExpired.
+func Run(ctx context.Context, node *redis.Client, key string, o Options, view *View, s Section) error {
+	return node.Watch(ctx, func(tx *redis.Tx) error {
+		l := newLock(key, o.TTL, o.Retry, node, o.Clock, view)
 		defer l.cleanup(ctx, tx)
-		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { r.queue(ctx, pipe) }); err != nil {
+		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { s.Read(ctx, pipe) }); err != nil {
 			return err
 		}
-		// Callers who give up from here on end nothing: the decision
-		// completes and releases the lock at once (see lock.holding).
 		hold, cancel := l.holding(ctx)
 		defer cancel()
-		if err := r.finish(hold, tx); err != nil {
+		if err := s.Finish(hold, tx); err != nil {
 			return err
 		}
-		return l.release(hold, tx, func(pipe redis.Pipeliner) { write(pipe, r.tally()) })
+		return l.release(hold, tx, s.Write)
 	})
 }

@@ -1,4 +1,4 @@
-package leakybucket
+package lock
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
 )
 
 // holdGrace is how long after the lock's deadline its holder's round trips
@@ -36,20 +38,7 @@ const (
 func (l *lock) free() {
 	ctx, cancel := context.WithDeadline(context.Background(), l.sent.Add(l.lifetime+holdGrace))
 	defer cancel()
-	backoff := freeFirstBackoff
-	for {
-		done := l.compareAndDelete(ctx)
-		if done || ctx.Err() != nil {
-			return
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		backoff = min(2*backoff, freeMaxBackoff)
-	}
+	backoff.New(freeFirstBackoff, freeMaxBackoff).Retry(ctx, func() bool { return l.compareAndDelete(ctx) })
 }
 
 // compareAndDelete makes one attempt of free, and reports whether it is

@@ -1,0 +1,110 @@
+// Package keys names the Redis keys of a Bucket. For prefix P, resource r
+// and client c, with R and C their unpadded base64url encodings, and T the
+// Bucket's tag (its longest window, and its precisions under Windows: see
+// docs/strategies.md, "Key layout"):
+//
+//	P:T:{R}:lock                  Logs: the lock, when a rule is per-resource
+//	P:T:{R}:lock:C                Logs: the lock, when every rule is per-client
+//	P:T:{R}:log:C:<ms>:<n>:<uuid> Logs: calls of total weight n made at Redis time <ms>
+//	P:T:{R}:zset:W:L[:C]          SortedSet: the calls of a rule of window W ms and
+//	                              limit L, the resource's or the client's
+//	P:T:{R}:hash[@G][:C]          Windows: weight per interval in generation G,
+//	                              the resource's or the client's
+//	P:T:{R}:gen                   Windows: the generation, once FlushAll ran
+//	P:T:{R}:fence:<id>            SortedSet, Windows: one transaction's marker
+//
+// The hash tag {R} keeps every key of a resource in one cluster slot, so
+// that no lock, WATCH or MULTI/EXEC crosses slots. base64url has no ':',
+// brace or glob metacharacter, so the tag ends where R ends, no two
+// (resource, client) pairs share a key, and no MATCH pattern of one kind
+// of key or client matches another ("log:", "lock", "zset", "hash",
+// "fence:" and "gen" differ before any '*').
+package keys
+
+import (
+	"encoding/base64"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// Space names the keys of one resource.
+type Space struct {
+	base string // P:T:{R}:
+}
+
+// Of returns the keys of resource under prefix (P:T).
+func Of(prefix, resource string) Space {
+	return Space{base: prefix + ":{" + Encode(resource) + "}:"}
+}
+
+// Encode is how a resource or client name appears in a key.
+func Encode(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// Slot is a key in the resource's slot, to find the node that owns it.
+func (k Space) Slot() string { return k.base }
+
+// ResourceLock is the lock of a Bucket with a per-resource rule.
+func (k Space) ResourceLock() string { return k.base + "lock" }
+
+// ClientLock is the lock of client, when every rule is per-client.
+func (k Space) ClientLock(client string) string { return k.base + "lock:" + Encode(client) }
+
+// Logs is the prefix of every log of the resource.
+func (k Space) Logs() string { return k.base + "log:" }
+
+// ClientLogs is the prefix of the logs of one client of the resource.
+func (k Space) ClientLogs(client string) string { return k.Logs() + Encode(client) + ":" }
+
+// NewLog names the log of a call of weight n by client, admitted at Redis
+// time at (ms).
+func (k Space) NewLog(client string, at int64, n int) string {
+	return k.ClientLogs(client) + strconv.FormatInt(at, 10) + ":" + strconv.Itoa(n) + ":" + uuid.NewString()
+}
+
+// SortedSet is the prefix of the resource's sorted sets.
+func (k Space) SortedSet() string { return k.base + "zset" }
+
+// ClientSortedSet is the prefix of client's sorted sets.
+func (k Space) ClientSortedSet(client string) string { return k.SortedSet() + ":" + Encode(client) }
+
+// Hashes is the prefix of every Windows hash of the resource.
+func (k Space) Hashes() string { return k.base + "hash" }
+
+// Hash is the resource's Windows hash in generation gen ("" until the
+// first FlushAll).
+func (k Space) Hash(gen string) string {
+	if gen == "" {
+		return k.Hashes()
+	}
+	return k.Hashes() + "@" + gen
+}
+
+// ClientHash is client's Windows hash in generation gen.
+func (k Space) ClientHash(gen, client string) string { return k.Hash(gen) + ":" + Encode(client) }
+
+// Generation holds the generation of the resource's Windows hashes.
+func (k Space) Generation() string { return k.base + "gen" }
+
+// MatchPrefix returns the MATCH pattern of every key that starts with
+// prefix, taken literally: Redis glob metacharacters are escaped.
+func MatchPrefix(prefix string) string {
+	var b strings.Builder
+	b.Grow(len(prefix) + 2)
+	for i := 0; i < len(prefix); i++ {
+		switch c := prefix[i]; c {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('*')
+	return b.String()
+}
+
+// Fence names the marker of one transaction, which tells whether it ran
+// after its reply was lost.
+func (k Space) Fence(id string) string { return k.base + "fence:" + id }

@@ -1,0 +1,94 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+)
+
+// section reads a counter under the lock and writes it back plus one.
+type section struct {
+	key     string
+	read    *redis.StringCmd
+	between func() // runs after the reads, before the writes
+}
+
+func (s *section) Read(ctx context.Context, pipe redis.Pipeliner) { s.read = pipe.Get(ctx, s.key) }
+
+func (s *section) Finish(ctx context.Context, tx *redis.Tx) error {
+	if s.between != nil {
+		s.between()
+	}
+	return nil
+}
+
+func (s *section) Write(pipe redis.Pipeliner) {
+	n, _ := s.read.Int()
+	pipe.Set(context.Background(), s.key, n+1, 0)
+}
+
+func setup(t *testing.T) (*miniredis.Miniredis, *redis.Client, Options) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return mr, rdb, Options{TTL: time.Second, Clock: &clock.Clock{}}
+}
+
+// Run reads and writes under the lock, and leaves no lock behind.
+func TestRunReleases(t *testing.T) {
+	mr, rdb, o := setup(t)
+	ctx := context.Background()
+	for range 3 {
+		if err := Run(ctx, rdb, "l", o, &View{}, &section{key: "n"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := mr.Get("n"); got != "3" {
+		t.Errorf("counter %q after 3 runs, want 3", got)
+	}
+	if mr.Exists("l") || mr.Exists("l:next") {
+		t.Errorf("keys %q left behind", mr.Keys())
+	}
+}
+
+// A lock held by another is not taken: ErrNotObtained, nothing written,
+// the other's lock untouched.
+func TestRunHeldByAnother(t *testing.T) {
+	mr, rdb, o := setup(t)
+	mr.Set("l", "someone else")
+	o.Retry = redislock.NoRetry()
+	view := &View{}
+	err := Run(context.Background(), rdb, "l", o, view, &section{key: "n"})
+	if !errors.Is(err, ErrNotObtained) {
+		t.Fatalf("error %v, want ErrNotObtained", err)
+	}
+	if mr.Exists("n") {
+		t.Error("wrote without the lock")
+	}
+	if got, _ := mr.Get("l"); got != "someone else" || !view.Contended() {
+		t.Errorf("lock %q, contended %v: want the other's lock, seen contended", got, view.Contended())
+	}
+}
+
+// A lock lost between the reads and the release (it expired, another took
+// it) writes nothing: ErrExpired.
+func TestRunLostLock(t *testing.T) {
+	mr, rdb, o := setup(t)
+	s := &section{key: "n", between: func() { mr.Set("l", "someone else") }}
+	if err := Run(context.Background(), rdb, "l", o, &View{}, s); !errors.Is(err, ErrExpired) {
+		t.Fatalf("error %v, want ErrExpired", err)
+	}
+	if mr.Exists("n") {
+		t.Error("wrote after losing the lock")
+	}
+	if got, _ := mr.Get("l"); got != "someone else" {
+		t.Errorf("the new holder's lock is now %q", got)
+	}
+}
