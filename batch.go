@@ -110,7 +110,7 @@ type batcher struct {
 const probeEvery = 10 * time.Millisecond
 
 // epoch is the start of the monotonic readings of batcher.tried.
-var epoch = time.Now()
+var batchEpoch = time.Now()
 
 // took records the duration of an uncontended batch.
 func (q *batcher) took(d time.Duration) {
@@ -129,7 +129,7 @@ func (q *batcher) took(d time.Duration) {
 func (q *batcher) hopeless(ctx context.Context) error {
 	deadline, ok := ctx.Deadline()
 	typical := time.Duration(q.decision.Load())
-	now := time.Since(epoch)
+	now := time.Since(batchEpoch)
 	left := time.Until(deadline)
 	if ok && left < typical && now-time.Duration(q.tried.Load()) < probeEvery {
 		return fmt.Errorf("leakybucket: %w: %v left, and a decision takes about %v",

@@ -12,7 +12,7 @@ import (
 // would, and returns a function that frees it.
 func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() {
 	t.Helper()
-	key := lockKey(b.keysOf(resource), b.plan, client)
+	key := lockKey(remoteOf(b).keysOf(resource), b.plan, client)
 	if err := e.admin.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -24,10 +24,10 @@ func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() 
 // the calls queued so far when it starts, so while it waits for a lock
 // held elsewhere, the calls after it queue in arrival order.
 func (e *env) waiting(b *Bucket, resource, client string) int {
-	key := b.batchKey(resource, client)
-	b.batches.mu.Lock()
-	defer b.batches.mu.Unlock()
-	line, ok := b.batches.lines[key]
+	key := remoteOf(b).batchKey(resource, client)
+	remoteOf(b).batches.mu.Lock()
+	defer remoteOf(b).batches.mu.Unlock()
+	line, ok := remoteOf(b).batches.lines[key]
 	if !ok {
 		return -1
 	}
@@ -53,11 +53,11 @@ func (e *env) awaitWaiting(t *testing.T, b *Bucket, resource, client string, n i
 // late a loaded scheduler runs it.
 func (e *env) awaitContended(t *testing.T, b *Bucket, resource, client string) {
 	t.Helper()
-	key := b.batchKey(resource, client)
+	key := remoteOf(b).batchKey(resource, client)
 	contended := func() bool {
-		b.batches.mu.Lock()
-		line, ok := b.batches.lines[key]
-		b.batches.mu.Unlock()
+		remoteOf(b).batches.mu.Lock()
+		line, ok := remoteOf(b).batches.lines[key]
+		remoteOf(b).batches.mu.Unlock()
 		return ok && line.shared.lock.Contended()
 	}
 	for deadline := time.Now().Add(time.Minute); !contended(); time.Sleep(time.Millisecond) {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
 // The breaker's numbers, on a real server that is killed and restarted.
@@ -125,12 +127,12 @@ func TestBreakerLateCall(t *testing.T) {
 	allowWithin(ctx, b, 300*time.Millisecond)
 	waitOpen(t, b)
 	// A late error, as a call that gave up while go-redis dialed.
-	late := b.settle(ctx, "r", fmt.Errorf("leakybucket: %w while waiting for Redis", context.DeadlineExceeded))
+	late := remoteOf(b).settle(ctx, "r", fmt.Errorf("leakybucket: %w while waiting for Redis", context.DeadlineExceeded))
 	if !unavailableWithCause(late) || !errors.Is(late, context.DeadlineExceeded) || Kind(late) != ErrorUnavailable {
 		t.Errorf("a late call while the breaker is open = %v (kind %v), want ErrUnavailable with the cause, and the deadline", late, Kind(late))
 	}
 	start := time.Now()
-	if err := allowWithin(ctx, off, 50*time.Millisecond); errors.As(err, new(*openError)) || time.Since(start) < 40*time.Millisecond {
+	if err := allowWithin(ctx, off, 50*time.Millisecond); outage.Refused(err) || time.Since(start) < 40*time.Millisecond {
 		t.Errorf("WithoutBreaker: a call returned %v after %v, want it to wait for go-redis until its deadline", err, time.Since(start))
 	}
 	srv.Restart()
@@ -152,12 +154,7 @@ func waitOpen(t *testing.T, b *Bucket) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		open := false
-		b.breakers.m.Range(func(_, v any) bool {
-			open = v.(*breaker).down.Load() != nil
-			return !open
-		})
-		if open {
+		if remoteOf(b).breakers.AnyOpen() {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)

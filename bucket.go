@@ -5,33 +5,36 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/leakybucket/leakybucket/internal/clock"
-	"github.com/leakybucket/leakybucket/internal/keys"
-	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // A Bucket limits requests to resources by the rules it was made with,
 // across every process that uses the same Redis and prefix. Make one with
 // New; it is safe for concurrent use.
 type Bucket struct {
-	cfg   config
-	plan  plan
-	store store
-	node  func(ctx context.Context, key string) (*redis.Client, error)
-	route *clusterRoute // nil unless a *redis.ClusterClient: see cluster.go
-
+	cfg           config
+	plan          plan
 	hasClientRule bool
 	maxN          int // the smallest Requests of the rules
+	counts        backend
+}
 
-	keyPrefix string // the prefix and the tag of the strategy's key layout
-	clocks    clock.Set
-	batches   batcher
-	denials   denials
-	foresight foresight
-	breakers  breakers // see breaker.go
-
-	local *localCounts // non-nil for NewLocal: then none of the above is used
+// A backend keeps a Bucket's counts and decides its calls: in Redis
+// (remote, made by New) or in this process's memory (local, made by
+// NewLocal). The Bucket checks the input; the backend does the rest.
+type backend interface {
+	// allow decides a call of weight n and writes its Result into res.
+	allow(ctx context.Context, resource, client string, n int, res *Result) error
+	// read returns what every rule counts for a call of weight n,
+	// writing nothing.
+	read(ctx context.Context, resource, client string, n int) (view, error)
+	// flush forgets client's counts at resource, and its share of the
+	// resource's.
+	flush(ctx context.Context, resource, client string) error
+	// flushAll forgets every count of resource.
+	flushAll(ctx context.Context, resource string) error
+	// settle is what a call at resource that ended with err returns: on
+	// Redis, the breaker's say (breaker.go).
+	settle(ctx context.Context, resource string, err error) error
 }
 
 // New returns a Bucket that applies the rules among opts (PerResource,
@@ -51,12 +54,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 		return nil, err
 	}
 	b := newBucket(cfg, p)
-	b.store, b.node, b.route = st, node, clusterRouteOf(rdb)
-	b.keyPrefix = cfg.prefix + ":" + st.tag()
-	b.batches.run, b.batches.workers = b.decideBatch, 1
-	if _, locked := st.(logsStore); !locked {
-		b.batches.workers = lockFreeWorkers
-	}
+	b.counts = newRemote(cfg, p, st, node, clusterRouteOf(rdb))
 	return b, nil
 }
 
@@ -82,51 +80,6 @@ func newBucket(cfg config, p plan) *Bucket {
 		b.maxN = min(b.maxN, r.Limit.Requests)
 	}
 	return b
-}
-
-// nodeOf returns how to find the client of the node that owns a key.
-func nodeOf(rdb redis.UniversalClient) (func(context.Context, string) (*redis.Client, error), error) {
-	switch c := rdb.(type) {
-	case *redis.Client:
-		if c != nil {
-			return func(context.Context, string) (*redis.Client, error) { return c, nil }, nil
-		}
-	case *redis.ClusterClient:
-		if c != nil {
-			return c.MasterForKey, nil
-		}
-	case *redis.Ring:
-		if c != nil {
-			return func(_ context.Context, key string) (*redis.Client, error) { return c.GetShardClientForKey(key) }, nil
-		}
-	}
-	return nil, ErrUnsupportedClient
-}
-
-// lockFreeWorkers is how many batches of one resource a Bucket has under
-// way at once under SortedSet and Windows: a second transaction in flight
-// keeps Redis busy while the reply of the first travels. More make the
-// batches smaller, and cost Redis more than they save (measured with 2, 4
-// and 8 in bench/).
-const lockFreeWorkers = 2
-
-// siteOf returns where resource's counts live.
-func (b *Bucket) siteOf(ctx context.Context, resource string, view *lock.View) (site, error) {
-	ks := b.keysOf(resource)
-	node, err := b.node(ctx, ks.Slot())
-	if err != nil {
-		return site{}, classify(err)
-	}
-	if err := b.admit(node); err != nil {
-		return site{}, err // the breaker is open: see breaker.go
-	}
-	refind := func(ctx context.Context) (*redis.Client, error) { return b.node(ctx, ks.Slot()) }
-	return site{node: node, keys: ks, clock: b.clocks.Of(node.Options().Addr), route: b.route, lock: view, refind: refind}, nil
-}
-
-// keysOf names the keys of resource.
-func (b *Bucket) keysOf(resource string) keys.Space {
-	return keys.Of(b.keyPrefix, resource)
 }
 
 // check refuses bad input before anything is sent.

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/bsm/redislock"
 )
 
 // step is one call of a step table: wait, then AllowN (or PeekN) and check.
@@ -420,7 +418,8 @@ func TestBadInput(t *testing.T) {
 			{[]Option{PerClient(PerSecond(1)), WithPrefix("a{b")}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithPrefix("}")}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithLockTTL(0)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithLockRetry(nil)}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithLockWait(-time.Millisecond, 0)}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithLockWait(2*time.Millisecond, time.Millisecond)}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithScanCount(0)}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(nil)}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(999 * time.Microsecond))}, ErrInvalidOption},
@@ -569,7 +568,7 @@ func TestHugeWeightsDoNotOverflow(t *testing.T) {
 		huge := Per(math.MaxInt, time.Minute)
 		// SortedSet keeps a member per unit of weight, and Windows adds
 		// weights with HINCRBY: New refuses limits they cannot keep.
-		if bound, ok := map[string]int{"sortedset": 1000, "windows": MaxWindowsRequests}[strategyName(e.strategy)]; ok {
+		if bound, ok := map[string]int{"sortedset": 1000, "windows": maxWindowsRequests}[strategyName(e.strategy)]; ok {
 			if _, err := e.new(WithStrategy(e.strategy), PerClient(huge)); !errors.Is(err, ErrInvalidOption) {
 				t.Fatalf("New(%v, %v): %v, want ErrInvalidOption", e.strategy, huge, err)
 			}
@@ -589,8 +588,8 @@ func TestHugeWeightsDoNotOverflow(t *testing.T) {
 // A retry factory that returns nil means: do not retry.
 func TestNilRetryStrategy(t *testing.T) {
 	eachLocked(t, func(t *testing.T, e *env) {
-		b := e.bucket(t, PerClient(PerMinute(1)), WithLockRetry(func() redislock.RetryStrategy { return nil }))
-		e.admin.Set(context.Background(), b.keysOf("r").ClientLock("a"), "x", time.Minute)
+		b := e.bucket(t, PerClient(PerMinute(1)), WithLockWait(0, 0))
+		e.admin.Set(context.Background(), remoteOf(b).keysOf("r").ClientLock("a"), "x", time.Minute)
 		if _, err := b.Allow(context.Background(), "r", "a"); !errors.Is(err, ErrLockNotObtained) {
 			t.Errorf("Allow on a held lock with a nil strategy: error %v, want ErrLockNotObtained", err)
 		}

@@ -108,7 +108,7 @@ func (e *env) keys(t *testing.T) []string {
 	var all []string
 	if e.local != nil {
 		for _, b := range *e.local {
-			all = append(all, b.local.keys()...)
+			all = append(all, localOf(b).keys()...)
 		}
 		return all
 	}
@@ -562,3 +562,9 @@ func (q *queuedConn) Close() error {
 	}
 	return q.Conn.Close()
 }
+
+// remoteOf is the backend of a Bucket made by New.
+func remoteOf(b *Bucket) *remote { return b.counts.(*remote) }
+
+// localOf is the backend of a Bucket made by NewLocal.
+func localOf(b *Bucket) *localCounts { return b.counts.(*localCounts) }

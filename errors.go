@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
 // Errors returned by New and by the Bucket's methods. Match them with
@@ -28,7 +29,7 @@ var (
 
 	// ErrInvalidPrecision: a precision, a Limit's or the Windows strategy's,
 	// is under one millisecond, longer than the window of a rule that
-	// counts in it, or more than MaxIntervals intervals of that window; or a
+	// counts in it, or more than 2^22 intervals of that window; or a
 	// Limit has a Precision under a strategy other than Windows. The error
 	// matches ErrInvalidLimit too when the Limit's precision is wrong, and
 	// ErrInvalidOption when the strategy's is.
@@ -67,7 +68,7 @@ var (
 	// syscall.ECONNREFUSED) and the like hold, and the text names it. Whether
 	// a write sent before the failure was applied is unknown; it can only
 	// have counted a call, never let one through uncounted.
-	ErrUnavailable = errors.New("leakybucket: redis unavailable")
+	ErrUnavailable = outage.ErrUnavailable
 
 	// ErrLockExpired: the lock expired (or changed hands) before the decision
 	// was written, so the write was refused and nothing was recorded. It

@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"syscall"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
 // classify turns an error of a Redis call into what the caller is told:
@@ -25,34 +21,12 @@ func classify(err error) error {
 		return nil
 	case errors.Is(err, ErrLockNotObtained), errors.Is(err, ErrLockExpired), errors.Is(err, ErrUnavailable):
 		return err
-	case unreachable(err):
+	case outage.Unreachable(err):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	case strings.HasPrefix(err.Error(), "leakybucket: "):
 		return err // ours already
 	}
 	return fmt.Errorf("leakybucket: %w", err)
-}
-
-// unreachable reports whether err says that Redis could not be reached or
-// did not answer, rather than that it answered with an error.
-func unreachable(err error) bool {
-	var netErr net.Error
-	var redisErr redis.Error
-	switch {
-	case errors.As(err, &redisErr):
-		return false // Redis answered
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		// The caller's own deadline, unless the I/O layer reports it as a
-		// timeout too (ContextTimeoutEnabled): then the server was slow.
-		return errors.As(err, &netErr) && netErr.Timeout()
-	case errors.As(err, &netErr),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted):
-		return true
-	}
-	return false
 }
 
 // bounded runs f and returns its result or, if ctx ends first, ctx's

@@ -62,7 +62,7 @@ func buckets(t testing.TB, n int, addr string, opts ...Option) []*Bucket {
 // unlimited is a per-resource rule that never denies within a test: the
 // fault tests that use it measure admissions, not limits. Its window is
 // short so that the Logs strategy's SCAN stays small.
-func unlimited(window time.Duration) Option { return PerResource(Per(MaxSortedSetRequests, window)) }
+func unlimited(window time.Duration) Option { return PerResource(Per(maxSortedSetRequests, window)) }
 
 // errorAudit checks each failed call of a fault test against what the test
 // allows, and tallies the errors' network causes.

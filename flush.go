@@ -2,8 +2,6 @@ package leakybucket
 
 import (
 	"context"
-
-	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // Flush forgets the counts of client at resource: its own, and its share of
@@ -20,20 +18,7 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error)
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
-	if b.local != nil {
-		return b.local.flush(ctx, resource, client)
-	}
-	b.denials.forget(resource, &client)
-	_, err = bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
-		at, err := b.siteOf(ctx, resource, view)
-		if err != nil {
-			return struct{}{}, err
-		}
-		return struct{}{}, classify(b.route.redirected(b.store.flush(ctx, at, client)))
-	})
-	b.denials.forget(resource, &client) // one cached by a decision that raced the flush
-	b.foresight.drop(resource, &client)
-	return err
+	return b.counts.flush(ctx, resource, client)
 }
 
 // FlushAll forgets every count of resource, for all clients and rules.
@@ -47,34 +32,5 @@ func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
 	if resource == "" {
 		return ErrEmptyResource
 	}
-	if b.local != nil {
-		return b.local.flushAll(ctx, resource)
-	}
-	b.denials.forget(resource, nil)
-	_, err = bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
-		at, err := b.siteOf(ctx, resource, view)
-		if err != nil {
-			return struct{}{}, err
-		}
-		return struct{}{}, classify(b.route.redirected(b.store.flushAll(ctx, at)))
-	})
-	b.denials.forget(resource, nil) // those cached by decisions that raced the flush
-	b.foresight.drop(resource, nil)
-	return err
-}
-
-// deleteUnder deletes every key under prefix, found with SCAN (keyScan),
-// and then checks that the node still owns the slot (on a cluster, a SCAN
-// of a node that lost it finds nothing).
-func deleteUnder(ctx context.Context, at site, prefix string, count int) error {
-	r := newKeyScan(prefix, count)
-	if err := r.finish(ctx, at.node); err != nil {
-		return err
-	}
-	if len(r.found) > 0 {
-		if err := at.node.Del(ctx, r.found...).Err(); err != nil {
-			return err
-		}
-	}
-	return at.route.owns(ctx, at.node, at.keys)
+	return b.counts.flushAll(ctx, resource)
 }

@@ -4,7 +4,6 @@ go 1.26.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
-	github.com/bsm/redislock v0.10.0
 	github.com/google/uuid v1.6.0
 	github.com/redis/go-redis/v9 v9.23.0
 )

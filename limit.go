@@ -23,7 +23,7 @@ type Limit struct {
 	Window time.Duration
 	// Precision is the length of the intervals the Windows strategies
 	// count this Limit in: at least 1ms, at most Window, and
-	// Window/Precision at most MaxIntervals. Zero: the strategy's. The
+	// Window/Precision at most 2^22 (4 194 304). Zero: the strategy's. The
 	// other strategies are exact and refuse a Precision.
 	Precision time.Duration
 }
@@ -60,12 +60,12 @@ func (l Limit) String() string {
 	return fmt.Sprintf("%d per %v", l.Requests, l.Window)
 }
 
-// MaxIntervals bounds Window/Precision under the Windows strategy: a
+// maxIntervals bounds Window/Precision under the Windows strategy: a
 // decision reads every interval of its hash that holds a call, up to one
 // per precision of the longest window, so past a few million a busy key
 // costs Redis more per decision than a deadline allows. It admits an hour
 // at a precision of 1ms and 48 days at 1s.
-const MaxIntervals = 1 << 22
+const maxIntervals = 1 << 22
 
 func (l Limit) validate() error {
 	if l.Requests <= 0 {
@@ -83,15 +83,15 @@ func (l Limit) validate() error {
 }
 
 // checkPrecision checks intervals of precision for a window: at least 1ms,
-// at most the window, and at most MaxIntervals of them in it.
+// at most the window, and at most maxIntervals of them in it.
 func checkPrecision(precision, window time.Duration) error {
 	switch {
 	case precision < time.Millisecond:
 		return fmt.Errorf("%w: %v is under 1ms", ErrInvalidPrecision, precision)
 	case precision > window:
 		return fmt.Errorf("%w: %v is longer than the window %v", ErrInvalidPrecision, precision, window)
-	case window.Milliseconds()/precision.Milliseconds() > MaxIntervals:
-		return fmt.Errorf("%w: %v is more than MaxIntervals (%d) intervals of %v", ErrInvalidPrecision, window, MaxIntervals, precision)
+	case window.Milliseconds()/precision.Milliseconds() > maxIntervals:
+		return fmt.Errorf("%w: %v is more than maxIntervals (%d) intervals of %v", ErrInvalidPrecision, window, maxIntervals, precision)
 	}
 	return nil
 }

@@ -27,32 +27,43 @@ import (
 // once held four times what they hold now is given back: memory follows
 // the keys used within the longest window, also after a churn of
 // millions, and no goroutine runs in the background.
-// The options that concern Redis (WithPrefix, WithLockTTL, WithLockRetry,
+// The options that concern Redis (WithPrefix, WithLockTTL, WithLockWait,
 // WithScanCount) are accepted and change nothing.
 func NewLocal(opts ...Option) (*Bucket, error) {
 	cfg, p, err := configure(opts)
 	if err != nil {
 		return nil, err
 	}
-	b := newBucket(cfg, p)
-	if b.local, err = newLocalCounts(cfg.strategy, p); err != nil {
+	counts, err := newLocalCounts(cfg.strategy, p)
+	if err != nil {
 		return nil, err
 	}
+	b := newBucket(cfg, p)
+	b.counts = counts
 	return b, nil
 }
 
-// decideLocal is AllowNInto on a local Bucket.
-func (b *Bucket) decideLocal(ctx context.Context, resource, client string, n int, res *Result) error {
+// allow decides a call in process.
+func (l *localCounts) allow(ctx context.Context, resource, client string, n int, res *Result) error {
 	if ctx.Err() != nil {
 		*res = Result{}
 		return givenUp(ctx, false, nil)
 	}
-	b.local.decide(resource, client, n, func(v view) bool {
-		evaluateInto(res, b.plan.rules, v, n, b.cfg.recordDenied)
-		return res.Allowed || b.cfg.recordDenied
+	l.decide(resource, client, n, func(v view) bool {
+		evaluateInto(res, l.rules, v, n, l.recordDenied)
+		return res.Allowed || l.recordDenied
 	})
 	return nil
 }
+
+// read is peek: in process, a read cannot fail (the Bucket's bound saw
+// ctx).
+func (l *localCounts) read(_ context.Context, resource, client string, _ int) (view, error) {
+	return l.peek(resource, client), nil
+}
+
+// settle leaves err as it is: no breaker watches process memory.
+func (*localCounts) settle(_ context.Context, _ string, err error) error { return err }
 
 // localShards is how many locks the keys of a local Bucket are spread
 // over: enough that the cores of a large host rarely wait for each other.
@@ -162,16 +173,15 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch st := st.(type) {
-	case windowsStore:
-		l.layout, l.merged = st.layout, true
-		for _, lane := range st.lanes {
+	c := st.counting()
+	l.capped = c.capped
+	if c.layout != nil {
+		l.layout, l.merged = *c.layout, true
+		for _, lane := range l.layout.lanes {
 			if !lane.fixed {
 				l.reach = max(l.reach, lane.span-1)
 			}
 		}
-	case sortedSetStore:
-		l.capped = p.recordDenied
 	}
 	l.listCounts()
 	for i := range l.shards {

@@ -221,7 +221,7 @@ func TestLocalPeekCopiesEnough(t *testing.T) {
 // one evaluated on the scopes themselves, for any weight.
 func comparePeek(t *testing.T, b *Bucket, call int, client string) {
 	t.Helper()
-	l := b.local
+	l := localOf(b)
 	sh := l.shard("r", client)
 	copied := l.peek("r", client)
 	for n := range l.maxN + 1 {

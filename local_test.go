@@ -112,7 +112,7 @@ func TestLocalMemoryBounded(t *testing.T) {
 				t.Fatalf("client %d: %+v, %v", i, res, err)
 			}
 		}
-		if n := len(b.local.keys()); n != clients+1 {
+		if n := len(localOf(b).keys()); n != clients+1 {
 			t.Fatalf("%d scopes held after %d clients, want %d", n, clients, clients+1)
 		}
 		time.Sleep(time.Minute)
@@ -121,7 +121,7 @@ func TestLocalMemoryBounded(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if n := len(b.local.keys()); n > 1000+1 {
+		if n := len(localOf(b).keys()); n > 1000+1 {
 			t.Errorf("%d scopes held a window after the million, want at most the 1001 used since", n)
 		}
 	})

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/lock"
@@ -126,7 +125,7 @@ func (b *busyLocks) wait(n int, stop <-chan struct{}) bool {
 func TestLockBusy(t *testing.T) {
 	eachLocked(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Minute)))
-		lockKey := b.keysOf("r").ClientLock("a")
+		lockKey := remoteOf(b).keysOf("r").ClientLock("a")
 		e.admin.Set(context.Background(), lockKey, "someone else", time.Minute)
 		// The Bucket's connections and clock estimate first, so that the
 		// deadline is spent on the lock, not on dialing a loaded server.
@@ -145,7 +144,7 @@ func TestLockBusy(t *testing.T) {
 			t.Errorf("Allow on a held lock until the deadline: error %v, want ErrLockNotObtained and DeadlineExceeded", err)
 		}
 
-		once := e.bucket(t, PerClient(Per(5, time.Minute)), WithLockRetry(redislock.NoRetry))
+		once := e.bucket(t, PerClient(Per(5, time.Minute)), WithLockWait(0, 0))
 		waitIdle(t, b) // its batch's last poll ends after the caller left
 		var trips int64
 		trips = e.trips.count(func() { _, err = once.Allow(context.Background(), "r", "a") })
@@ -179,7 +178,7 @@ func TestLockReleasedWhileWaiting(t *testing.T) {
 		b := e.bucket(t, PerResource(Per(5, time.Minute)))
 		busy := newBusyLocks()
 		e.addHook(busy)
-		lockKey := b.keysOf("r").ResourceLock()
+		lockKey := remoteOf(b).keysOf("r").ResourceLock()
 		e.admin.Set(ctx, lockKey, "someone else", time.Minute)
 		done := make(chan bool)
 		go func() {
@@ -310,7 +309,7 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 	eachLocked(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
 		b := e.bucket(t, PerResource(PerMinute(5)))
-		lockKey := b.keysOf("r").ResourceLock()
+		lockKey := remoteOf(b).keysOf("r").ResourceLock()
 		e.addHook(takeOverAndAbort{e.admin, lockKey})
 		// Redis reports EXECABORT; miniredis checks the WATCH first.
 		if _, err := b.Allow(ctx, "r", "a"); !redis.IsExecAbortError(errors.Unwrap(err)) && !errors.Is(err, ErrLockExpired) {
@@ -332,9 +331,9 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 func waitIdle(t *testing.T, b *Bucket) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		b.batches.mu.Lock()
-		busy := len(b.batches.lines)
-		b.batches.mu.Unlock()
+		remoteOf(b).batches.mu.Lock()
+		busy := len(remoteOf(b).batches.lines)
+		remoteOf(b).batches.mu.Unlock()
 		if busy == 0 {
 			return
 		}

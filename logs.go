@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leakybucket/leakybucket/internal/backoff"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/lock"
 )
@@ -45,7 +46,7 @@ func (st logsStrategy) newStore(p plan) (store, error) {
 }
 
 // logsStore is the Logs strategy: one key per batch of calls of a client,
-// counted with SCAN under the lock (lock.go).
+// counted with SCAN under the lock (package lock).
 type logsStore struct{ plan }
 
 // lockKey names the lock of client's decisions at a resource: the
@@ -79,7 +80,7 @@ func (s logsStore) read(ks keys.Space, client string) *logScan {
 // releases the lock.
 func (s logsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
 	client := calls[0].client // every call's, when every rule is per-client
-	return s.locked(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+	return s.underLock(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
@@ -107,7 +108,7 @@ func (s logsStore) peek(ctx context.Context, at site, client string, _ int) (vie
 
 // flush deletes the client's logs under the lock.
 func (s logsStore) flush(ctx context.Context, at site, client string) error {
-	return s.locked(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+	return s.underLock(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
 		if ids := ids(t.of(client)); len(ids) > 0 {
 			pipe.Del(ctx, ids...)
 		}
@@ -122,12 +123,19 @@ func (s logsStore) flushAll(ctx context.Context, at site) error {
 		return deleteUnder(ctx, at, at.keys.Logs(), s.scanCount)
 	}
 	r := newKeyScan(at.keys.Logs(), s.scanCount)
-	return s.locked(ctx, at, at.keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
+	return s.underLock(ctx, at, at.keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
 		if len(r.found) > 0 {
 			pipe.Del(ctx, r.found...)
 		}
 	})
 }
+
+// line is the lock's: the calls of one lock are decided together.
+func (s logsStore) line(ks keys.Space, client string) string { return lockKey(ks, s.plan, client) }
+
+func (logsStore) locked() bool { return true }
+
+func (logsStore) counting() counting { return counting{} }
 
 func (s logsStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }
 
@@ -207,14 +215,17 @@ func ids(entries []logEntry) []string {
 	return ids
 }
 
-// locked runs a read-then-write of the logs under the lock key (see
+// underLock runs a read-then-write of the logs under the lock key (see
 // package lock): r's reads, then write's commands with the release.
-func (s logsStore) locked(ctx context.Context, at site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
+func (s logsStore) underLock(ctx context.Context, at site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
 	view := at.lock
 	if view == nil {
 		view = &lock.View{}
 	}
-	o := lock.Options{TTL: s.lockTTL, Retry: s.lockRetry(), Clock: at.clock}
+	o := lock.Options{TTL: s.lockTTL, Clock: at.clock}
+	if s.lockWait[0] > 0 {
+		o.Retry = backoff.Jittered(s.lockWait[0], s.lockWait[1])
+	}
 	return lock.Run(ctx, at.node, key, o, view, section{r: r, write: write})
 }
 
@@ -296,3 +307,19 @@ func (s *keyScan) finish(ctx context.Context, conn pipeliner) error {
 }
 
 func (s *keyScan) tally() *tally { return &s.t }
+
+// deleteUnder deletes every key under prefix, found with SCAN (keyScan),
+// and then checks that the node still owns the slot (on a cluster, a SCAN
+// of a node that lost it finds nothing).
+func deleteUnder(ctx context.Context, at site, prefix string, count int) error {
+	r := newKeyScan(prefix, count)
+	if err := r.finish(ctx, at.node); err != nil {
+		return err
+	}
+	if len(r.found) > 0 {
+		if err := at.node.Del(ctx, r.found...).Err(); err != nil {
+			return err
+		}
+	}
+	return at.route.owns(ctx, at.node, at.keys)
+}

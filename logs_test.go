@@ -61,7 +61,7 @@ func FuzzAllowInput(f *testing.F) {
 		if !res.Allowed || res.Remaining != 3-n || len(held) != 1 {
 			t.Fatalf("AllowN(%q, %q, %d) = %+v with keys %q, want admitted, one log", resource, client, n, res, held)
 		}
-		if e, ok := parseLog(held[0], b.keysOf(resource).Logs()); !ok || e.client != keys.Encode(client) || e.weight != n {
+		if e, ok := parseLog(held[0], remoteOf(b).keysOf(resource).Logs()); !ok || e.client != keys.Encode(client) || e.weight != n {
 			t.Fatalf("log %q does not name (%q, %q, %d)", held[0], resource, client, n)
 		}
 	})

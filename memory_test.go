@@ -139,7 +139,7 @@ func TestLateTakeBackKeepsCounts(t *testing.T) {
 		b := e.bucket(t, PerResource(Per(5, time.Minute)))
 		ctx := context.Background()
 		mustAllowN(t, b, "c", 1, true)
-		s, keys := b.store.(windowsStore), b.keysOf("r")
+		s, keys := remoteOf(b).store.(windowsStore), remoteOf(b).keysOf("r")
 		hash := keys.Hash("")
 		before := deadlineOf(t, e, hash)
 		batch := s.newBatch(keys, serverMillis(t, e)-20_000, []request{{client: "c", n: 1}})
@@ -203,7 +203,7 @@ func TestGenerationOutlivesItsHashes(t *testing.T) {
 		if err := b.FlushAll(ctx, "r"); err != nil {
 			t.Fatal(err)
 		}
-		life := b.store.(windowsStore).genLife()
+		life := remoteOf(b).store.(windowsStore).genLife()
 		time.Sleep(life - 100*time.Millisecond)
 		if res, err := b.Allow(ctx, "r", "c"); err != nil || !res.Allowed {
 			t.Fatalf("first call = %+v, %v", res, err)
@@ -253,7 +253,7 @@ func TestSortedSetMembersBounded(t *testing.T) {
 			mustAllowN(t, b, long, 5, true)
 		}
 		mustAllowN(t, b, lookalike, 3, true)
-		set := b.store.(sortedSetStore).key(b.keysOf("r"), b.store.(sortedSetStore).sets[0], "")
+		set := remoteOf(b).store.(sortedSetStore).key(remoteOf(b).keysOf("r"), remoteOf(b).store.(sortedSetStore).sets[0], "")
 		checkMembers(t, e, set, 53)
 		// A member an older version wrote, the long name whole.
 		old := keys.Encode(long) + ":old:0"

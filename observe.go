@@ -170,7 +170,7 @@ func (b *Bucket) observed() time.Time {
 // results, it runs once they are final; it first lets the breaker settle
 // the error (see breaker.go).
 func (b *Bucket) observe(ctx context.Context, start time.Time, op Op, resource, client string, n int, res *Result, err *error) {
-	*err = b.settle(ctx, resource, *err)
+	*err = b.counts.settle(ctx, resource, *err)
 	if b.cfg.observer == nil {
 		return
 	}

@@ -5,10 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/bsm/redislock"
-
-	"github.com/leakybucket/leakybucket/internal/backoff"
 )
 
 // Defaults of the options below.
@@ -27,16 +23,6 @@ const (
 	DefaultScanCount = 1000
 )
 
-// DefaultLockRetry is the retry strategy used while the lock is held by
-// another decision: waits of about 1, 2, 4, 8 and then 16 ms between
-// attempts, each drawn within ±25 % so that waiters do not poll in step,
-// until the context ends. The first waits are short because a decision
-// holds the lock for two round trips: a waiter that slept 20 ms would lose
-// every free moment of a busy lock to callers that just arrived.
-func DefaultLockRetry() redislock.RetryStrategy {
-	return backoff.Jittered(time.Millisecond, 16*time.Millisecond)
-}
-
 // An Option configures a Bucket. Rules are options too: PerResource and
 // PerClient.
 type Option func(*config)
@@ -47,7 +33,7 @@ type config struct {
 	recordDenied bool
 	prefix       string
 	lockTTL      time.Duration
-	lockRetry    func() redislock.RetryStrategy
+	lockWait     [2]time.Duration // the first wait for a busy lock, and the longest
 	scanCount    int
 	observer     func(context.Context, Decision)
 	noBreaker    bool
@@ -58,7 +44,7 @@ func defaultConfig() config {
 		strategy:  Logs,
 		prefix:    DefaultPrefix,
 		lockTTL:   DefaultLockTTL,
-		lockRetry: DefaultLockRetry,
+		lockWait:  [2]time.Duration{time.Millisecond, 16 * time.Millisecond},
 		scanCount: DefaultScanCount,
 	}
 }
@@ -114,13 +100,15 @@ func WithLockTTL(ttl time.Duration) Option {
 	return func(c *config) { c.lockTTL = ttl }
 }
 
-// WithLockRetry sets how to wait for a lock held by another decision. The
-// factory is called once per decision, because redislock's strategies keep
-// state. Waiting always stops when the context ends; return
-// redislock.NoRetry() (or nil) to give up at once, or wrap a strategy in
-// redislock.LimitRetry to bound the attempts. Default: DefaultLockRetry.
-func WithLockRetry(newStrategy func() redislock.RetryStrategy) Option {
-	return func(c *config) { c.lockRetry = newStrategy }
+// WithLockWait sets how a decision waits for a lock held by another
+// (Logs): waits of first, doubling up to longest, each drawn within ±25 %
+// so that waiters do not poll in step, until the context ends. With first
+// 0 it gives up at once (ErrLockNotObtained). Default: 1 ms up to 16 ms.
+// The first waits are short because a decision holds the lock for two
+// round trips: a waiter that slept 20 ms would lose every free moment of
+// a busy lock to callers that just arrived.
+func WithLockWait(first, longest time.Duration) Option {
+	return func(c *config) { c.lockWait = [2]time.Duration{first, longest} }
 }
 
 // WithScanCount sets the COUNT hint of each SCAN call (default
@@ -177,8 +165,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: prefix %q contains a brace", ErrInvalidOption, c.prefix)
 	case c.lockTTL < time.Millisecond:
 		return fmt.Errorf("%w: lock TTL %v is under 1ms", ErrInvalidOption, c.lockTTL)
-	case c.lockRetry == nil:
-		return fmt.Errorf("%w: nil lock retry factory", ErrInvalidOption)
+	case c.lockWait[0] < 0 || c.lockWait[1] < c.lockWait[0]:
+		return fmt.Errorf("%w: lock waits from %v up to %v", ErrInvalidOption, c.lockWait[0], c.lockWait[1])
 	case c.scanCount < 1:
 		return fmt.Errorf("%w: SCAN COUNT %d is below 1", ErrInvalidOption, c.scanCount)
 	}

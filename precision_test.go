@@ -99,7 +99,7 @@ func TestFixedAndSlidingTogether(t *testing.T) {
 // the strategy's; nothing is written. Only Windows takes a precision.
 func TestInvalidPrecision(t *testing.T) {
 	eachOf(t, append(strategies, FixedWindows), func(t *testing.T, e *env) {
-		most := Per(1, MaxIntervals*ms).WithPrecision(ms)
+		most := Per(1, maxIntervals*ms).WithPrecision(ms)
 		for _, tc := range []struct {
 			opts []Option
 			want error

@@ -12,7 +12,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -64,13 +63,13 @@ func TestLostSetReplyIsReleased(t *testing.T) {
 			if _, err := b.Allow(context.Background(), "r", "a"); !errors.Is(err, ErrUnavailable) {
 				t.Fatalf("%v: Allow with the lock's reply lost: error %v, want ErrUnavailable", s, err)
 			}
-			lockKey := b.keysOf("r").ResourceLock()
+			lockKey := remoteOf(b).keysOf("r").ResourceLock()
 			time.Sleep(time.Millisecond) // the release runs in the background
 			synctest.Wait()
 			if n := e.mini.Exists(lockKey); n {
 				t.Fatalf("%v: the lock whose reply was lost is still held after 1ms", s)
 			}
-			other := e.bucket(t, PerResource(PerMinute(10)), WithPrefix("lost-"+s.String()), WithLockRetry(redislock.NoRetry))
+			other := e.bucket(t, PerResource(PerMinute(10)), WithPrefix("lost-"+s.String()), WithLockWait(0, 0))
 			if res, err := other.Allow(context.Background(), "r", "b"); err != nil || !res.Allowed || res.Remaining != 9 {
 				t.Errorf("%v: the next decision = %+v, %v; want admitted at once, nothing counted before", s, res, err)
 			}

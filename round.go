@@ -76,10 +76,10 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 	r.queue(t)
 	sent := time.Now()
 	switch o, err := t.exec(ctx, at.node); o {
-	case notRun:
+	case txnNotRun:
 		handOn(at, &txn{cmds: carried}, r.idempotent())
 		return err
-	case unknown:
+	case txnUnknown:
 		at.clock.Reset()
 		go settleLost(at, r, t, carried)
 		return err
@@ -151,10 +151,10 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 func settleLost(at site, r round, t *txn, carried [][]any) {
 	o := t.resolve(at.node, true)
 	back := newTxn(at.keys, !r.idempotent())
-	if o == ran || o == unknown && r.idempotent() {
+	if o == txnRan || o == txnUnknown && r.idempotent() {
 		r.takeAll(t, back)
 	}
-	if o == notRun || o == unknown && r.idempotent() {
+	if o == txnNotRun || o == txnUnknown && r.idempotent() {
 		back.cmds = append(back.cmds, carried...)
 	}
 	takeBack(at, back, r.idempotent())
@@ -240,9 +240,9 @@ func takeBack(at site, back *txn, idempotent bool) {
 // closed.
 func tryTakeBack(ctx context.Context, node *redis.Client, back *txn, idempotent bool) (bool, error) {
 	o, err := back.exec(ctx, node)
-	if o == unknown && !idempotent {
+	if o == txnUnknown && !idempotent {
 		o = back.resolve(node, false)
 	}
-	over := o == ran || o == unknown && !idempotent || errors.Is(err, redis.ErrClosed)
+	over := o == txnRan || o == txnUnknown && !idempotent || errors.Is(err, redis.ErrClosed)
 	return over, err
 }

@@ -18,11 +18,11 @@ type sortedSetStrategy struct{}
 
 func (sortedSetStrategy) String() string { return "sorted set" }
 
-// MaxSortedSetRequests bounds the Requests of a rule under SortedSet,
+// maxSortedSetRequests bounds the Requests of a rule under SortedSet,
 // which keeps one member (about 50 bytes) per unit of weight counted: a
 // full set at this limit holds about 50 MB, and a call of weight n sends n
 // members.
-const MaxSortedSetRequests = 1_000_000
+const maxSortedSetRequests = 1_000_000
 
 func (st sortedSetStrategy) newStore(p plan) (store, error) {
 	if err := exact(st, p); err != nil {
@@ -30,8 +30,8 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 	}
 	s := sortedSetStore{plan: p, setOf: make([]int, len(p.rules))}
 	for i, r := range p.rules {
-		if r.Limit.Requests > MaxSortedSetRequests {
-			return nil, invalidStrategy(st, "rule %v: more than MaxSortedSetRequests (%d): it keeps a member per unit of weight", r, MaxSortedSetRequests)
+		if r.Limit.Requests > maxSortedSetRequests {
+			return nil, invalidStrategy(st, "rule %v: more than maxSortedSetRequests (%d): it keeps a member per unit of weight", r, maxSortedSetRequests)
 		}
 		spec := setSpec{scope: r.Scope, window: r.Limit.windowMillis(), limit: r.Limit.Requests}
 		s.setOf[i] = -1
@@ -52,7 +52,7 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 // at the rule's Requests, decided in one MULTI/EXEC without a lock. Each
 // unit of weight of a counted call is one member, scored with the Redis
 // time at which the call was decided (the host's estimate of it, see
-// clock.go). Per batch and set, the transaction:
+// package clock). Per batch and set, the transaction:
 //
 //  1. trims the members that have left the window (ZREMRANGEBYSCORE),
 //     and reads what is left: ZCARD, the oldest members and the newest;
@@ -76,6 +76,7 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 // instead: the newest Requests attempts decide, as all of them would.
 type sortedSetStore struct {
 	plan
+	lockFree
 	sets  []setSpec // the distinct (scope, window, limit) of the rules
 	setOf []int     // by rule: its set
 }
@@ -89,7 +90,7 @@ type setSpec struct {
 
 // pending is the score of a member not yet decided: above any time, so
 // that the cap removes pending members before any decided one.
-const pending = "4503599627370496" // 2^52, exact in a float64
+const pendingScore = "4503599627370496" // 2^52, exact in a float64
 
 func (s sortedSetStore) key(ks keys.Space, spec setSpec, client string) string {
 	key := ks.SortedSet() + ":" + strconv.FormatInt(spec.window, 10) + ":" + strconv.Itoa(spec.limit)
@@ -229,7 +230,7 @@ func (b *zBatch) queue(t *txn) {
 				w.evicted = t.add("zremrangebyrank", w.set.key, 0, -limit-1)
 				continue
 			}
-			t.add(append([]any{"zadd", w.set.key}, scored(pending, w.members)...)...)
+			t.add(append([]any{"zadd", w.set.key}, scored(pendingScore, w.members)...)...)
 			w.evicted = t.add("zremrangebyrank", w.set.key, limit, -1)
 			t.add(append([]any{"zadd", w.set.key, "xx"}, scored(b.now, w.members)...)...)
 		}
@@ -496,4 +497,6 @@ func (s sortedSetStore) flushAll(ctx context.Context, at site) error {
 
 // tag is the longest window: the sets' own keys carry each rule's window
 // and limit.
+func (s sortedSetStore) counting() counting { return counting{capped: s.recordDenied} }
+
 func (s sortedSetStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }

@@ -6,7 +6,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/clock"
@@ -55,7 +54,7 @@ var (
 	// removes it again if it went past the cap, so it decides by the
 	// call's position, in O(log n), with no lock. It is exact to within
 	// the error of its estimate of Redis's clock (a stamp may be early,
-	// never late).
+	// never late). A rule's Requests may be at most 1 000 000.
 	SortedSet Strategy = sortedSetStrategy{}
 )
 
@@ -66,7 +65,7 @@ var (
 // adds the call to its interval with HINCRBY and decides from the value it
 // returned; a denied call is then taken back (a second round trip, whose
 // cost the caller does not wait for). Memory is bounded by window/precision
-// however many calls are made.
+// however many calls are made. A rule's Requests may be at most 2^50.
 //
 // A call is counted as if it was made at the end of its interval, so it
 // leaves each window up to precision later than it would under Logs: Windows
@@ -79,7 +78,7 @@ var (
 // of one precision share the hash's fields; each other precision adds its
 // own, and an HINCRBY to the transaction. The precision is kept in whole
 // milliseconds; it must be at least one, at most the window of each rule
-// that takes it and at most MaxIntervals intervals of it, or New returns
+// that takes it and at most 2^22 intervals of it, or New returns
 // an error matching ErrInvalidOption and ErrInvalidPrecision. For fixed
 // windows, see FixedWindows.
 func Windows(precision time.Duration) Strategy { return windowsStrategy{precision: precision} }
@@ -113,12 +112,12 @@ type plan struct {
 	recordDenied  bool
 	scanCount     int
 	lockTTL       time.Duration
-	lockRetry     func() redislock.RetryStrategy
+	lockWait      [2]time.Duration // see WithLockWait
 }
 
 func newPlan(cfg config) plan {
 	p := plan{rules: cfg.rules, clientScoped: true, recordDenied: cfg.recordDenied, scanCount: cfg.scanCount,
-		lockTTL: cfg.lockTTL, lockRetry: cfg.lockRetry}
+		lockTTL: cfg.lockTTL, lockWait: cfg.lockWait}
 	for _, r := range cfg.rules {
 		p.clientScoped = p.clientScoped && r.Scope == ScopeClient
 		p.hasClientRule = p.hasClientRule || r.Scope == ScopeClient
@@ -148,7 +147,31 @@ type store interface {
 	// differ never share a key, so that one never trims or expires counts
 	// that the other still needs.
 	tag() string
+	// line names the calls one batch may hold: those decided under one
+	// lock (Logs), or in one transaction of the resource's keys.
+	line(ks keys.Space, client string) string
+	// locked reports whether decisions take a lock. Then a line runs one
+	// batch at a time, and no call needs to only look (foresight.go):
+	// the lock lets no other decision count a call before it is judged.
+	locked() bool
+	// counting is how the store counts, for NewLocal to count alike.
+	counting() counting
 }
+
+// counting is how a store counts calls: in the intervals of a layout
+// (Windows), or one by one, capped at each rule's Requests (SortedSet with
+// WithRecordDenied), or neither (Logs, and SortedSet otherwise).
+type counting struct {
+	layout *layout
+	capped bool
+}
+
+// lockFree is what SortedSet and Windows share: every batch of a resource
+// is one transaction of its keys, without a lock.
+type lockFree struct{}
+
+func (lockFree) line(ks keys.Space, _ string) string { return ks.Slot() }
+func (lockFree) locked() bool                        { return false }
 
 // request is one call to decide.
 type request struct {

@@ -88,7 +88,7 @@ func TestWindowsPrecision(t *testing.T) {
 			}
 			time.Sleep(time.Minute)
 		}
-		if n := e.admin.HLen(context.Background(), hourly.keysOf("r").Hash("")).Val(); n > 61+tidyAt-1 {
+		if n := e.admin.HLen(context.Background(), remoteOf(hourly).keysOf("r").Hash("")).Val(); n > 61+tidyAt-1 {
 			t.Errorf("the resource's hash has %d fields, want at most 61 intervals and %d dead ones", n, tidyAt-1)
 		}
 	})
@@ -107,7 +107,7 @@ func TestWindowsSparseCallsBounded(t *testing.T) {
 			if _, err := b.Allow(context.Background(), "r", "a"); err != nil {
 				t.Fatal(err)
 			}
-			if n := e.admin.HLen(context.Background(), b.keysOf("r").Hash("")).Val(); n > live+tidyAt-1 {
+			if n := e.admin.HLen(context.Background(), remoteOf(b).keysOf("r").Hash("")).Val(); n > live+tidyAt-1 {
 				t.Fatalf("after call %d the hash has %d fields, want at most %d live and %d dead", i, n, live, tidyAt-1)
 			}
 			time.Sleep(every)

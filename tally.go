@@ -7,7 +7,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
-// tally is the calls a read found (Logs' logs, Windows' intervals),
+// tally is the calls a read of Logs found, under the lock (its logs),
 // oldest first once sorted.
 type tally struct {
 	now  int64                 // Redis time, ms, read after the counts

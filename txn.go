@@ -90,9 +90,9 @@ func (t *txn) add(args ...any) int {
 type txnOutcome uint8
 
 const (
-	unknown txnOutcome = iota // the reply was lost: see resolve
-	ran
-	notRun
+	txnUnknown txnOutcome = iota // the reply was lost: see resolve
+	txnRan
+	txnNotRun
 )
 
 // exec sends t on node and reports whether it ran. With notRun the error
@@ -110,7 +110,7 @@ func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) 
 	cmds, err := t.unguarded(ctx, conn)
 	if err != nil {
 		_ = conn.Do(ctx, "unwatch").Err() // else the pooled connection would abort a later EXEC
-		return notRun, err
+		return txnNotRun, err
 	}
 	return t.execOn(ctx, conn, cmds)
 }
@@ -176,16 +176,16 @@ func (t *txn) execOn(ctx context.Context, conn pipeliner, cmds [][]any) (txnOutc
 	case execErr == nil:
 		replies, ok := exec.Val().([]any)
 		if !ok || len(replies) < len(cmds) {
-			return unknown, fmt.Errorf("leakybucket: EXEC replied %T with %d replies", exec.Val(), len(replies))
+			return txnUnknown, fmt.Errorf("leakybucket: EXEC replied %T with %d replies", exec.Val(), len(replies))
 		}
 		t.replies = replies[:len(cmds)]
-		return ran, nil
+		return txnRan, nil
 	case errors.Is(execErr, redis.Nil):
-		return notRun, redis.TxFailedErr // a WATCHed key changed
+		return txnNotRun, redis.TxFailedErr // a WATCHed key changed
 	case isRedisError(execErr):
-		return notRun, queuedError(queued, execErr) // EXECABORT
+		return txnNotRun, queuedError(queued, execErr) // EXECABORT
 	}
-	return unknown, err
+	return txnUnknown, err
 }
 
 // noRetry is a command that go-redis never sends again, nor the pipeline
@@ -230,7 +230,7 @@ func (t *txn) resolve(node *redis.Client, refusedIsGone bool) txnOutcome {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveFor)
 	defer cancel()
 	r := resolution{marked: t.marker != "", refusedIsGone: refusedIsGone}
-	verdict := unknown
+	verdict := txnUnknown
 	backoff.New(resolveFirstBackoff, resolveMaxBackoff).Retry(ctx, func() (over bool) {
 		done, err := t.look(ctx, node)
 		verdict, over = r.next(done, err)
@@ -250,11 +250,11 @@ type resolution struct {
 func (r *resolution) next(done bool, err error) (txnOutcome, bool) {
 	switch {
 	case done:
-		return ran, true
+		return txnRan, true
 	case errors.Is(err, redis.ErrClosed):
-		return unknown, true // the client was closed: nothing more can be sent
+		return txnUnknown, true // the client was closed: nothing more can be sent
 	case r.refusedIsGone && errors.Is(err, syscall.ECONNREFUSED):
-		return notRun, true
+		return txnNotRun, true
 	case err != nil:
 		// Even a refused connection proves nothing: a proxy may refuse
 		// while the server runs what it had read.
@@ -262,11 +262,11 @@ func (r *resolution) next(done bool, err error) (txnOutcome, bool) {
 	case r.answered.IsZero():
 		r.answered = time.Now()
 	case time.Since(r.answered) >= resolveSettle && r.marked:
-		return notRun, true
+		return txnNotRun, true
 	case time.Since(r.answered) >= resolveSettle:
-		return unknown, true
+		return txnUnknown, true
 	}
-	return unknown, false
+	return txnUnknown, false
 }
 
 // look makes one attempt of resolve: whether the marker says done.

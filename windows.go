@@ -32,18 +32,18 @@ func (w windowsStrategy) String() string {
 	return "windows(" + w.precision.String() + ")"
 }
 
-// MaxWindowsRequests bounds the Requests of a rule under Windows, so that
+// maxWindowsRequests bounds the Requests of a rule under Windows, so that
 // no interval's HINCRBY can overflow, even with a thousand calls of the
 // largest weight not yet taken back.
-const MaxWindowsRequests = 1 << 50
+const maxWindowsRequests = 1 << 50
 
 func (w windowsStrategy) newStore(p plan) (store, error) {
 	if !w.fixed && w.precision < time.Millisecond {
 		return nil, invalidStrategy(w, "%w: %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", ErrInvalidPrecision, w.precision)
 	}
 	for _, r := range p.rules {
-		if r.Limit.Requests > MaxWindowsRequests {
-			return nil, invalidStrategy(w, "rule %v: more than MaxWindowsRequests (%d)", r, MaxWindowsRequests)
+		if r.Limit.Requests > maxWindowsRequests {
+			return nil, invalidStrategy(w, "rule %v: more than maxWindowsRequests (%d)", r, maxWindowsRequests)
 		}
 		if r.Limit.Precision != 0 || w.fixed {
 			continue // its own precision (checked by New), or a fixed window
@@ -88,6 +88,7 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 type windowsStore struct {
 	plan
 	layout
+	lockFree
 	gens *sync.Map // by resource (keys.Space.base): the latest generation seen
 }
 
@@ -571,4 +572,6 @@ func (s windowsStore) flushAll(ctx context.Context, at site) error {
 }
 
 // tag is the layout's: see layout.tag.
+func (s windowsStore) counting() counting { return counting{layout: &s.layout} }
+
 func (s windowsStore) tag() string { return s.layout.tag() }

@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/bsm/redislock"
-	"github.com/leakybucket/leakybucket"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket"
 )
 
 // naive is the obvious form of this library's design, kept here as a
@@ -39,7 +40,7 @@ func newNaive(rdb *redis.Client, limit int, window time.Duration) *naive {
 func (n *naive) Allow(ctx context.Context, resource, client string) (bool, error) {
 	base := "naive:{" + resource + "}:"
 	lock, err := n.locker.Obtain(ctx, base+"lock:"+client, naiveLockTTL,
-		&redislock.Options{RetryStrategy: leakybucket.DefaultLockRetry()})
+		&redislock.Options{RetryStrategy: &jittered{next: time.Millisecond, max: 16 * time.Millisecond}})
 	if err != nil {
 		return false, err
 	}
@@ -72,4 +73,14 @@ func (n *naive) decide(ctx context.Context, logs string) (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// jittered is the library's default wait for a busy lock (WithLockWait):
+// 1 ms doubling up to 16 ms, each wait drawn within ±25 %.
+type jittered struct{ next, max time.Duration }
+
+func (j *jittered) NextBackoff() time.Duration {
+	d := j.next
+	j.next = min(2*j.next, j.max)
+	return d - d/4 + rand.N(d/2+1)
 }

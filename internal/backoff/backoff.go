@@ -10,7 +10,7 @@ import (
 )
 
 // Backoff hands out the waits between attempts. It implements
-// redislock.RetryStrategy. It is not safe for concurrent use: each retry
+// redislock.RetryStrategy and lock.Retry. It is not safe for concurrent use: each retry
 // loop has its own.
 type Backoff struct {
 	next, max time.Duration

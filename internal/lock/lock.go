@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
@@ -23,8 +22,7 @@ import (
 // lock is a mutual-exclusion lock in Redis that needs no script: every
 // command it sends is a string or transaction command, which an ACL with
 // -@scripting still grants. (github.com/bsm/redislock runs each of its
-// operations as a Lua script, so its Lock fails there with NOPERM; only its
-// RetryStrategy is used here.)
+// operations as a Lua script, so its Lock fails there with NOPERM.)
 //
 // The protocol, on one connection (a *redis.Tx):
 //
@@ -59,7 +57,7 @@ type lock struct {
 	key   string
 	token string
 	ttl   time.Duration
-	retry redislock.RetryStrategy
+	retry Retry
 	node  *redis.Client // where free runs
 	clock *clock.Clock  // the node's clock
 
@@ -77,9 +75,9 @@ type lock struct {
 
 // newLock returns a lock on key of node; a nil retry strategy means
 // NoRetry.
-func newLock(key string, ttl time.Duration, retry redislock.RetryStrategy, node *redis.Client, clock *clock.Clock, view *View) *lock {
+func newLock(key string, ttl time.Duration, retry Retry, node *redis.Client, clock *clock.Clock, view *View) *lock {
 	if retry == nil {
-		retry = redislock.NoRetry()
+		retry = noRetry{}
 	}
 	return &lock{key: key, token: uuid.NewString(), ttl: ttl, retry: retry, node: node, clock: clock, view: view}
 }
@@ -320,6 +318,14 @@ func (l *lock) cleanup(ctx context.Context, tx *redis.Tx) {
 	}
 }
 
+// Retry says how long to wait before the next attempt to take a busy lock;
+// a wait of 0 or less gives up. *backoff.Backoff is one.
+type Retry interface{ NextBackoff() time.Duration }
+
+type noRetry struct{}
+
+func (noRetry) NextBackoff() time.Duration { return 0 }
+
 // A Section is the work done under the lock.
 type Section interface {
 	// Read queues the first reads, sent with the SET that takes the lock
@@ -334,9 +340,9 @@ type Section interface {
 
 // Options are how a lock is taken.
 type Options struct {
-	TTL   time.Duration           // the longest a holder keeps it
-	Retry redislock.RetryStrategy // waits while it is held by another; nil: no retry
-	Clock *clock.Clock            // node's, for absolute deadlines (SET ... PXAT)
+	TTL   time.Duration // the longest a holder keeps it
+	Retry Retry         // waits while it is held by another; nil: no retry
+	Clock *clock.Clock  // node's, for absolute deadlines (SET ... PXAT)
 }
 
 // Run runs s under the lock key of node, on one connection: take the lock

@@ -1,0 +1,223 @@
+package leakybucket
+
+import (
+	"context"
+	"runtime"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/outage"
+)
+
+// remote is the backend of New: the counts in Redis, kept by a strategy's
+// store. A call goes from allow to its line of the batcher (batch.go),
+// whose worker decides the waiting calls together in decideBatch.
+type remote struct {
+	cfg       config
+	plan      plan
+	store     store
+	node      func(ctx context.Context, key string) (*redis.Client, error)
+	route     *clusterRoute // nil unless a *redis.ClusterClient: see cluster.go
+	keyPrefix string        // the prefix and the tag of the strategy's key layout
+
+	clocks    clock.Set
+	batches   batcher
+	denials   denials
+	foresight foresight
+	breakers  outage.Breakers
+}
+
+func newRemote(cfg config, p plan, st store, node func(context.Context, string) (*redis.Client, error), route *clusterRoute) *remote {
+	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.tag()}
+	r.batches.run, r.batches.workers = r.decideBatch, lockFreeWorkers
+	if st.locked() {
+		r.batches.workers = 1
+	}
+	return r
+}
+
+// allow answers from the denial cache (denials.go) when it may, and else
+// queues the call in its line.
+func (r *remote) allow(ctx context.Context, resource, client string, n int, res *Result) (err error) {
+	if !r.denials.empty() && r.clockRuns(ctx, resource) {
+		if cached, ok := r.denials.answer(resource, client, n); ok {
+			// A caller that loops on its denials would now never wait:
+			// let the others of this process run first.
+			runtime.Gosched()
+			*res = cached
+			return nil
+		}
+	}
+	start := time.Now()
+	*res, err = r.batches.do(r.batchKey(resource, client), &call{ctx: ctx, resource: resource, client: client, n: n})
+	if err == nil {
+		r.denials.keep(resource, client, n, r.cfg.recordDenied, *res, start)
+	}
+	return err
+}
+
+// clockRuns reports whether the clock of the server that holds resource
+// was seen moving at the pace of this host's: only then may the denial
+// cache count time for it (a test's stopped clock moves by jumps).
+func (r *remote) clockRuns(ctx context.Context, resource string) bool {
+	node, err := r.node(ctx, r.keysOf(resource).Slot())
+	return err == nil && r.clocks.Of(node.Options().Addr).Pace() == clock.PaceRunning
+}
+
+// batchKey names the line of a call: calls that can be decided in one
+// round. Under Logs that is a lock's: the resource's when a rule is
+// per-resource, else the (resource, client)'s. The other strategies decide
+// a whole resource's calls in one MULTI/EXEC.
+func (r *remote) batchKey(resource, client string) string {
+	return r.store.line(r.keysOf(resource), client)
+}
+
+// decideBatch decides the calls of batch, all to one resource: the store
+// reads the counts and calls judge once per call, in arrival order. Under
+// SortedSet and Windows, the calls foresight saw no room for only look
+// (foresight.go); those that then had room are decided again, writing.
+func (r *remote) decideBatch(ctx context.Context, batch []*call, sh *shared) error {
+	at, err := r.siteOf(ctx, batch[0].resource, &sh.lock)
+	at.carry, at.busy = &sh.carry, sh.busy
+	if err != nil {
+		return err
+	}
+	requests := make([]request, len(batch))
+	for i, c := range batch {
+		requests[i] = request{client: c.client, n: c.n}
+	}
+	if now, ok := at.clock.Now(); ok && r.foresees() {
+		r.foresight.foresee(r.plan, batch[0].resource, requests, now)
+	}
+	again, err := r.decideRequests(ctx, at, batch, requests)
+	if err != nil || len(again) == 0 {
+		return err
+	}
+	// Calls that only looked, and had room: decided again, writing. Only
+	// their callers get this round's error.
+	retry := make([]*call, len(again))
+	for i, j := range again {
+		retry[i] = batch[j]
+		requests[i] = request{client: batch[j].client, n: batch[j].n}
+	}
+	if _, err := r.decideRequests(ctx, at, retry, requests[:len(again)]); err != nil {
+		r.batches.fail(retry, classify(err))
+	}
+	return nil
+}
+
+// foresees reports whether calls may be sent to look only: not under Logs,
+// whose lock lets no other decision count a call before it is judged, nor
+// with WithRecordDenied, under which every call counts.
+func (r *remote) foresees() bool {
+	return !r.store.locked() && !r.cfg.recordDenied
+}
+
+// decideRequests has the store decide calls (requests, by call), and
+// returns the calls that only looked and had room, to decide again.
+func (r *remote) decideRequests(ctx context.Context, at site, calls []*call, requests []request) ([]int, error) {
+	var again []int
+	err := r.store.decide(ctx, at, requests, func(i int, v view) bool {
+		c := calls[i]
+		res := evaluate(r.plan.rules, v, c.n, r.cfg.recordDenied)
+		if requests[i].look && res.Allowed {
+			again = append(again, i)
+			return false
+		}
+		recorded := r.batches.settle(c, res) && (res.Allowed || r.cfg.recordDenied)
+		r.foresight.saw(r.plan, c.resource, c.client, v, c.n, recorded && !requests[i].look)
+		return recorded && !requests[i].look
+	})
+	return again, classify(r.route.redirected(err))
+}
+
+// read reads what every rule counts for a call of weight n by client at
+// resource, without writing anything.
+func (r *remote) read(ctx context.Context, resource, client string, n int) (view, error) {
+	at, err := r.siteOf(ctx, resource, nil)
+	if err != nil {
+		return view{}, err
+	}
+	v, err := r.store.peek(ctx, at, client, n)
+	return v, classify(r.route.redirected(err))
+}
+
+// flush is Flush on Redis: the cached denials are forgotten before and
+// after, for a decision that raced it.
+func (r *remote) flush(ctx context.Context, resource, client string) error {
+	r.denials.forget(resource, &client)
+	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
+		at, err := r.siteOf(ctx, resource, view)
+		if err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, classify(r.route.redirected(r.store.flush(ctx, at, client)))
+	})
+	r.denials.forget(resource, &client)
+	r.foresight.drop(resource, &client)
+	return err
+}
+
+// flushAll is FlushAll on Redis.
+func (r *remote) flushAll(ctx context.Context, resource string) error {
+	r.denials.forget(resource, nil)
+	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
+		at, err := r.siteOf(ctx, resource, view)
+		if err != nil {
+			return struct{}{}, err
+		}
+		return struct{}{}, classify(r.route.redirected(r.store.flushAll(ctx, at)))
+	})
+	r.denials.forget(resource, nil)
+	r.foresight.drop(resource, nil)
+	return err
+}
+
+// nodeOf returns how to find the client of the node that owns a key.
+func nodeOf(rdb redis.UniversalClient) (func(context.Context, string) (*redis.Client, error), error) {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		if c != nil {
+			return func(context.Context, string) (*redis.Client, error) { return c, nil }, nil
+		}
+	case *redis.ClusterClient:
+		if c != nil {
+			return c.MasterForKey, nil
+		}
+	case *redis.Ring:
+		if c != nil {
+			return func(_ context.Context, key string) (*redis.Client, error) { return c.GetShardClientForKey(key) }, nil
+		}
+	}
+	return nil, ErrUnsupportedClient
+}
+
+// lockFreeWorkers is how many batches of one resource a Bucket has under
+// way at once under SortedSet and Windows: a second transaction in flight
+// keeps Redis busy while the reply of the first travels. More make the
+// batches smaller, and cost Redis more than they save (measured with 2, 4
+// and 8 in bench/).
+const lockFreeWorkers = 2
+
+// siteOf returns where resource's counts live.
+func (r *remote) siteOf(ctx context.Context, resource string, view *lock.View) (site, error) {
+	ks := r.keysOf(resource)
+	node, err := r.node(ctx, ks.Slot())
+	if err != nil {
+		return site{}, classify(err)
+	}
+	if err := r.admit(node); err != nil {
+		return site{}, err // the breaker is open: see breaker.go
+	}
+	refind := func(ctx context.Context) (*redis.Client, error) { return r.node(ctx, ks.Slot()) }
+	return site{node: node, keys: ks, clock: r.clocks.Of(node.Options().Addr), route: r.route, lock: view, refind: refind}, nil
+}
+
+// keysOf names the keys of resource.
+func (r *remote) keysOf(resource string) keys.Space {
+	return keys.Of(r.keyPrefix, resource)
+}
