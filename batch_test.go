@@ -24,14 +24,7 @@ func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() 
 // the calls queued so far when it starts, so while it waits for a lock
 // held elsewhere, the calls after it queue in arrival order.
 func (e *env) waiting(b *Bucket, resource, client string) int {
-	key := remoteOf(b).batchKey(resource, client)
-	remoteOf(b).batches.mu.Lock()
-	defer remoteOf(b).batches.mu.Unlock()
-	line, ok := remoteOf(b).batches.lines[key]
-	if !ok {
-		return -1
-	}
-	return len(line.calls)
+	return remoteOf(b).batches.Waiting(remoteOf(b).batchKey(resource, client))
 }
 
 // awaitWaiting returns once n calls wait behind the leader for the lock of
@@ -54,12 +47,7 @@ func (e *env) awaitWaiting(t *testing.T, b *Bucket, resource, client string, n i
 func (e *env) awaitContended(t *testing.T, b *Bucket, resource, client string) {
 	t.Helper()
 	key := remoteOf(b).batchKey(resource, client)
-	contended := func() bool {
-		remoteOf(b).batches.mu.Lock()
-		line, ok := remoteOf(b).batches.lines[key]
-		remoteOf(b).batches.mu.Unlock()
-		return ok && line.shared.lock.Contended()
-	}
+	contended := func() bool { return remoteOf(b).batches.Contended(key) }
 	for deadline := time.Now().Add(time.Minute); !contended(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the Bucket never saw the lock busy, after a minute")

@@ -8,7 +8,7 @@ import (
 
 // The decision path, top to bottom (docs/design.md, "Reading one
 // AllowN"): AllowN checks its input and hands the call to the Bucket's
-// backend. On Redis (remote.go) the call queues in its line (batch.go); a
+// backend. On Redis (remote.go) the call queues in its line (package batch); a
 // worker takes the waiting calls as one batch and decideBatch asks the
 // store to decide them, in one MULTI/EXEC (round.go: SortedSet, Windows)
 // or under the lock (Logs); the store reads what each rule counts before

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
 )
@@ -37,7 +38,7 @@ func classify(err error) error {
 func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lock.View) (T, error)) (T, error) {
 	var zero T
 	if ctx.Err() != nil {
-		return zero, givenUp(ctx, false, nil)
+		return zero, batch.GivenUp(ctx, false, nil)
 	}
 	type outcome struct {
 		v   T
@@ -57,7 +58,7 @@ func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lock.
 		case o := <-done:
 			return o.v, o.err
 		default:
-			return zero, givenUp(ctx, view.Contended(), nil)
+			return zero, batch.GivenUp(ctx, view.Contended(), nil)
 		}
 	}
 }

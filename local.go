@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/batch"
 )
 
 // NewLocal returns a Bucket that keeps its counts in this process's memory
@@ -47,7 +49,7 @@ func NewLocal(opts ...Option) (*Bucket, error) {
 func (l *localCounts) allow(ctx context.Context, resource, client string, n int, res *Result) error {
 	if ctx.Err() != nil {
 		*res = Result{}
-		return givenUp(ctx, false, nil)
+		return batch.GivenUp(ctx, false, nil)
 	}
 	l.decide(resource, client, n, func(v view) bool {
 		evaluateInto(res, l.rules, v, n, l.recordDenied)
@@ -402,7 +404,7 @@ func (l *localCounts) flush(ctx context.Context, resource, client string) error 
 		return errNoClientShare
 	}
 	if ctx.Err() != nil {
-		return givenUp(ctx, false, nil)
+		return batch.GivenUp(ctx, false, nil)
 	}
 	sh := l.shard(resource, client)
 	sh.mu.Lock()
@@ -425,7 +427,7 @@ func (l *localCounts) flush(ctx context.Context, resource, client string) error 
 // flushAll forgets every call at resource.
 func (l *localCounts) flushAll(ctx context.Context, resource string) error {
 	if ctx.Err() != nil {
-		return givenUp(ctx, false, nil)
+		return batch.GivenUp(ctx, false, nil)
 	}
 	for i := range l.shards {
 		sh := &l.shards[i]

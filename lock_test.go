@@ -331,9 +331,7 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 func waitIdle(t *testing.T, b *Bucket) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		remoteOf(b).batches.mu.Lock()
-		busy := len(remoteOf(b).batches.lines)
-		remoteOf(b).batches.mu.Unlock()
+		busy := remoteOf(b).batches.Lines()
 		if busy == 0 {
 			return
 		}

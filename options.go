@@ -156,6 +156,12 @@ func (c *config) validate() error {
 			return err
 		}
 	}
+	return c.validateOthers()
+}
+
+// validateOthers checks the options beside the rules (NewLocal checks
+// those that concern Redis too, so that a Bucket moves to Redis as it is).
+func (c *config) validateOthers() error {
 	switch {
 	case c.strategy == nil:
 		return fmt.Errorf("%w: nil strategy", ErrInvalidOption)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/lock"
@@ -14,7 +15,7 @@ import (
 )
 
 // remote is the backend of New: the counts in Redis, kept by a strategy's
-// store. A call goes from allow to its line of the batcher (batch.go),
+// store. A call goes from allow to its line (package batch),
 // whose worker decides the waiting calls together in decideBatch.
 type remote struct {
 	cfg       config
@@ -25,7 +26,7 @@ type remote struct {
 	keyPrefix string        // the prefix and the tag of the strategy's key layout
 
 	clocks    clock.Set
-	batches   batcher
+	batches   batch.Group[ask, Result, carried]
 	denials   denials
 	foresight foresight
 	breakers  outage.Breakers
@@ -33,12 +34,26 @@ type remote struct {
 
 func newRemote(cfg config, p plan, st store, node func(context.Context, string) (*redis.Client, error), route *clusterRoute) *remote {
 	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.tag()}
-	r.batches.run, r.batches.workers = r.decideBatch, lockFreeWorkers
+	r.batches.Run, r.batches.Workers = r.decideBatch, lockFreeWorkers
 	if st.locked() {
-		r.batches.workers = 1
+		r.batches.Workers = 1
 	}
+	r.batches.Idle = func(l *line) { l.State.flush() }
 	return r
 }
+
+// ask is what AllowN asks: a call of weight n by client to resource.
+type ask struct {
+	resource, client string
+	n                int
+}
+
+// A queued call waits in its line for a batch; a line is the calls that
+// go to one place, and the take-backs its batches hand on (round.go).
+type (
+	queued = batch.Call[ask, Result]
+	line   = batch.Line[ask, Result, carried]
+)
 
 // allow answers from the denial cache (denials.go) when it may, and else
 // queues the call in its line.
@@ -53,7 +68,7 @@ func (r *remote) allow(ctx context.Context, resource, client string, n int, res 
 		}
 	}
 	start := time.Now()
-	*res, err = r.batches.do(r.batchKey(resource, client), &call{ctx: ctx, resource: resource, client: client, n: n})
+	*res, err = r.batches.Do(r.batchKey(resource, client), &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}})
 	if err == nil {
 		r.denials.keep(resource, client, n, r.cfg.recordDenied, *res, start)
 	}
@@ -76,36 +91,37 @@ func (r *remote) batchKey(resource, client string) string {
 	return r.store.line(r.keysOf(resource), client)
 }
 
-// decideBatch decides the calls of batch, all to one resource: the store
+// decideBatch decides a batch of calls, all to one resource: the store
 // reads the counts and calls judge once per call, in arrival order. Under
 // SortedSet and Windows, the calls foresight saw no room for only look
 // (foresight.go); those that then had room are decided again, writing.
-func (r *remote) decideBatch(ctx context.Context, batch []*call, sh *shared) error {
-	at, err := r.siteOf(ctx, batch[0].resource, &sh.lock)
-	at.carry, at.busy = &sh.carry, sh.busy
+func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
+	resource := calls[0].Req.resource
+	at, err := r.siteOf(ctx, resource, &l.Lock)
+	at.carry, at.busy = &l.State, l.Busy
 	if err != nil {
 		return err
 	}
-	requests := make([]request, len(batch))
-	for i, c := range batch {
-		requests[i] = request{client: c.client, n: c.n}
+	requests := make([]request, len(calls))
+	for i, c := range calls {
+		requests[i] = request{client: c.Req.client, n: c.Req.n}
 	}
 	if now, ok := at.clock.Now(); ok && r.foresees() {
-		r.foresight.foresee(r.plan, batch[0].resource, requests, now)
+		r.foresight.foresee(r.plan, resource, requests, now)
 	}
-	again, err := r.decideRequests(ctx, at, batch, requests)
+	again, err := r.decideRequests(ctx, at, calls, requests)
 	if err != nil || len(again) == 0 {
 		return err
 	}
 	// Calls that only looked, and had room: decided again, writing. Only
 	// their callers get this round's error.
-	retry := make([]*call, len(again))
+	retry := make([]*queued, len(again))
 	for i, j := range again {
-		retry[i] = batch[j]
-		requests[i] = request{client: batch[j].client, n: batch[j].n}
+		retry[i] = calls[j]
+		requests[i] = request{client: calls[j].Req.client, n: calls[j].Req.n}
 	}
 	if _, err := r.decideRequests(ctx, at, retry, requests[:len(again)]); err != nil {
-		r.batches.fail(retry, classify(err))
+		r.batches.Fail(retry, classify(err))
 	}
 	return nil
 }
@@ -119,16 +135,16 @@ func (r *remote) foresees() bool {
 
 // decideRequests has the store decide calls (requests, by call), and
 // returns the calls that only looked and had room, to decide again.
-func (r *remote) decideRequests(ctx context.Context, at site, calls []*call, requests []request) ([]int, error) {
+func (r *remote) decideRequests(ctx context.Context, at site, calls []*queued, requests []request) ([]int, error) {
 	var again []int
 	err := r.store.decide(ctx, at, requests, func(i int, v view) bool {
-		c := calls[i]
+		c := calls[i].Req
 		res := evaluate(r.plan.rules, v, c.n, r.cfg.recordDenied)
 		if requests[i].look && res.Allowed {
 			again = append(again, i)
 			return false
 		}
-		recorded := r.batches.settle(c, res) && (res.Allowed || r.cfg.recordDenied)
+		recorded := r.batches.Settle(calls[i], res) && (res.Allowed || r.cfg.recordDenied)
 		r.foresight.saw(r.plan, c.resource, c.client, v, c.n, recorded && !requests[i].look)
 		return recorded && !requests[i].look
 	})

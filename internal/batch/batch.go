@@ -1,23 +1,9 @@
-package leakybucket
-
-import (
-	"context"
-	"errors"
-	"fmt"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/leakybucket/leakybucket/internal/lock"
-)
-
-// Batching. Concurrent AllowN calls of one process that go to the same
-// place (the same lock under Logs, the same resource otherwise) queue in
-// one line. Worker goroutines, started as calls arrive (one per line under
-// Logs, whose lock admits one batch at a time; lockFreeWorkers otherwise)
+// Package batch decides concurrent calls together, as singleflight shares
+// one call among its callers. Calls that go to the same place (a key: the
+// same lock under Logs, the same resource otherwise) queue in one line. Worker goroutines, started as calls arrive (Group.Workers
+// per line: one under a lock, which admits one batch at a time)
 // and gone once the line is empty, take the waiting calls in batches and
-// hands each batch to run, which decides its calls in arrival order, each
+// hand each batch to Run, which decides its calls in arrival order, each
 // seeing the ones before it, in one store round (one MULTI/EXEC, or one
 // lock's two round trips under Logs). A hot resource then costs one round
 // trip per batch instead of one per call.
@@ -33,68 +19,89 @@ import (
 // may or may not have been counted (it can only have been counted, never
 // admitted uncounted).
 
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/outage"
+)
+
 // maxBatch bounds the calls of one batch, and so the size of its
 // MULTI/EXEC.
 const maxBatch = 1024
 
-type callState uint8
+type state uint8
 
 const (
-	waiting   callState = iota // queued, not yet decided
-	taken                      // decided by a batch whose write is under way
-	abandoned                  // its caller gave up
-	finished                   // res and err are final
+	waiting   state = iota // queued, not yet decided
+	taken                  // decided by a batch whose write is under way
+	abandoned              // its caller gave up
+	finished               // res and err are final
 )
 
-// call is one AllowN waiting for a batch.
-type call struct {
-	ctx      context.Context
-	resource string
-	client   string
-	n        int
-	done     chan struct{} // closed once finished
+// A Call is one caller's request Req, waiting for a batch to decide it.
+type Call[Q, R any] struct {
+	Ctx  context.Context
+	Req  Q
+	done chan struct{} // closed once finished
 
-	// Guarded by the batcher's mu.
-	batch *batch // once taken
-	state callState
-	res   Result
+	// Guarded by the Group's mu.
+	batch *batch[Q, R] // once taken
+	state state
+	res   R
 	err   error
 }
 
-// line is the calls waiting for one place, and its workers.
-type line struct {
-	calls   []*call // waiting, in arrival order
-	workers int     // running
-	shared  shared
-	lastErr error // the error of the latest batch, nil if it succeeded
+// A Line is what the batches of one key share beside their calls: what
+// this process knows of the key's lock (Logs), and State, the Group
+// user's (the take-backs a batch hands on to the next).
+type Line[Q, R, S any] struct {
+	Lock  lock.View
+	State S
+
+	group   *Group[Q, R, S]
+	calls   []*Call[Q, R] // waiting, in arrival order
+	workers int           // running
+	lastErr error         // the error of the latest batch, nil if it succeeded
 }
 
-// shared is what the batches of one line share, for the stores.
-type shared struct {
-	lock  lock.View // what this process knows of the lock (Logs)
-	carry carried   // take-backs for the line's next transaction (round.go)
-	// busy reports whether calls wait in the line: a batch after this
-	// one will carry what this one hands on.
-	busy func() bool
+// Busy reports whether calls wait in the line: a batch after this one
+// will carry what this one hands on.
+func (l *Line[Q, R, S]) Busy() bool {
+	l.group.mu.Lock()
+	defer l.group.mu.Unlock()
+	return len(l.calls) > 0
 }
 
 // batch is the calls one worker decides together.
-type batch struct {
-	calls  []*call
+type batch[Q, R any] struct {
+	calls  []*Call[Q, R]
 	cancel context.CancelFunc
 }
 
-// batcher holds the lines of one Bucket.
-type batcher struct {
-	// run decides a batch: see batch.go's opening comment.
-	run func(ctx context.Context, batch []*call, sh *shared) error
-	// workers is how many batches of one line may be under way at once:
+// A Group holds the lines of one Bucket. Set Run, Idle and Workers
+// before the first Do.
+type Group[Q, R, S any] struct {
+	// Run decides a batch: for each call, Settle with its result or Fail.
+	Run func(ctx context.Context, calls []*Call[Q, R], line *Line[Q, R, S]) error
+	// Idle runs when a line's last worker stops: no batch is left to
+	// carry what the last one handed on.
+	Idle func(line *Line[Q, R, S])
+	// Workers is how many batches of one line may be under way at once:
 	// one under a lock, more where Redis's transactions alone keep the
 	// counts exact.
-	workers int
+	Workers int
 
 	mu    sync.Mutex
-	lines map[string]*line // by key
+	lines map[string]*Line[Q, R, S] // by key
 
 	// decision is a moving average of how long an uncontended batch takes
 	// (ns), to refuse at once a batch that could not finish before the
@@ -109,11 +116,11 @@ type batcher struct {
 // cannot finish in time.
 const probeEvery = 10 * time.Millisecond
 
-// epoch is the start of the monotonic readings of batcher.tried.
-var batchEpoch = time.Now()
+// epoch is the start of the monotonic readings of Group.tried.
+var epoch = time.Now()
 
 // took records the duration of an uncontended batch.
-func (q *batcher) took(d time.Duration) {
+func (q *Group[Q, R, S]) took(d time.Duration) {
 	old := q.decision.Load()
 	if old == 0 {
 		q.decision.Store(int64(d))
@@ -126,10 +133,10 @@ func (q *batcher) took(d time.Duration) {
 // batch would only hold the lock while others wait, for callers who will
 // be gone. Its calls get the error at once, before their deadlines. One
 // batch in probeEvery runs all the same, to measure again.
-func (q *batcher) hopeless(ctx context.Context) error {
+func (q *Group[Q, R, S]) hopeless(ctx context.Context) error {
 	deadline, ok := ctx.Deadline()
 	typical := time.Duration(q.decision.Load())
-	now := time.Since(batchEpoch)
+	now := time.Since(epoch)
 	left := time.Until(deadline)
 	if ok && left < typical && now-time.Duration(q.tried.Load()) < probeEvery {
 		return fmt.Errorf("leakybucket: %w: %v left, and a decision takes about %v",
@@ -139,16 +146,17 @@ func (q *batcher) hopeless(ctx context.Context) error {
 	return nil
 }
 
-// do queues c in the line key, and returns its result once a batch
+// Do queues c in the line key, and returns its result once a batch
 // decided it, or its context's error once it ends.
-func (q *batcher) do(key string, c *call) (Result, error) {
-	if c.ctx.Err() != nil {
-		return Result{}, givenUp(c.ctx, false, nil) // nothing sent
+func (q *Group[Q, R, S]) Do(key string, c *Call[Q, R]) (R, error) {
+	var zero R
+	if c.Ctx.Err() != nil {
+		return zero, GivenUp(c.Ctx, false, nil) // nothing sent
 	}
 	c.done = make(chan struct{})
 	q.mu.Lock()
 	if q.lines == nil {
-		q.lines = map[string]*line{}
+		q.lines = map[string]*Line[Q, R, S]{}
 	}
 	l := q.lines[key]
 	if l == nil {
@@ -156,7 +164,7 @@ func (q *batcher) do(key string, c *call) (Result, error) {
 		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
-	start := l.workers < max(q.workers, 1)
+	start := l.workers < max(q.Workers, 1)
 	if start {
 		l.workers++
 	}
@@ -167,24 +175,16 @@ func (q *batcher) do(key string, c *call) (Result, error) {
 	select {
 	case <-c.done:
 		return c.res, c.err
-	case <-c.ctx.Done():
+	case <-c.Ctx.Done():
 		return q.abandon(l, c)
 	}
 }
 
-func (q *batcher) newLine() *line {
-	l := &line{}
-	l.shared.busy = func() bool {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return len(l.calls) > 0
-	}
-	return l
-}
+func (q *Group[Q, R, S]) newLine() *Line[Q, R, S] { return &Line[Q, R, S]{group: q} }
 
 // abandon gives c up after its context ended, and cancels the batch under
 // way if no call of it is left waiting for it.
-func (q *batcher) abandon(l *line, c *call) (Result, error) {
+func (q *Group[Q, R, S]) abandon(l *Line[Q, R, S], c *Call[Q, R]) (R, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if c.state == finished {
@@ -194,13 +194,14 @@ func (q *batcher) abandon(l *line, c *call) (Result, error) {
 	if c.batch != nil && allAbandoned(c.batch.calls) {
 		c.batch.cancel()
 	}
-	return Result{}, givenUp(c.ctx, l.shared.lock.Contended(), l.lastErr)
+	var zero R
+	return zero, GivenUp(c.Ctx, l.Lock.Contended(), l.lastErr)
 }
 
-// settle gives c the result res, and reports whether its caller still
+// Settle gives c the result res, and reports whether its caller still
 // waits for it: a call abandoned before it was decided is recorded
 // nowhere.
-func (q *batcher) settle(c *call, res Result) bool {
+func (q *Group[Q, R, S]) Settle(c *Call[Q, R], res R) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if c.state != waiting {
@@ -210,19 +211,20 @@ func (q *batcher) settle(c *call, res Result) bool {
 	return true
 }
 
-// fail gives each of calls the error err in place of a Result, when the
+// Fail gives each of calls the error err in place of a result, when the
 // rest of their batch was decided: the batch's finish leaves them so.
-func (q *batcher) fail(calls []*call, err error) {
+func (q *Group[Q, R, S]) Fail(calls []*Call[Q, R], err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, c := range calls {
 		if c.state == waiting {
-			c.state, c.res, c.err = taken, Result{}, err
+			var zero R
+			c.state, c.res, c.err = taken, zero, err
 		}
 	}
 }
 
-func allAbandoned(calls []*call) bool {
+func allAbandoned[Q, R any](calls []*Call[Q, R]) bool {
 	for _, c := range calls {
 		if c.state != abandoned {
 			return false
@@ -231,16 +233,16 @@ func allAbandoned(calls []*call) bool {
 	return true
 }
 
-// givenUp is the error of a call whose context ended before its decision:
+// GivenUp is the error of a call whose context ended before its decision:
 // ErrLockNotObtained if the lock was then held by another holder (real
 // contention); else the context's error, with the latest batch's error if
 // it failed to reach Redis (ErrUnavailable and its cause).
-func givenUp(ctx context.Context, contended bool, lastErr error) error {
+func GivenUp(ctx context.Context, contended bool, lastErr error) error {
 	cause := context.Cause(ctx)
 	switch {
 	case contended:
-		return fmt.Errorf("%w: %w", ErrLockNotObtained, cause)
-	case errors.Is(lastErr, ErrUnavailable):
+		return fmt.Errorf("%w: %w", lock.ErrNotObtained, cause)
+	case errors.Is(lastErr, outage.ErrUnavailable):
 		return &waitError{cause: cause, last: lastErr}
 	}
 	return fmt.Errorf("leakybucket: %w while waiting for Redis", cause)
@@ -257,18 +259,20 @@ func (e *waitError) Error() string {
 func (e *waitError) Unwrap() []error { return []error{e.cause, e.last} }
 
 // work runs batches of line l until it is empty.
-func (q *batcher) work(key string, l *line) {
+func (q *Group[Q, R, S]) work(key string, l *Line[Q, R, S]) {
 	for {
 		b, ctx := q.next(key, l)
 		if b == nil {
-			l.shared.carry.flush() // no batch left to carry it
+			if q.Idle != nil {
+				q.Idle(l) // no batch left to carry what the last handed on
+			}
 			return
 		}
 		err := q.hopeless(ctx)
 		if err == nil {
 			start := time.Now()
-			err = q.run(ctx, b.calls, &l.shared)
-			if err == nil && l.shared.lock.FreeSince(start) {
+			err = q.Run(ctx, b.calls, l)
+			if err == nil && l.Lock.FreeSince(start) {
 				q.took(time.Since(start))
 			}
 		}
@@ -279,15 +283,15 @@ func (q *batcher) work(key string, l *line) {
 
 // next takes the next batch of l, with its context; nil once l is empty:
 // the worker then stops, and the last one removes l.
-func (q *batcher) next(key string, l *line) (*batch, context.Context) {
+func (q *Group[Q, R, S]) next(key string, l *Line[Q, R, S]) (*batch[Q, R], context.Context) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	calls := make([]*call, 0, min(len(l.calls), maxBatch))
+	calls := make([]*Call[Q, R], 0, min(len(l.calls), maxBatch))
 	rest := l.calls[:0]
 	for _, c := range l.calls {
 		switch {
 		case c.state != waiting:
-		case c.ctx.Err() != nil:
+		case c.Ctx.Err() != nil:
 			c.state = abandoned // its caller is giving up: start nothing for it
 		case len(calls) < maxBatch:
 			calls = append(calls, c)
@@ -303,7 +307,7 @@ func (q *batcher) next(key string, l *line) (*batch, context.Context) {
 		return nil, nil
 	}
 	ctx, cancel := batchContext(calls)
-	b := &batch{calls: calls, cancel: cancel}
+	b := &batch[Q, R]{calls: calls, cancel: cancel}
 	for _, c := range calls {
 		c.batch = b
 	}
@@ -312,11 +316,11 @@ func (q *batcher) next(key string, l *line) (*batch, context.Context) {
 
 // batchContext is detached from the calls' contexts, with the latest of
 // their deadlines, or none if one of them has none.
-func batchContext(batch []*call) (context.Context, context.CancelFunc) {
-	detached := context.WithoutCancel(batch[0].ctx)
+func batchContext[Q, R any](batch []*Call[Q, R]) (context.Context, context.CancelFunc) {
+	detached := context.WithoutCancel(batch[0].Ctx)
 	var latest time.Time
 	for _, c := range batch {
-		d, ok := c.ctx.Deadline()
+		d, ok := c.Ctx.Deadline()
 		if !ok {
 			return context.WithCancel(detached)
 		}
@@ -330,11 +334,11 @@ func batchContext(batch []*call) (context.Context, context.CancelFunc) {
 // finish hands the outcome of batch to its calls. If the batch's context
 // ended, every call's deadline has passed (the batch has the latest), or
 // every call gave up: each gets the error it would have got by giving up.
-func (q *batcher) finish(l *line, b *batch, ctx context.Context, err error) {
+func (q *Group[Q, R, S]) finish(l *Line[Q, R, S], b *batch[Q, R], ctx context.Context, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err != nil && ctx.Err() != nil {
-		err = givenUp(ctx, l.shared.lock.Contended(), err)
+		err = GivenUp(ctx, l.Lock.Contended(), err)
 	}
 	l.lastErr = err
 	for _, c := range b.calls {
@@ -342,9 +346,38 @@ func (q *batcher) finish(l *line, b *batch, ctx context.Context, err error) {
 			continue
 		}
 		if err != nil {
-			c.res, c.err = Result{}, err
+			var zero R
+			c.res, c.err = zero, err
 		}
 		c.state = finished
 		close(c.done)
 	}
+}
+
+// Waiting returns how many calls wait in the line key behind the batch
+// under way, or -1 if no line is: for tests that make calls in a known
+// order.
+func (q *Group[Q, R, S]) Waiting(key string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if l, ok := q.lines[key]; ok {
+		return len(l.calls)
+	}
+	return -1
+}
+
+// Contended reports whether the line key has seen its lock held by
+// another holder.
+func (q *Group[Q, R, S]) Contended(key string) bool {
+	q.mu.Lock()
+	l, ok := q.lines[key]
+	q.mu.Unlock()
+	return ok && l.Lock.Contended()
+}
+
+// Lines returns how many lines have calls waiting or under way.
+func (q *Group[Q, R, S]) Lines() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.lines)
 }

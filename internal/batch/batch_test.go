@@ -1,0 +1,126 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/lock"
+)
+
+// group decides each call as its Req doubled, after d, recording the sizes
+// of its batches.
+type group struct {
+	Group[int, int, int]
+	mu      sync.Mutex
+	batches []int
+	idle    int
+}
+
+func newGroup(d time.Duration, workers int) *group {
+	g := &group{}
+	g.Workers = workers
+	g.Run = func(ctx context.Context, calls []*Call[int, int], l *Line[int, int, int]) error {
+		time.Sleep(d)
+		g.mu.Lock()
+		g.batches = append(g.batches, len(calls))
+		g.mu.Unlock()
+		for _, c := range calls {
+			g.Settle(c, 2*c.Req)
+		}
+		return nil
+	}
+	g.Idle = func(*Line[int, int, int]) { g.mu.Lock(); g.idle++; g.mu.Unlock() }
+	return g
+}
+
+// Calls that arrive while a batch runs are decided together in the next,
+// each with its own result; the line goes idle once empty.
+func TestCallsWaitingAreOneBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGroup(time.Millisecond, 1)
+		var wg sync.WaitGroup
+		results := make([]int, 10)
+		for i := range results {
+			wg.Go(func() {
+				res, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: i})
+				if err != nil {
+					t.Error(err)
+				}
+				results[i] = res
+			})
+			if i == 0 {
+				synctest.Wait() // the first batch starts alone
+			}
+		}
+		wg.Wait()
+		synctest.Wait()
+		for i, r := range results {
+			if r != 2*i {
+				t.Errorf("call %d got %d, want %d", i, r, 2*i)
+			}
+		}
+		if len(g.batches) != 2 || g.batches[0] != 1 || g.batches[1] != 9 || g.idle != 1 || g.Lines() != 0 {
+			t.Errorf("batches %v, idle %d times, %d lines left; want [1 9], idle once, none left", g.batches, g.idle, g.Lines())
+		}
+	})
+}
+
+// A caller whose context ends returns at once with its context's error,
+// and its call is recorded nowhere: Settle reports that no one waits.
+func TestAbandonedCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &Group[int, int, int]{Workers: 1}
+		settled := make(chan bool, 1)
+		g.Run = func(ctx context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+			time.Sleep(time.Second)
+			settled <- g.Settle(calls[0], 1)
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		_, err := g.Do("k", &Call[int, int]{Ctx: ctx, Req: 1})
+		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 10*time.Millisecond {
+			t.Fatalf("Do = %v after %v, want the deadline after 10ms", err, time.Since(start))
+		}
+		if <-settled {
+			t.Error("Settle of an abandoned call reported a caller waiting")
+		}
+	})
+}
+
+// Fail gives the calls an error; a failed batch gives every call its error.
+func TestFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		boom := errors.New("boom")
+		g := &Group[int, int, int]{Workers: 1}
+		g.Run = func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+			if calls[0].Req == 1 {
+				g.Fail(calls, boom)
+				return nil
+			}
+			return boom
+		}
+		for _, req := range []int{1, 2} {
+			if _, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: req}); !errors.Is(err, boom) {
+				t.Errorf("call %d: error %v, want boom", req, err)
+			}
+		}
+	})
+}
+
+// A call that gives up while its line's lock is held elsewhere says so.
+func TestGivenUp(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := GivenUp(ctx, true, nil); !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+		t.Errorf("GivenUp contended = %v, want ErrNotObtained and Canceled", err)
+	}
+	if err := GivenUp(ctx, false, nil); errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.Canceled) {
+		t.Errorf("GivenUp = %v, want Canceled alone", err)
+	}
+}
