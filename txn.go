@@ -358,6 +358,17 @@ func replyFields(v any) iter.Seq2[string, string] {
 	}
 }
 
+// replyLen is how many fields an HGETALL reply holds.
+func replyLen(v any) int {
+	switch h := v.(type) {
+	case map[any]any:
+		return len(h)
+	case []any:
+		return len(h) / 2
+	}
+	return 0
+}
+
 func replyString(v any) string {
 	switch s := v.(type) {
 	case string:
