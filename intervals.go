@@ -161,6 +161,9 @@ func (y layout) interval(field string) (g int, index int64, ok bool) {
 	if index, ok := digits(field); ok {
 		return 0, index, true // the first span's, as most are
 	}
+	if field == incarnationField {
+		return 0, 0, false // no number: known without a parse, whose error allocates
+	}
 	span, number, prefixed := strings.Cut(field, ":")
 	if !prefixed {
 		number = field

@@ -287,7 +287,8 @@ func (t *txn) look(ctx context.Context, node *redis.Client) (bool, error) {
 // only ever moves a deadline later. So a writer whose stamp trails
 // another's, or who comes late, never shortens a key's life.
 func extendTo(key string, at int64) [][]any {
-	return [][]any{{"pexpireat", key, at, "nx"}, {"pexpireat", key, at, "gt"}}
+	k, a := any(key), any(at) // boxed once for both
+	return [][]any{{"pexpireat", k, a, "nx"}, {"pexpireat", k, a, "gt"}}
 }
 
 // dropIfMade returns the command that deletes key at once if the commands

@@ -213,15 +213,16 @@ func (b *hBatch) queue(t *txn) {
 	wrote := false
 	for _, h := range b.order {
 		wrote = wrote || h.added > 0
+		key := any(h.key) // boxed once for its commands
 		if h.added > 0 {
 			if h.client {
-				t.add("hsetnx", h.key, incarnationField, b.token)
+				t.add("hsetnx", key, incarnationField, b.token)
 			}
 			for g := range b.spans {
-				t.add("hincrby", h.key, b.current(g, b.now), h.added)
+				t.add("hincrby", key, b.current(g, b.now), h.added)
 			}
 		}
-		h.read = t.add("hgetall", h.key)
+		h.read = t.add("hgetall", key)
 		if h.added > 0 {
 			for _, cmd := range extendTo(h.key, b.expireAt(b.now)) {
 				t.add(cmd...)
@@ -371,14 +372,19 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string], size
 	first := y.bounds(0, now)
 	for field, value := range fields {
 		g, index, ok := y.interval(field)
+		if !ok {
+			// Not parsed: the incarnation's value is no number, and a
+			// failed parse allocates its error.
+			h.other(field, value)
+			continue
+		}
 		n, err := strconv.Atoi(value)
 		live := first // the usual case, found once
 		if g != 0 {
 			live = y.bounds(g, now)
 		}
 		switch {
-		case !ok || err != nil:
-			h.other(field, value)
+		case err != nil: // not ours
 		case index <= live.dead:
 			h.dead = append(h.dead, field)
 		case index == live.current:
