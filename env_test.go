@@ -126,7 +126,7 @@ func (e *env) keys(t *testing.T) []string {
 }
 
 // countKeys returns the keys that hold counts: every key under the test's
-// prefix but the fences of transactions (txn.go), which expire within
+// prefix but the fences of transactions (package txn), which expire within
 // fenceLife+fenceDoneGrace, and Windows' generation (see windowsStore).
 func (e *env) countKeys(t *testing.T) []string {
 	t.Helper()

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // How the Windows strategy counts time. Each rule counts in intervals of
@@ -158,6 +160,12 @@ func (y layout) current(g int, now int64) any {
 // interval parses a field: its span group and interval; ok is false for a
 // field that is not one of ours.
 func (y layout) interval(field string) (g int, index int64, ok bool) {
+	if index, ok := digits(field); ok {
+		return 0, index, true // the first span's, as most are
+	}
+	if field == txn.IncarnationField {
+		return 0, 0, false // no number: known without a parse, whose error allocates
+	}
 	span, number, prefixed := strings.Cut(field, ":")
 	if !prefixed {
 		number = field
@@ -177,6 +185,24 @@ func (y layout) interval(field string) (g int, index int64, ok bool) {
 	return 0, 0, false
 }
 
+// digits reads a field of decimal digits alone, as FormatInt writes a
+// positive number, without the general parse's cost; ok is false for any
+// other field, left to it.
+func digits(field string) (int64, bool) {
+	if len(field) == 0 || len(field) > 18 { // 18 digits cannot overflow
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(field); i++ {
+		d := field[i] - '0'
+		if d > 9 {
+			return 0, false
+		}
+		n = n*10 + int64(d)
+	}
+	return n, true
+}
+
 // lastDead is the newest interval of span group g that no rule counts at
 // now.
 func (y layout) lastDead(g int, now int64) int64 {
@@ -187,6 +213,15 @@ func (y layout) lastDead(g int, now int64) int64 {
 		}
 	}
 	return dead
+}
+
+// bounds are the intervals of a span group at some time: the newest that
+// no rule counts (lastDead), and the current one.
+type bounds struct{ dead, current int64 }
+
+// bounds returns span group g's at now.
+func (y layout) bounds(g int, now int64) bounds {
+	return bounds{dead: y.lastDead(g, now), current: now / y.spans[g]}
 }
 
 // expireAt is when a hash written at now may expire: once no rule counts

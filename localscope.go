@@ -36,22 +36,31 @@ func (s *scope) live() []logEntry { return s.entries[s.head:] }
 const roomFloor = 16
 
 // dropped follows a drop of calls (or of weight): it notes
-// entries[head].at in oldest, and moves the calls held to room of twice
-// their number when they fill under a quarter of theirs (none when they
-// are none). A slice keeps the room of its longest, so without this a
+// entries[head].at in oldest, and moves the calls held to new room
+// (callRoom) when they fill under a quarter of theirs (none when they are
+// none). A slice keeps the room of its longest, so without this a
 // resource's scope would keep the room of a burst of a million calls as
 // long as the resource is in use. Each move copies the calls held, under
-// a quarter of the room, after at least as many calls left since the
-// last (which left the room half full): O(1) a call.
+// a quarter of the room, after more calls left since the room was made:
+// O(1) a call.
 func (s *scope) dropped() {
 	live := len(s.entries) - s.head
 	if cap(s.entries) > roomFloor && live*4 < cap(s.entries) {
-		s.moveLive(2 * live)
+		s.moveLive(callRoom(live))
 	}
 	if s.head < len(s.entries) {
 		s.oldest = s.entries[s.head].at
 	}
 }
+
+// callRoom is the room a scope's calls are moved to when they fill it
+// (add) or fill under a quarter of it (dropped): three times their number,
+// so that they may grow by half or fall by a quarter before it moves
+// again. Growing to twice the room, as append does, left the calls just
+// over a quarter of it, and moving them to twice their number left them
+// at half: each at the edge of the other, so that a steady scope whose
+// calls wavered a little allocated by turns, twice a window.
+func callRoom(live int) int { return 3 * live }
 
 // moveLive moves the calls held to the start of room for room calls: the
 // scope's own room if it has that much (letting go of the client names
@@ -119,8 +128,12 @@ func (s *scope) add(e logEntry, merge bool) {
 		s.cums[last] = addCapped(s.cums[last], e.weight)
 		return
 	}
-	if len(s.entries) == cap(s.entries) && s.head >= len(s.entries)/2 {
+	switch {
+	case len(s.entries) < cap(s.entries):
+	case s.head >= len(s.entries)/2:
 		s.moveLive(cap(s.entries))
+	default:
+		s.moveLive(callRoom(len(s.entries) - s.head))
 	}
 	if s.head == len(s.entries) {
 		s.oldest = e.at // the only call

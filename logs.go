@@ -78,9 +78,9 @@ func (s logsStore) read(ks keys.Space, client string) *logScan {
 // seeing the ones recorded before it), and writes one log per client,
 // carrying the weight of all its recorded calls, in the EXEC that
 // releases the lock.
-func (s logsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
+func (s logsStore) decide(ctx context.Context, where site, calls []request, judge judgeFunc) error {
 	client := calls[0].client // every call's, when every rule is per-client
-	return s.underLock(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+	return s.underLock(ctx, where, lockKey(where.keys, s.plan, client), s.read(where.keys, client), func(pipe redis.Pipeliner, t *tally) {
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
@@ -90,16 +90,16 @@ func (s logsStore) decide(ctx context.Context, at site, calls []request, judge j
 			}
 		}
 		for client, weight := range weights {
-			pipe.Do(ctx, "set", at.keys.NewLog(client, t.now, weight), "", "pxat", t.now+s.longest)
+			pipe.Do(ctx, "set", where.keys.NewLog(client, t.now, weight), "", "pxat", t.now+s.longest)
 		}
 	})
 }
 
 // peek scans without the lock: one round trip when the SCAN fits in one
 // page.
-func (s logsStore) peek(ctx context.Context, at site, client string, _ int) (view, error) {
-	r := s.read(at.keys, client)
-	if err := r.finish(ctx, at.conn()); err != nil {
+func (s logsStore) peek(ctx context.Context, where site, client string, _ int) (view, error) {
+	r := s.read(where.keys, client)
+	if err := r.finish(ctx, where.conn()); err != nil {
 		return view{}, err
 	}
 	r.t.sort()
@@ -107,8 +107,8 @@ func (s logsStore) peek(ctx context.Context, at site, client string, _ int) (vie
 }
 
 // flush deletes the client's logs under the lock.
-func (s logsStore) flush(ctx context.Context, at site, client string) error {
-	return s.underLock(ctx, at, lockKey(at.keys, s.plan, client), s.read(at.keys, client), func(pipe redis.Pipeliner, t *tally) {
+func (s logsStore) flush(ctx context.Context, where site, client string) error {
+	return s.underLock(ctx, where, lockKey(where.keys, s.plan, client), s.read(where.keys, client), func(pipe redis.Pipeliner, t *tally) {
 		if ids := ids(t.of(client)); len(ids) > 0 {
 			pipe.Del(ctx, ids...)
 		}
@@ -118,12 +118,12 @@ func (s logsStore) flush(ctx context.Context, at site, client string) error {
 // flushAll deletes every log of the resource: under the resource's lock
 // when a rule is per-resource, so that no decision or Flush runs halfway
 // through; when every rule is per-client there is no such lock.
-func (s logsStore) flushAll(ctx context.Context, at site) error {
+func (s logsStore) flushAll(ctx context.Context, where site) error {
 	if s.clientScoped {
-		return deleteUnder(ctx, at, at.keys.Logs(), s.scanCount)
+		return deleteUnder(ctx, where, where.keys.Logs(), s.scanCount)
 	}
-	r := newKeyScan(at.keys.Logs(), s.scanCount)
-	return s.underLock(ctx, at, at.keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
+	r := newKeyScan(where.keys.Logs(), s.scanCount)
+	return s.underLock(ctx, where, where.keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
 		if len(r.found) > 0 {
 			pipe.Del(ctx, r.found...)
 		}
@@ -217,16 +217,16 @@ func ids(entries []logEntry) []string {
 
 // underLock runs a read-then-write of the logs under the lock key (see
 // package lock): r's reads, then write's commands with the release.
-func (s logsStore) underLock(ctx context.Context, at site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
-	view := at.lock
+func (s logsStore) underLock(ctx context.Context, where site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
+	view := where.lock
 	if view == nil {
 		view = &lock.View{}
 	}
-	o := lock.Options{TTL: s.lockTTL, Clock: at.clock}
+	o := lock.Options{TTL: s.lockTTL, Clock: where.clock}
 	if s.lockWait[0] > 0 {
 		o.Retry = backoff.Jittered(s.lockWait[0], s.lockWait[1])
 	}
-	return lock.Run(ctx, at.node, key, o, view, section{r: r, write: write})
+	return lock.Run(ctx, where.node, key, o, view, section{r: r, write: write})
 }
 
 // section is a read-then-write of the logs, as the lock runs it.
@@ -311,15 +311,15 @@ func (s *keyScan) tally() *tally { return &s.t }
 // deleteUnder deletes every key under prefix, found with SCAN (keyScan),
 // and then checks that the node still owns the slot (on a cluster, a SCAN
 // of a node that lost it finds nothing).
-func deleteUnder(ctx context.Context, at site, prefix string, count int) error {
+func deleteUnder(ctx context.Context, where site, prefix string, count int) error {
 	r := newKeyScan(prefix, count)
-	if err := r.finish(ctx, at.node); err != nil {
+	if err := r.finish(ctx, where.node); err != nil {
 		return err
 	}
 	if len(r.found) > 0 {
-		if err := at.node.Del(ctx, r.found...).Err(); err != nil {
+		if err := where.node.Del(ctx, r.found...).Err(); err != nil {
 			return err
 		}
 	}
-	return at.route.owns(ctx, at.node, at.keys)
+	return where.route.owns(ctx, where.node, where.keys)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // Memory: what a Bucket leaves in Redis, and for how long (docs/design.md,
@@ -173,16 +174,16 @@ func TestExpiryCommands(t *testing.T) {
 				t.Errorf("deadline after %s = %d, want %d", after, got, at)
 			}
 		}
-		runTxn(t, e, append([][]any{{"hincrby", key, "f", 1}}, extendTo(key, now+60_000)...)...)
+		runTxn(t, e, append([][]any{{"hincrby", key, "f", 1}}, txn.ExtendTo(key, now+60_000)...)...)
 		want(now+60_000, "a new key's first")
-		runTxn(t, e, append([][]any{{"hincrby", key, "f", 1}}, extendTo(key, now+30_000)...)...)
+		runTxn(t, e, append([][]any{{"hincrby", key, "f", 1}}, txn.ExtendTo(key, now+30_000)...)...)
 		want(now+60_000, "an earlier one")
-		runTxn(t, e, extendTo(key, now-1)...)
-		runTxn(t, e, []any{"hincrby", key, "f", -1}, dropIfMade(key))
+		runTxn(t, e, txn.ExtendTo(key, now-1)...)
+		runTxn(t, e, []any{"hincrby", key, "f", -1}, txn.DropIfMade(key))
 		want(now+60_000, "a past one and a take-back")
-		runTxn(t, e, extendTo(key, now+90_000)...)
+		runTxn(t, e, txn.ExtendTo(key, now+90_000)...)
 		want(now+90_000, "a later one")
-		runTxn(t, e, []any{"del", key}, []any{"hincrby", key, "f", -1}, dropIfMade(key))
+		runTxn(t, e, []any{"del", key}, []any{"hincrby", key, "f", -1}, txn.DropIfMade(key))
 		if n, err := e.admin.Exists(ctx, key).Result(); err != nil || n != 0 {
 			t.Errorf("a take-back made the key again: EXISTS = %d, %v", n, err)
 		}

@@ -97,8 +97,8 @@ func (r *remote) batchKey(resource, client string) string {
 // (foresight.go); those that then had room are decided again, writing.
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
-	at, err := r.siteOf(ctx, resource, &l.Lock)
-	at.carry, at.busy = &l.State, l.Busy
+	where, err := r.siteOf(ctx, resource, &l.Lock)
+	where.carry, where.busy = &l.State, l.Busy
 	if err != nil {
 		return err
 	}
@@ -106,10 +106,10 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	for i, c := range calls {
 		requests[i] = request{client: c.Req.client, n: c.Req.n}
 	}
-	if now, ok := at.clock.Now(); ok && r.foresees() {
+	if now, ok := where.clock.Now(); ok && r.foresees() {
 		r.foresight.foresee(r.plan, resource, requests, now)
 	}
-	again, err := r.decideRequests(ctx, at, calls, requests)
+	again, err := r.decideRequests(ctx, where, calls, requests)
 	if err != nil || len(again) == 0 {
 		return err
 	}
@@ -120,7 +120,7 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 		retry[i] = calls[j]
 		requests[i] = request{client: calls[j].Req.client, n: calls[j].Req.n}
 	}
-	if _, err := r.decideRequests(ctx, at, retry, requests[:len(again)]); err != nil {
+	if _, err := r.decideRequests(ctx, where, retry, requests[:len(again)]); err != nil {
 		r.batches.Fail(retry, classify(err))
 	}
 	return nil
@@ -135,9 +135,9 @@ func (r *remote) foresees() bool {
 
 // decideRequests has the store decide calls (requests, by call), and
 // returns the calls that only looked and had room, to decide again.
-func (r *remote) decideRequests(ctx context.Context, at site, calls []*queued, requests []request) ([]int, error) {
+func (r *remote) decideRequests(ctx context.Context, where site, calls []*queued, requests []request) ([]int, error) {
 	var again []int
-	err := r.store.decide(ctx, at, requests, func(i int, v view) bool {
+	err := r.store.decide(ctx, where, requests, func(i int, v view) bool {
 		c := calls[i].Req
 		res := evaluate(r.plan.rules, v, c.n, r.cfg.recordDenied)
 		if requests[i].look && res.Allowed {
@@ -154,11 +154,11 @@ func (r *remote) decideRequests(ctx context.Context, at site, calls []*queued, r
 // read reads what every rule counts for a call of weight n by client at
 // resource, without writing anything.
 func (r *remote) read(ctx context.Context, resource, client string, n int) (view, error) {
-	at, err := r.siteOf(ctx, resource, nil)
+	where, err := r.siteOf(ctx, resource, nil)
 	if err != nil {
 		return view{}, err
 	}
-	v, err := r.store.peek(ctx, at, client, n)
+	v, err := r.store.peek(ctx, where, client, n)
 	return v, classify(r.route.redirected(err))
 }
 
@@ -167,11 +167,11 @@ func (r *remote) read(ctx context.Context, resource, client string, n int) (view
 func (r *remote) flush(ctx context.Context, resource, client string) error {
 	r.denials.forget(resource, &client)
 	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
-		at, err := r.siteOf(ctx, resource, view)
+		where, err := r.siteOf(ctx, resource, view)
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, classify(r.route.redirected(r.store.flush(ctx, at, client)))
+		return struct{}{}, classify(r.route.redirected(r.store.flush(ctx, where, client)))
 	})
 	r.denials.forget(resource, &client)
 	r.foresight.drop(resource, &client)
@@ -182,11 +182,11 @@ func (r *remote) flush(ctx context.Context, resource, client string) error {
 func (r *remote) flushAll(ctx context.Context, resource string) error {
 	r.denials.forget(resource, nil)
 	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
-		at, err := r.siteOf(ctx, resource, view)
+		where, err := r.siteOf(ctx, resource, view)
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, classify(r.route.redirected(r.store.flushAll(ctx, at)))
+		return struct{}{}, classify(r.route.redirected(r.store.flushAll(ctx, where)))
 	})
 	r.denials.forget(resource, nil)
 	r.foresight.drop(resource, nil)

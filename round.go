@@ -11,25 +11,26 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/backoff"
 	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // A round is one lock-free decision of a batch, as SortedSet and Windows
-// make it: one MULTI/EXEC (txn.go) that records the calls and reads the
+// make it: one MULTI/EXEC (package txn) that records the calls and reads the
 // counts, then the calls judged in order from what it returned, then, if
 // some call was not recorded, a second transaction that takes its writes
 // back.
 type round interface {
 	// queue adds the batch's commands to t.
-	queue(t *txn)
+	queue(t *txn.Txn)
 	// judge reads t's replies, asks judge about each call in order, and
 	// queues on back the take-back of the calls not recorded. now is Redis's
 	// time when t ran (ms), which the Results count from.
-	judge(t *txn, judge judgeFunc, back *txn, now int64) error
+	judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) error
 	// takeAll queues on back the take-back of every call, for a
 	// transaction t that ran, although its reply was lost (t.replies is
 	// nil: every caller got an error, so none may count) or ran too far
 	// from its stamp.
-	takeAll(t, back *txn)
+	takeAll(t, back *txn.Txn)
 	// idempotent reports whether a take-back may run twice (SortedSet's
 	// ZREM) or must run once (Windows' HINCRBY): then the transactions are
 	// marked, for resolve to tell whether they ran.
@@ -45,10 +46,10 @@ const redoAttempts = 3
 
 // decideRound decides the calls with rounds made by newRound for the
 // estimated Redis time, again if one says so (errRedo).
-func decideRound(ctx context.Context, at site, newRound func(now int64) round, judge judgeFunc) error {
+func decideRound(ctx context.Context, where site, newRound func(now int64) round, judge judgeFunc) error {
 	var err error
 	for range redoAttempts {
-		if err = decideOnce(ctx, at, newRound, judge); !errors.Is(err, errRedo) {
+		if err = decideOnce(ctx, where, newRound, judge); !errors.Is(err, errRedo) {
 			return err
 		}
 	}
@@ -61,42 +62,42 @@ func decideRound(ctx context.Context, at site, newRound func(now int64) round, j
 // from the calls' stamp (Redis's clock jumped, or this process stalled
 // between stamping and sending), it takes the calls back and says redo:
 // a stamp too early would let the calls leave their windows early.
-func decideOnce(ctx context.Context, at site, newRound func(now int64) round, judge judgeFunc) error {
-	now, err := at.clock.Estimate(ctx, at.node)
+func decideOnce(ctx context.Context, where site, newRound func(now int64) round, judge judgeFunc) error {
+	now, err := where.clock.Estimate(ctx, where.node)
 	if err != nil {
 		return err
 	}
 	r := newRound(now)
-	t := newTxn(at.keys, !r.idempotent())
-	carried := at.carry.take()
+	t := txn.New(where.keys, !r.idempotent())
+	carried := where.carry.take()
 	for _, cmd := range carried {
-		t.add(cmd...)
+		t.Add(cmd...)
 	}
-	clock := t.add("time")
+	clock := t.Add("time")
 	r.queue(t)
 	sent := time.Now()
-	switch o, err := t.exec(ctx, at.node); o {
-	case txnNotRun:
-		handOn(at, &txn{cmds: carried}, r.idempotent())
+	switch o, err := t.Exec(ctx, where.node); o {
+	case txn.NotRun:
+		handOn(where, &txn.Txn{Cmds: carried}, r.idempotent())
 		return err
-	case txnUnknown:
-		at.clock.Reset()
-		go settleLost(at, r, t, carried)
+	case txn.Unknown:
+		where.clock.Reset()
+		go settleLost(where, r, t, carried)
 		return err
 	}
-	back := newTxn(at.keys, !r.idempotent())
-	server, ok := replyTime(t.replies[clock])
-	if !ok || stampOff(server, now, time.Since(sent), at.clock.Pace()) {
-		at.clock.Reset()
+	back := txn.New(where.keys, !r.idempotent())
+	server, ok := txn.ReplyTime(t.Replies[clock])
+	if !ok || stampOff(server, now, time.Since(sent), where.clock.Pace()) {
+		where.clock.Reset()
 		r.takeAll(t, back)
-		takeBack(at, back, r.idempotent())
+		takeBack(where, back, r.idempotent())
 		return fmt.Errorf("%w: Redis ran it %d ms after its stamp", errRedo, server.UnixMilli()-now)
 	}
-	at.clock.Sample(server, sent)
+	where.clock.Sample(server, sent)
 	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
 		return err
 	}
-	handOn(at, back, r.idempotent())
+	handOn(where, back, r.idempotent())
 	return nil
 }
 
@@ -105,14 +106,14 @@ func decideOnce(ctx context.Context, at site, newRound func(now int64) round, ju
 // some are guarded (which a decision cannot carry), it sends them now,
 // before the callers are answered, so that their next call counts without
 // them.
-func handOn(at site, back *txn, idempotent bool) {
-	if at.busy != nil && at.busy() && len(back.guards) == 0 {
-		at.carry.hand(at, back.cmds, idempotent)
+func handOn(where site, back *txn.Txn, idempotent bool) {
+	if where.busy != nil && where.busy() && len(back.Guards) == 0 {
+		where.carry.hand(where, back.Cmds, idempotent)
 		return
 	}
-	send := newTxn(at.keys, !idempotent)
-	send.cmds, send.guards = back.cmds, back.guards
-	takeBack(at, send, idempotent)
+	send := txn.New(where.keys, !idempotent)
+	send.Cmds, send.Guards = back.Cmds, back.Guards
+	takeBack(where, send, idempotent)
 }
 
 // lagLimit bounds how far behind Redis's time a decision's stamp may be
@@ -148,34 +149,34 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 // (none of their callers was answered), or sends alone the take-backs t
 // carried if it did not. A take-back that must not run twice is lost when
 // resolve cannot tell: the calls stay counted, which is safe.
-func settleLost(at site, r round, t *txn, carried [][]any) {
-	o := t.resolve(at.node, true)
-	back := newTxn(at.keys, !r.idempotent())
-	if o == txnRan || o == txnUnknown && r.idempotent() {
+func settleLost(where site, r round, t *txn.Txn, carried [][]any) {
+	o := t.Resolve(where.node, true)
+	back := txn.New(where.keys, !r.idempotent())
+	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
 		r.takeAll(t, back)
 	}
-	if o == txnNotRun || o == txnUnknown && r.idempotent() {
-		back.cmds = append(back.cmds, carried...)
+	if o == txn.NotRun || o == txn.Unknown && r.idempotent() {
+		back.Cmds = append(back.Cmds, carried...)
 	}
-	takeBack(at, back, r.idempotent())
+	takeBack(where, back, r.idempotent())
 }
 
 // carried is the take-backs that a line's next transaction carries.
 type carried struct {
 	mu         sync.Mutex
 	cmds       [][]any
-	at         site // where to send them alone
+	where      site // where to send them alone
 	idempotent bool // as the round's take-backs (round.idempotent)
 }
 
-// hand adds cmds, the take-backs of a batch at at, for the next one.
-func (c *carried) hand(at site, cmds [][]any, idempotent bool) {
+// hand adds cmds, the take-backs of a batch at where, for the next one.
+func (c *carried) hand(where site, cmds [][]any, idempotent bool) {
 	if c == nil || len(cmds) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cmds, c.at, c.idempotent = append(c.cmds, cmds...), at, idempotent
+	c.cmds, c.where, c.idempotent = append(c.cmds, cmds...), where, idempotent
 }
 
 // take returns the commands to carry, and forgets them.
@@ -193,12 +194,12 @@ func (c *carried) take() [][]any {
 // flush sends what is left to carry alone: the line has no batch left.
 func (c *carried) flush() {
 	c.mu.Lock()
-	at, idempotent := c.at, c.idempotent
+	where, idempotent := c.where, c.idempotent
 	c.mu.Unlock()
 	if cmds := c.take(); len(cmds) > 0 {
-		back := newTxn(at.keys, !idempotent)
-		back.cmds = cmds
-		takeBack(at, back, idempotent)
+		back := txn.New(where.keys, !idempotent)
+		back.Cmds = cmds
+		takeBack(where, back, idempotent)
 	}
 }
 
@@ -213,24 +214,24 @@ const takeBackFor = 5 * time.Second
 // the calls counted: others are denied sooner, never admitted past a
 // limit. It runs detached from the callers' contexts, which may have
 // ended: a caller that gave up must not stay counted.
-func takeBack(at site, back *txn, idempotent bool) {
-	if len(back.cmds) == 0 && len(back.guards) == 0 {
+func takeBack(where site, back *txn.Txn, idempotent bool) {
+	if len(back.Cmds) == 0 && len(back.Guards) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), takeBackFor)
 	defer cancel()
-	node := at.node
-	backoff.New(resolveFirstBackoff, resolveMaxBackoff).Retry(ctx, func() bool {
+	node := where.node
+	backoff.New(txn.ResolveFirstBackoff, txn.ResolveMaxBackoff).Retry(ctx, func() bool {
 		over, err := tryTakeBack(ctx, node, back, idempotent)
 		if over {
 			return true
 		}
-		if at.route.redirected(err) != nil && at.refind != nil {
-			if moved, err := at.refind(ctx); err == nil {
+		if where.route.redirected(err) != nil && where.refind != nil {
+			if moved, err := where.refind(ctx); err == nil {
 				node = moved
 			}
 		}
-		back = back.again(at.keys)
+		back = back.Again(where.keys)
 		return false
 	})
 }
@@ -238,11 +239,11 @@ func takeBack(at site, back *txn, idempotent bool) {
 // tryTakeBack makes one attempt of takeBack, and reports whether it is
 // over: it ran, it may have run and must not run twice, or the client was
 // closed.
-func tryTakeBack(ctx context.Context, node *redis.Client, back *txn, idempotent bool) (bool, error) {
-	o, err := back.exec(ctx, node)
-	if o == txnUnknown && !idempotent {
-		o = back.resolve(node, false)
+func tryTakeBack(ctx context.Context, node *redis.Client, back *txn.Txn, idempotent bool) (bool, error) {
+	o, err := back.Exec(ctx, node)
+	if o == txn.Unknown && !idempotent {
+		o = back.Resolve(node, false)
 	}
-	over := o == txnRan || o == txnUnknown && !idempotent || errors.Is(err, redis.ErrClosed)
+	over := o == txn.Ran || o == txn.Unknown && !idempotent || errors.Is(err, redis.ErrClosed)
 	return over, err
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 type sortedSetStrategy struct{}
@@ -130,8 +131,8 @@ func memberPrefix(client string) string {
 	return "~" + base64.RawURLEncoding.EncodeToString(sum[:16]) + ":"
 }
 
-func (s sortedSetStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
-	return decideRound(ctx, at, func(now int64) round { return s.newBatch(at.keys, now, calls) }, judge)
+func (s sortedSetStore) decide(ctx context.Context, where site, calls []request, judge judgeFunc) error {
+	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.keys, now, calls) }, judge)
 }
 
 // zBatch is the round of one batch on the sets of a resource.
@@ -212,12 +213,12 @@ func (b *zBatch) write(byKey map[string]*zSet, ks keys.Space, spec setSpec, c re
 }
 
 // queue adds the batch's commands: see sortedSetStore.
-func (b *zBatch) queue(t *txn) {
+func (b *zBatch) queue(t *txn.Txn) {
 	for _, set := range b.sets {
-		t.add("zremrangebyscore", set.key, "-inf", b.now-set.spec.window)
-		set.card = t.add("zcard", set.key)
-		set.first = t.add("zrange", set.key, 0, set.read-1, "withscores")
-		set.latest = t.add("zrange", set.key, -1, -1, "withscores")
+		t.Add("zremrangebyscore", set.key, "-inf", b.now-set.spec.window)
+		set.card = t.Add("zcard", set.key)
+		set.first = t.Add("zrange", set.key, 0, set.read-1, "withscores")
+		set.latest = t.Add("zrange", set.key, -1, -1, "withscores")
 	}
 	for i := range b.calls {
 		for _, w := range b.distinct(i) {
@@ -226,19 +227,19 @@ func (b *zBatch) queue(t *txn) {
 			}
 			limit := w.set.spec.limit
 			if b.recordDenied {
-				t.add(append([]any{"zadd", w.set.key}, scored(b.now, w.members)...)...)
-				w.evicted = t.add("zremrangebyrank", w.set.key, 0, -limit-1)
+				t.Add(append([]any{"zadd", w.set.key}, scored(b.now, w.members)...)...)
+				w.evicted = t.Add("zremrangebyrank", w.set.key, 0, -limit-1)
 				continue
 			}
-			t.add(append([]any{"zadd", w.set.key}, scored(pendingScore, w.members)...)...)
-			w.evicted = t.add("zremrangebyrank", w.set.key, limit, -1)
-			t.add(append([]any{"zadd", w.set.key, "xx"}, scored(b.now, w.members)...)...)
+			t.Add(append([]any{"zadd", w.set.key}, scored(pendingScore, w.members)...)...)
+			w.evicted = t.Add("zremrangebyrank", w.set.key, limit, -1)
+			t.Add(append([]any{"zadd", w.set.key, "xx"}, scored(b.now, w.members)...)...)
 		}
 	}
 	for _, set := range b.sets {
 		if set.written {
-			for _, cmd := range extendTo(set.key, b.now+set.spec.window+lagLimit.Milliseconds()) {
-				t.add(cmd...)
+			for _, cmd := range txn.ExtendTo(set.key, b.now+set.spec.window+lagLimit.Milliseconds()) {
+				t.Add(cmd...)
 			}
 		}
 	}
@@ -267,9 +268,9 @@ func scored(score any, members []any) []any {
 
 // judge asks judge about each call in order, given what its sets held, and
 // queues the removal of the members of the calls not recorded.
-func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
+func (b *zBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) error {
 	for _, set := range b.sets {
-		set.start(t.replies)
+		set.start(t.Replies)
 	}
 	due := zBacklog{undo: map[*zSet][]any{}, late: map[*zSet][]any{}}
 	// The calls were scored with the estimate of Redis's time, off by at
@@ -281,7 +282,7 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 	for i, c := range b.calls {
 		v := view{now: now, counts: make([]count, len(b.rules))}
 		for r, w := range b.of[i] {
-			v.counts[r] = w.count(t.replies, c.n, b.recordDenied)
+			v.counts[r] = w.count(t.Replies, c.n, b.recordDenied)
 			v.counts[r].stamp = stamp
 		}
 		recorded := judge(i, v)
@@ -292,10 +293,10 @@ func (b *zBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
 	}
 	for _, set := range b.sets {
 		if members := due.undo[set]; len(members) > 0 {
-			back.add(append([]any{"zrem", set.key}, members...)...)
+			back.Add(append([]any{"zrem", set.key}, members...)...)
 		}
 		if members := due.late[set]; len(members) > 0 {
-			back.add(append([]any{"zadd", set.key, "xx", "gt"}, scored(now, members)...)...)
+			back.Add(append([]any{"zadd", set.key, "xx", "gt"}, scored(now, members)...)...)
 		}
 	}
 	return nil
@@ -327,12 +328,12 @@ func (zBacklog) note(m map[*zSet][]any, writes []*zWrite) {
 
 // settleWrites updates call i's sets as Redis did, and notes in due the
 // members to take back if the call was not recorded.
-func (b *zBatch) settleWrites(t *txn, i int, recorded bool, stamp int64, due zBacklog) {
+func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due zBacklog) {
 	for _, w := range b.distinct(i) {
 		if len(w.members) == 0 {
 			continue // it only looked
 		}
-		evicted := int(replyInt(t.replies[w.evicted]))
+		evicted := int(txn.ReplyInt(t.Replies[w.evicted]))
 		w.set.after(w, evicted, stamp, b.recordDenied)
 		// Without WithRecordDenied the cap removed the newest members,
 		// which are the call's: all of them, for a call that did not fit.
@@ -343,13 +344,13 @@ func (b *zBatch) settleWrites(t *txn, i int, recorded bool, stamp int64, due zBa
 }
 
 // takeAll queues the removal of every call's members.
-func (b *zBatch) takeAll(_, back *txn) {
+func (b *zBatch) takeAll(_, back *txn.Txn) {
 	for i := range b.calls {
 		for _, w := range b.distinct(i) {
 			if len(w.members) == 0 {
 				continue
 			}
-			back.add(append([]any{"zrem", w.set.key}, w.members...)...)
+			back.Add(append([]any{"zrem", w.set.key}, w.members...)...)
 		}
 	}
 }
@@ -358,11 +359,11 @@ func (b *zBatch) idempotent() bool { return true }
 
 // start reads what the set held before the batch's calls.
 func (set *zSet) start(replies []any) {
-	set.held = int(replyInt(replies[set.card]))
-	for _, score := range replyScores(replies[set.first]) {
+	set.held = int(txn.ReplyInt(replies[set.card]))
+	for _, score := range txn.ReplyScores(replies[set.first]) {
 		set.oldest = append(set.oldest, logEntry{at: int64(score), weight: 1})
 	}
-	if latest := replyScores(replies[set.latest]); len(latest) > 0 {
+	if latest := txn.ReplyScores(replies[set.latest]); len(latest) > 0 {
 		set.newest = int64(latest[0])
 	}
 }
@@ -376,7 +377,7 @@ func (w *zWrite) count(replies []any, n int, recordDenied bool) count {
 	if w.evicted < 0 {
 		return count{used: used, oldest: set.oldest, newest: set.newest} // it only looks
 	}
-	if evicted := int(replyInt(replies[w.evicted])); evicted > 0 && !recordDenied {
+	if evicted := int(txn.ReplyInt(replies[w.evicted])); evicted > 0 && !recordDenied {
 		used = max(used, set.spec.limit-n+evicted)
 	}
 	return count{used: used, oldest: set.oldest, newest: set.newest}
@@ -400,8 +401,8 @@ func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
 // and the newest, per set, at the estimated Redis time. With
 // WithRecordDenied a denied call counts too, so RetryAfter may wait for
 // the oldest 2n to leave: those are read.
-func (s sortedSetStore) peek(ctx context.Context, at site, client string, n int) (view, error) {
-	now, err := at.clock.Estimate(ctx, at.node)
+func (s sortedSetStore) peek(ctx context.Context, where site, client string, n int) (view, error) {
+	now, err := where.clock.Estimate(ctx, where.node)
 	if err != nil {
 		return view{}, err
 	}
@@ -414,9 +415,9 @@ func (s sortedSetStore) peek(ctx context.Context, at site, client string, n int)
 		latest *redis.ZSliceCmd
 	}
 	sets := make([]reads, len(s.sets))
-	_, err = at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	_, err = where.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for i, spec := range s.sets {
-			key, from := s.key(at.keys, spec, client), "("+strconv.FormatInt(now-spec.window, 10)
+			key, from := s.key(where.keys, spec, client), "("+strconv.FormatInt(now-spec.window, 10)
 			sets[i].live = pipe.ZCount(ctx, key, from, "+inf")
 			sets[i].oldest = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: "+inf", Count: int64(n)})
 			sets[i].latest = pipe.ZRangeWithScores(ctx, key, -1, -1)
@@ -443,12 +444,12 @@ func (s sortedSetStore) peek(ctx context.Context, at site, client string, n int)
 
 // flush deletes the client's own sets, and removes its members from the
 // resource's: a decision made meanwhile is kept, as if after the flush.
-func (s sortedSetStore) flush(ctx context.Context, at site, client string) error {
+func (s sortedSetStore) flush(ctx context.Context, where site, client string) error {
 	var own []string
 	shared := map[string]*redis.StringSliceCmd{}
-	_, err := at.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	_, err := where.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for _, spec := range s.sets {
-			key := s.key(at.keys, spec, client)
+			key := s.key(where.keys, spec, client)
 			if spec.scope == ScopeClient {
 				own = append(own, key)
 			} else {
@@ -462,7 +463,7 @@ func (s sortedSetStore) flush(ctx context.Context, at site, client string) error
 	}
 	// A long name's members written before the digest carry it whole.
 	mine, before := memberPrefix(client), keys.Encode(client)+":"
-	_, err = at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+	_, err = where.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		if len(own) > 0 {
 			pipe.Del(ctx, own...)
 		}
@@ -484,15 +485,15 @@ func (s sortedSetStore) flush(ctx context.Context, at site, client string) error
 
 // flushAll deletes every set of the resource: one DEL of the resource's
 // sets, or, when a rule is per-client, of every set SCAN finds.
-func (s sortedSetStore) flushAll(ctx context.Context, at site) error {
+func (s sortedSetStore) flushAll(ctx context.Context, where site) error {
 	if s.hasClientRule {
-		return deleteUnder(ctx, at, at.keys.SortedSet()+":", s.scanCount)
+		return deleteUnder(ctx, where, where.keys.SortedSet()+":", s.scanCount)
 	}
 	ks := make([]string, len(s.sets))
 	for i, spec := range s.sets {
-		ks[i] = s.key(at.keys, spec, "")
+		ks[i] = s.key(where.keys, spec, "")
 	}
-	return at.node.Del(ctx, ks...).Err()
+	return where.node.Del(ctx, ks...).Err()
 }
 
 // tag is the longest window: the sets' own keys carry each rule's window

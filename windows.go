@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // windowsStrategy is Windows(precision), or FixedWindows if fixed.
@@ -143,8 +145,8 @@ var errStaleGeneration = fmt.Errorf("%w: the counts were flushed meanwhile", err
 // staleRetries bounds how often a read is made again after a flush.
 const staleRetries = 3
 
-func (s windowsStore) decide(ctx context.Context, at site, calls []request, judge judgeFunc) error {
-	return decideRound(ctx, at, func(now int64) round { return s.newBatch(at.keys, now, calls) }, judge)
+func (s windowsStore) decide(ctx context.Context, where site, calls []request, judge judgeFunc) error {
+	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.keys, now, calls) }, judge)
 }
 
 // hBatch is the round of one batch on the hashes of a resource.
@@ -156,6 +158,7 @@ type hBatch struct {
 	calls    []request
 	byKey    map[string]*hash
 	order    []*hash
+	ofCalls  []*hash // each call's hashes, as hashes names them: found once, not by name per call
 	genReply int
 	token    string // the incarnation of the clients' hashes it makes
 }
@@ -173,7 +176,7 @@ type hash struct {
 	current     []int        // by span: the current interval's weight before the batch
 	admitted    int          // the batch's weight admitted so far
 	denied      int          // the batch's weight to take back
-	dead        []any        // fields no window counts any more
+	dead        []string     // fields no window counts any more
 
 	// Room for lanes and current in the usual case, one lane, so that
 	// reading a hash allocates no more than the intervals it holds.
@@ -183,7 +186,8 @@ type hash struct {
 
 func (s windowsStore) newBatch(ks keys.Space, now int64, calls []request) *hBatch {
 	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byKey: map[string]*hash{},
-		token: strconv.FormatUint(rand.Uint64(), 36)}
+		ofCalls: make([]*hash, 0, 2*len(calls)),
+		token:   strconv.FormatUint(rand.Uint64(), 36)}
 	for _, c := range calls {
 		hashKeys := s.hashes(ks, b.gen, c.client)
 		for i, key := range hashKeys {
@@ -196,34 +200,42 @@ func (s windowsStore) newBatch(ks keys.Space, now int64, calls []request) *hBatc
 			if !c.look {
 				h.added += c.n
 			}
+			b.ofCalls = append(b.ofCalls, h)
 		}
 	}
 	return b
 }
 
-func (b *hBatch) queue(t *txn) {
-	b.genReply = t.add("get", b.keys.Generation())
+// hashesOf returns call i's hashes, as hashes orders them.
+func (b *hBatch) hashesOf(i int) []*hash {
+	n := len(b.ofCalls) / len(b.calls)
+	return b.ofCalls[i*n : (i+1)*n]
+}
+
+func (b *hBatch) queue(t *txn.Txn) {
+	b.genReply = t.Add("get", b.keys.Generation())
 	wrote := false
 	for _, h := range b.order {
 		wrote = wrote || h.added > 0
+		key := any(h.key) // boxed once for its commands
 		if h.added > 0 {
 			if h.client {
-				t.add("hsetnx", h.key, incarnationField, b.token)
+				t.Add("hsetnx", key, txn.IncarnationField, b.token)
 			}
 			for g := range b.spans {
-				t.add("hincrby", h.key, b.current(g, b.now), h.added)
+				t.Add("hincrby", key, b.current(g, b.now), h.added)
 			}
 		}
-		h.read = t.add("hgetall", h.key)
+		h.read = t.Add("hgetall", key)
 		if h.added > 0 {
-			for _, cmd := range extendTo(h.key, b.expireAt(b.now)) {
-				t.add(cmd...)
+			for _, cmd := range txn.ExtendTo(h.key, b.expireAt(b.now)) {
+				t.Add(cmd...)
 			}
 		}
 	}
 	if wrote && b.gen != "" {
 		// The generation outlives every hash of its own (see flushAll).
-		t.add("pexpireat", b.keys.Generation(), b.expireAt(b.now), "gt")
+		t.Add("pexpireat", b.keys.Generation(), b.expireAt(b.now), "gt")
 	}
 }
 
@@ -238,31 +250,31 @@ const tidyAt = 16
 // judge asks judge about each call in order, and queues on back the
 // take-back of the calls not recorded, and the deletion of dead fields the
 // transaction did not delete.
-func (b *hBatch) judge(t *txn, judge judgeFunc, back *txn, now int64) error {
-	if !b.saw(b.keys, b.gen, t.replies[b.genReply]) {
+func (b *hBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) error {
+	if !b.saw(b.keys, b.gen, t.Replies[b.genReply]) {
 		return errStaleGeneration
 	}
 	for _, h := range b.order {
-		h.parse(b.layout, b.now, replyFields(t.replies[h.read]))
+		h.parse(b.layout, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
 		for g := range h.current {
 			h.current[g] -= h.added
 		}
 	}
 	for i, c := range b.calls {
-		keys := b.hashes(b.keys, b.gen, c.client)
+		hashes := b.hashesOf(i)
 		v := view{now: now, counts: make([]count, len(b.rules))}
 		for r, rule := range b.rules {
-			h := b.byKey[keys[b.hashOf(rule)]]
+			h := hashes[b.hashOf(rule)]
 			v.counts[r] = h.count(b.layout, r, rule, b.now, now, h.admitted)
 		}
 		recorded := judge(i, v)
-		for _, key := range keys {
+		for _, h := range hashes {
 			switch {
 			case c.look: // it wrote nothing
 			case recorded:
-				b.byKey[key].admitted += c.n
+				h.admitted += c.n
 			default:
-				b.byKey[key].denied += c.n
+				h.denied += c.n
 			}
 		}
 	}
@@ -275,10 +287,10 @@ func (b *hBatch) idempotent() bool { return false }
 // takeAll queues the take-back of the batch's whole weight. Where t's
 // replies are known, the clients' hashes are known by their incarnation
 // as read; else only if the batch made them (see guard).
-func (b *hBatch) takeAll(t, back *txn) {
+func (b *hBatch) takeAll(t, back *txn.Txn) {
 	for _, h := range b.order {
-		if t.replies != nil {
-			h.incarnation = incarnation(replyFields(t.replies[h.read]))
+		if t.Replies != nil {
+			h.incarnation = incarnation(txn.ReplyFields(t.Replies[h.read]))
 		}
 	}
 	b.queueBack(back, func(h *hash) int { return h.added })
@@ -287,7 +299,7 @@ func (b *hBatch) takeAll(t, back *txn) {
 // incarnation finds a hash's incarnation among its fields.
 func incarnation(fields iter.Seq2[string, string]) string {
 	for field, value := range fields {
-		if field == incarnationField {
+		if field == txn.IncarnationField {
 			return value
 		}
 	}
@@ -299,7 +311,7 @@ func incarnation(fields iter.Seq2[string, string]) string {
 // enough of them (tidyAt). The weight a client's hash holds is taken out
 // of it and of the resource's under a guard (see guard): not after a Flush
 // took it out with the client's hash.
-func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
+func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 	tidy := false
 	for _, h := range b.order {
 		tidy = tidy || len(h.dead) >= tidyAt
@@ -307,21 +319,25 @@ func (b *hBatch) queueBack(back *txn, weight func(*hash) int) {
 		switch {
 		case n <= 0:
 		case h.client:
-			back.guards = append(back.guards, b.guardOf(h, n))
+			back.Guards = append(back.Guards, b.guardOf(h, n))
 		case !b.hasClientRule:
-			back.cmds = b.subtract(back.cmds, h, n)
+			back.Cmds = b.subtract(back.Cmds, h, n)
 		}
 	}
-	if len(back.cmds) > 0 || len(back.guards) > 0 || tidy {
+	if len(back.Cmds) > 0 || len(back.Guards) > 0 || tidy {
 		b.queueTidy(back)
 	}
 }
 
 // queueTidy queues the deletion of the dead fields read.
-func (b *hBatch) queueTidy(back *txn) {
+func (b *hBatch) queueTidy(back *txn.Txn) {
 	for _, h := range b.order {
 		if len(h.dead) > 0 {
-			back.cmds = append(back.cmds, append([]any{"hdel", h.key}, h.dead...))
+			cmd := append(make([]any, 0, 2+len(h.dead)), "hdel", h.key)
+			for _, field := range h.dead {
+				cmd = append(cmd, field)
+			}
+			back.Cmds = append(back.Cmds, cmd)
 		}
 	}
 }
@@ -329,14 +345,14 @@ func (b *hBatch) queueTidy(back *txn) {
 // guardOf is the take-back of n from h, a client's hash, and from the
 // resource's if a rule is per-resource: under a guard of h's incarnation,
 // as read, or as the batch made it.
-func (b *hBatch) guardOf(h *hash, n int) guard {
-	g := guard{key: h.key, want: []string{b.token}}
+func (b *hBatch) guardOf(h *hash, n int) txn.Guard {
+	g := txn.Guard{Key: h.key, Want: []string{b.token}}
 	if h.incarnation != "" {
-		g.want = append(g.want, h.incarnation)
+		g.Want = append(g.Want, h.incarnation)
 	}
-	g.cmds = b.subtract(g.cmds, h, n)
+	g.Cmds = b.subtract(g.Cmds, h, n)
 	if resource := b.byKey[b.keys.Hash(b.gen)]; resource != nil {
-		g.cmds = b.subtract(g.cmds, resource, n)
+		g.Cmds = b.subtract(g.Cmds, resource, n)
 	}
 	return g
 }
@@ -349,26 +365,33 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
 	}
 	// A hash gone meanwhile (it expired, or a FlushAll deleted it) is not
 	// made again.
-	return append(cmds, dropIfMade(h.key))
+	return append(cmds, txn.DropIfMade(h.key))
 }
 
-// parse reads a hash's fields at now: its intervals, and the fields no
-// window counts any more. Fields that are not an interval are not ours.
-func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string]) {
-	h.lanes, h.current = h.laneRoom[:], h.currentRoom[:]
-	if len(y.lanes) > len(h.laneRoom) {
-		h.lanes, h.current = make([][]logEntry, len(y.lanes)), make([]int, len(y.spans))
-	}
-	h.incarnation = ""
+// parse reads a hash's fields at now, of which there are size: its
+// intervals, and the fields no window counts any more. Fields that are not
+// an interval are not ours.
+func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string], size int) {
+	h.clear(y, size)
+	first := y.bounds(0, now)
 	for field, value := range fields {
 		g, index, ok := y.interval(field)
-		n, err := strconv.Atoi(value)
-		switch {
-		case !ok || err != nil:
+		if !ok {
+			// Not parsed: the incarnation's value is no number, and a
+			// failed parse allocates its error.
 			h.other(field, value)
-		case index <= y.lastDead(g, now):
+			continue
+		}
+		n, err := strconv.Atoi(value)
+		live := first // the usual case, found once
+		if g != 0 {
+			live = y.bounds(g, now)
+		}
+		switch {
+		case err != nil: // not ours
+		case index <= live.dead:
 			h.dead = append(h.dead, field)
-		case index == now/y.spans[g]:
+		case index == live.current:
 			h.current[g] = n
 		case n > 0:
 			for _, l := range y.lanesOf[g] {
@@ -377,15 +400,73 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string]) {
 		}
 	}
 	for l, entries := range h.lanes {
-		slices.SortFunc(entries, func(a, b logEntry) int { return cmp.Compare(a.at, b.at) })
-		h.lanes[l] = slices.Grow(entries, 1) // room for withCurrent
+		sortStamps(entries, y.lanes[l].span)
+		h.lanes[l] = entries
 	}
 }
+
+// clear empties h for parse, with room for size fields.
+func (h *hash) clear(y layout, size int) {
+	h.lanes, h.current = h.laneRoom[:], h.currentRoom[:]
+	if len(y.lanes) > len(h.laneRoom) {
+		h.lanes, h.current = make([][]logEntry, len(y.lanes)), make([]int, len(y.spans))
+	}
+	for l := range h.lanes {
+		// Room for every field, and for withCurrent: one allocation,
+		// not one per doubling.
+		h.lanes[l] = make([]logEntry, 0, size+1)
+	}
+	h.incarnation = ""
+}
+
+// stampSlots bounds the span offsets sortStamps places by counting; 4096
+// covers a window of 4096 precisions (a minute at 15 ms), on the stack.
+const stampSlots = 4096
+
+// sortStamps orders a lane's intervals oldest first. Redis returns a hash's
+// fields in an order of its own, and go-redis reads a RESP3 map into a Go
+// map, whose order is random: sorting them was a tenth of a steady
+// decision's time. The stamps of a lane are distinct and a multiple of its
+// span apart, so each interval's place is how many stamps lie below its
+// own: counted on a bitmap of their offsets, in linear time, and the
+// intervals moved there in place. Stamps that are not so (no field of ours
+// is) or too far apart are sorted as before.
+func sortStamps(entries []logEntry, span int64) {
+	if slices.IsSortedFunc(entries, byStamp) {
+		return
+	}
+	lo := slices.MinFunc(entries, byStamp).at
+	var slots [stampSlots / 64]uint64
+	for _, e := range entries {
+		off := (e.at - lo) / span
+		if (e.at-lo)%span != 0 || off >= stampSlots || slots[off/64]&(1<<(off%64)) != 0 {
+			slices.SortFunc(entries, byStamp)
+			return
+		}
+		slots[off/64] |= 1 << (off % 64)
+	}
+	var below [stampSlots / 64]int // stamps in the words before each
+	for w := 1; w < len(below); w++ {
+		below[w] = below[w-1] + bits.OnesCount64(slots[w-1])
+	}
+	place := func(e logEntry) int {
+		off := (e.at - lo) / span
+		return below[off/64] + bits.OnesCount64(slots[off/64]&(1<<(off%64)-1))
+	}
+	for i := range entries {
+		// Each swap puts one interval in its place for good.
+		for p := place(entries[i]); p != i; p = place(entries[i]) {
+			entries[i], entries[p] = entries[p], entries[i]
+		}
+	}
+}
+
+func byStamp(a, b logEntry) int { return cmp.Compare(a.at, b.at) }
 
 // other reads a field that is not an interval: the incarnation, or not
 // ours.
 func (h *hash) other(field, value string) {
-	if field == incarnationField {
+	if field == txn.IncarnationField {
 		h.incarnation = value
 	}
 }
@@ -430,8 +511,8 @@ func withCurrent(entries []logEntry, stamp int64, weight int) []logEntry {
 
 // read reads the generation, the hashes of client and TIME on conn in one
 // round trip; once more if the generation was not the one expected.
-func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client string) (int64, []*hash, error) {
-	ks := at.keys
+func (s windowsStore) read(ctx context.Context, conn pipeliner, where site, client string) (int64, []*hash, error) {
+	ks := where.keys
 	for range staleRetries {
 		gen := s.gen(ks)
 		keys := s.hashes(ks, gen, client)
@@ -453,20 +534,20 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, at site, client 
 		if !s.saw(ks, gen, seen.Val()) {
 			continue
 		}
-		at.clock.Sample(serverTime.Val(), sent)
+		where.clock.Sample(serverTime.Val(), sent)
 		now := serverTime.Val().UnixMilli()
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
 			hashes[i] = &hash{key: keys[i]}
-			hashes[i].parse(s.layout, now, maps.All(read.Val()))
+			hashes[i].parse(s.layout, now, maps.All(read.Val()), len(read.Val()))
 		}
 		return now, hashes, nil
 	}
 	return 0, nil, errStaleGeneration
 }
 
-func (s windowsStore) peek(ctx context.Context, at site, client string, _ int) (view, error) {
-	now, hashes, err := s.read(ctx, at.node, at, client)
+func (s windowsStore) peek(ctx context.Context, where site, client string, _ int) (view, error) {
+	now, hashes, err := s.read(ctx, where.node, where, client)
 	if err != nil {
 		return view{}, err
 	}
@@ -489,28 +570,28 @@ var errNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client 
 // weight that the hash held when it was taken does nothing (see guard).
 // Between the two transactions the resource counts the share still, which
 // errs on the side of denying.
-func (s windowsStore) flush(ctx context.Context, at site, client string) error {
+func (s windowsStore) flush(ctx context.Context, where site, client string) error {
 	if !s.hasClientRule {
 		return errNoClientShare
 	}
 	for range staleRetries {
-		gen := s.gen(at.keys)
-		keys := s.hashes(at.keys, gen, client)
-		take := newTxn(at.keys, false)
-		read := take.add("hgetall", keys[len(keys)-1])
-		take.add("del", keys[len(keys)-1])
-		seen, timeAt := take.add("get", at.keys.Generation()), take.add("time")
-		if _, err := take.exec(ctx, at.node); err != nil {
+		gen := s.gen(where.keys)
+		keys := s.hashes(where.keys, gen, client)
+		take := txn.New(where.keys, false)
+		read := take.Add("hgetall", keys[len(keys)-1])
+		take.Add("del", keys[len(keys)-1])
+		seen, timeAt := take.Add("get", where.keys.Generation()), take.Add("time")
+		if _, err := take.Exec(ctx, where.node); err != nil {
 			return err
 		}
-		if !s.saw(at.keys, gen, take.replies[seen]) {
+		if !s.saw(where.keys, gen, take.Replies[seen]) {
 			continue // a FlushAll came first: the client's hash is another one
 		}
-		server, _ := replyTime(take.replies[timeAt])
+		server, _ := txn.ReplyTime(take.Replies[timeAt])
 		mine := &hash{key: keys[len(keys)-1]}
-		mine.parse(s.layout, server.UnixMilli(), replyFields(take.replies[read]))
+		mine.parse(s.layout, server.UnixMilli(), txn.ReplyFields(take.Replies[read]), txn.ReplyLen(take.Replies[read]))
 		if !s.clientScoped {
-			takeBack(at, s.share(at.keys, keys[0], mine, server.UnixMilli()), false)
+			takeBack(where, s.share(where.keys, keys[0], mine, server.UnixMilli()), false)
 		}
 		return nil
 	}
@@ -519,18 +600,18 @@ func (s windowsStore) flush(ctx context.Context, at site, client string) error {
 
 // share is the marked transaction that takes mine's live intervals out of
 // the resource's hash: of each span's, as the span's first lane holds them.
-func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int64) *txn {
-	t := newTxn(ks, true)
+func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int64) *txn.Txn {
+	t := txn.New(ks, true)
 	for g, span := range s.spans {
 		current := logEntry{id: s.fieldName(g, now/span), weight: mine.current[g]}
 		for _, e := range append(mine.lanes[s.lanesOf[g][0]], current) {
 			if e.weight > 0 {
-				t.add("hincrby", resource, e.id, -e.weight)
+				t.Add("hincrby", resource, e.id, -e.weight)
 			}
 		}
 	}
-	if len(t.cmds) > 0 {
-		t.add(dropIfMade(resource)...)
+	if len(t.Cmds) > 0 {
+		t.Add(txn.DropIfMade(resource)...)
 	}
 	return t
 }
@@ -544,21 +625,21 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int6
 // was written by a call stamped before it) and those of its own generation
 // (each decision extends it to its hash's deadline, with GT). It lives no
 // longer than that.
-func (s windowsStore) flushAll(ctx context.Context, at site) error {
-	ks := []string{at.keys.Hash(s.gen(at.keys))}
+func (s windowsStore) flushAll(ctx context.Context, where site) error {
+	ks := []string{where.keys.Hash(s.gen(where.keys))}
 	if s.hasClientRule {
-		r := newKeyScan(at.keys.Hashes(), s.scanCount)
-		if err := r.finish(ctx, at.node); err != nil {
+		r := newKeyScan(where.keys.Hashes(), s.scanCount)
+		if err := r.finish(ctx, where.node); err != nil {
 			return err
 		}
 		ks = r.found
 	}
 	var bumped *redis.IntCmd
-	_, err := at.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		bumped = pipe.Incr(ctx, at.keys.Generation())
+	_, err := where.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		bumped = pipe.Incr(ctx, where.keys.Generation())
 		life := s.genLife().Milliseconds()
-		pipe.Do(ctx, "pexpire", at.keys.Generation(), life, "nx")
-		pipe.Do(ctx, "pexpire", at.keys.Generation(), life, "gt")
+		pipe.Do(ctx, "pexpire", where.keys.Generation(), life, "nx")
+		pipe.Do(ctx, "pexpire", where.keys.Generation(), life, "gt")
 		if len(ks) > 0 {
 			pipe.Del(ctx, ks...)
 		}
@@ -567,8 +648,8 @@ func (s windowsStore) flushAll(ctx context.Context, at site) error {
 	if err != nil {
 		return err
 	}
-	s.gens.Store(at.keys.Slot(), strconv.FormatInt(bumped.Val(), 10))
-	return at.route.owns(ctx, at.node, at.keys)
+	s.gens.Store(where.keys.Slot(), strconv.FormatInt(bumped.Val(), 10))
+	return where.route.owns(ctx, where.node, where.keys)
 }
 
 // tag is the layout's: see layout.tag.

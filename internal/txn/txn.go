@@ -1,4 +1,8 @@
-package leakybucket
+// Package txn is one MULTI/EXEC sent in one round trip, never twice: the
+// transactions of SortedSet and Windows, how to learn whether one ran
+// after its reply was lost, guarded take-backs, and how to read EXEC's
+// replies (RESP2 or RESP3).
+package txn
 
 import (
 	"context"
@@ -17,7 +21,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
-// A txn is one MULTI/EXEC, sent in one round trip, that go-redis never
+// A Txn is one MULTI/EXEC, sent in one round trip, that go-redis never
 // sends twice: its retries would run it again after a reply that was lost
 // although the transaction ran. Its commands are sent with Do, and their
 // replies read by hand from the EXEC's.
@@ -28,14 +32,14 @@ import (
 // Either way, once Redis answers again it has run whatever it had read
 // (a paused server runs the buffered transaction as it resumes), so
 // resolve waits until Redis has answered for resolveSettle.
-type txn struct {
-	marker  string // "" if not marked
-	cmds    [][]any
-	guards  []guard // commands that apply only while a hash is what it was
-	replies []any   // after the EXEC, by command
+type Txn struct {
+	Marker  string // "" if not marked
+	Cmds    [][]any
+	Guards  []Guard // commands that apply only while a hash is what it was
+	Replies []any   // after the EXEC, by command
 }
 
-// A guard holds take-backs of weight written to a Windows client's hash:
+// A Guard holds take-backs of weight written to a Windows client's hash:
 // they apply only while that hash is still the one the weight was written
 // to. Flush deletes a client's hash, taking its whole share out of the
 // resource's with it, the weight to be taken back included; a take-back
@@ -44,15 +48,15 @@ type txn struct {
 // incarnationField, set by the decision that makes it); exec WATCHes the
 // guarded hashes, reads their incarnations, and sends the commands of the
 // guards whose hash is still one of want.
-type guard struct {
-	key  string
-	want []string
-	cmds [][]any
+type Guard struct {
+	Key  string
+	Want []string
+	Cmds [][]any
 }
 
-// incarnationField is the field of a Windows client's hash that names the
+// IncarnationField is the field of a Windows client's hash that names the
 // hash's incarnation: see guard.
-const incarnationField = "i"
+const IncarnationField = "i"
 
 // fenceDoneGrace is how long a marker lives after its transaction ran, for
 // resolve to see. resolve polls for at most resolveFor, and decides once
@@ -64,44 +68,44 @@ const (
 	resolveSettle  = 20 * time.Millisecond
 )
 
-// newTxn returns an empty transaction, marked in keys' slot if marked.
-func newTxn(ks keys.Space, marked bool) *txn {
-	t := &txn{}
+// New returns an empty transaction, marked in keys' slot if marked.
+func New(ks keys.Space, marked bool) *Txn {
+	t := &Txn{}
 	if marked {
-		t.marker = ks.Fence(strconv.FormatUint(rand.Uint64(), 36))
+		t.Marker = ks.Fence(strconv.FormatUint(rand.Uint64(), 36))
 	}
 	return t
 }
 
-// again returns t's commands as a new transaction, with a new marker, to
+// Again returns t's commands as a new transaction, with a new marker, to
 // send after t did not run.
-func (t *txn) again(ks keys.Space) *txn {
-	fresh := newTxn(ks, t.marker != "")
-	fresh.cmds, fresh.guards = t.cmds, t.guards
+func (t *Txn) Again(ks keys.Space) *Txn {
+	fresh := New(ks, t.Marker != "")
+	fresh.Cmds, fresh.Guards = t.Cmds, t.Guards
 	return fresh
 }
 
-// add queues a command and returns its index among the replies.
-func (t *txn) add(args ...any) int {
-	t.cmds = append(t.cmds, args)
-	return len(t.cmds) - 1
+// Add queues a command and returns its index among the replies.
+func (t *Txn) Add(args ...any) int {
+	t.Cmds = append(t.Cmds, args)
+	return len(t.Cmds) - 1
 }
 
-type txnOutcome uint8
+type Outcome uint8
 
 const (
-	txnUnknown txnOutcome = iota // the reply was lost: see resolve
-	txnRan
-	txnNotRun
+	Unknown Outcome = iota // the reply was lost: see resolve
+	Ran
+	NotRun
 )
 
-// exec sends t on node and reports whether it ran. With notRun the error
+// Exec sends t on node and reports whether it ran. With notRun the error
 // says why (a command's own error, such as MOVED, or redis.TxFailedErr
 // when a guarded hash changed meanwhile); with unknown, why the reply was
 // lost.
-func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) {
-	if len(t.guards) == 0 {
-		return t.execOn(ctx, node, t.cmds)
+func (t *Txn) Exec(ctx context.Context, node *redis.Client) (Outcome, error) {
+	if len(t.Guards) == 0 {
+		return t.execOn(ctx, node, t.Cmds)
 	}
 	// One connection, WATCH and the reads in one round trip, MULTI/EXEC
 	// in a second; EXEC ends the WATCH whatever it does.
@@ -110,7 +114,7 @@ func (t *txn) exec(ctx context.Context, node *redis.Client) (txnOutcome, error) 
 	cmds, err := t.unguarded(ctx, conn)
 	if err != nil {
 		_ = conn.Do(ctx, "unwatch").Err() // else the pooled connection would abort a later EXEC
-		return txnNotRun, err
+		return NotRun, err
 	}
 	return t.execOn(ctx, conn, cmds)
 }
@@ -124,10 +128,10 @@ func anys(s []string) []any {
 }
 
 // guardKeys returns the keys of t's guards.
-func (t *txn) guardKeys() []string {
-	ks := make([]string, len(t.guards))
-	for i, g := range t.guards {
-		ks[i] = g.key
+func (t *Txn) guardKeys() []string {
+	ks := make([]string, len(t.Guards))
+	for i, g := range t.Guards {
+		ks[i] = g.Key
 	}
 	return ks
 }
@@ -135,29 +139,29 @@ func (t *txn) guardKeys() []string {
 // unguarded WATCHes the guarded hashes on conn and reads their
 // incarnations, and returns t's commands with those of the guards that
 // still hold.
-func (t *txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) {
-	reads := make([]*redis.StringCmd, len(t.guards))
+func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) {
+	reads := make([]*redis.StringCmd, len(t.Guards))
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Do(ctx, append([]any{"watch"}, anys(t.guardKeys())...)...)
-		for i, g := range t.guards {
-			reads[i] = pipe.HGet(ctx, g.key, incarnationField)
+		for i, g := range t.Guards {
+			reads[i] = pipe.HGet(ctx, g.Key, IncarnationField)
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
 	}
-	cmds := slices.Clip(t.cmds)
-	for i, g := range t.guards {
-		if have, err := reads[i].Result(); err == nil && slices.Contains(g.want, have) {
-			cmds = append(cmds, g.cmds...)
+	cmds := slices.Clip(t.Cmds)
+	for i, g := range t.Guards {
+		if have, err := reads[i].Result(); err == nil && slices.Contains(g.Want, have) {
+			cmds = append(cmds, g.Cmds...)
 		}
 	}
 	return cmds, nil
 }
 
 // execOn sends cmds as t on conn (under WATCH if conn is a *redis.Tx).
-func (t *txn) execOn(ctx context.Context, conn pipeliner, cmds [][]any) (txnOutcome, error) {
+func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any) (Outcome, error) {
 	var exec *redis.Cmd
 	queued := make([]*redis.Cmd, len(cmds))
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
@@ -165,8 +169,8 @@ func (t *txn) execOn(ctx context.Context, conn pipeliner, cmds [][]any) (txnOutc
 		for i, args := range cmds {
 			queued[i] = pipe.Do(ctx, args...)
 		}
-		if t.marker != "" {
-			pipe.Do(ctx, "set", t.marker, "done", "px", fenceDoneGrace.Milliseconds())
+		if t.Marker != "" {
+			pipe.Do(ctx, "set", t.Marker, "done", "px", fenceDoneGrace.Milliseconds())
 		}
 		exec = pipe.Do(ctx, "exec")
 		return nil
@@ -176,16 +180,22 @@ func (t *txn) execOn(ctx context.Context, conn pipeliner, cmds [][]any) (txnOutc
 	case execErr == nil:
 		replies, ok := exec.Val().([]any)
 		if !ok || len(replies) < len(cmds) {
-			return txnUnknown, fmt.Errorf("leakybucket: EXEC replied %T with %d replies", exec.Val(), len(replies))
+			return Unknown, fmt.Errorf("leakybucket: EXEC replied %T with %d replies", exec.Val(), len(replies))
 		}
-		t.replies = replies[:len(cmds)]
-		return txnRan, nil
+		t.Replies = replies[:len(cmds)]
+		return Ran, nil
 	case errors.Is(execErr, redis.Nil):
-		return txnNotRun, redis.TxFailedErr // a WATCHed key changed
+		return NotRun, redis.TxFailedErr // a WATCHed key changed
 	case isRedisError(execErr):
-		return txnNotRun, queuedError(queued, execErr) // EXECABORT
+		return NotRun, queuedError(queued, execErr) // EXECABORT
 	}
-	return txnUnknown, err
+	return Unknown, err
+}
+
+// Pipeliner is a connection: a *redis.Client, a *redis.Conn, or the
+// *redis.Tx that holds a lock.
+type Pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
 // noRetry is a command that go-redis never sends again, nor the pipeline
@@ -212,11 +222,11 @@ func queuedError(queued []*redis.Cmd, err error) error {
 
 // Backoff of resolve's attempts.
 const (
-	resolveFirstBackoff = 2 * time.Millisecond
-	resolveMaxBackoff   = 200 * time.Millisecond
+	ResolveFirstBackoff = 2 * time.Millisecond
+	ResolveMaxBackoff   = 200 * time.Millisecond
 )
 
-// resolve learns whether t ran after its reply was lost, on a connection
+// Resolve learns whether t ran after its reply was lost, on a connection
 // of its own, detached from any caller: once Redis has answered for
 // resolveSettle, t has run if it ever will, and a marked t shows it.
 // An unmarked t resolves to unknown then: its undo is to be repeated
@@ -226,12 +236,12 @@ const (
 // a proxy refused while the server ran it, its calls stay counted, which
 // is safe); else (a take-back's, which must never run twice) resolve
 // keeps asking.
-func (t *txn) resolve(node *redis.Client, refusedIsGone bool) txnOutcome {
+func (t *Txn) Resolve(node *redis.Client, refusedIsGone bool) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), resolveFor)
 	defer cancel()
-	r := resolution{marked: t.marker != "", refusedIsGone: refusedIsGone}
-	verdict := txnUnknown
-	backoff.New(resolveFirstBackoff, resolveMaxBackoff).Retry(ctx, func() (over bool) {
+	r := resolution{marked: t.Marker != "", refusedIsGone: refusedIsGone}
+	verdict := Unknown
+	backoff.New(ResolveFirstBackoff, ResolveMaxBackoff).Retry(ctx, func() (over bool) {
 		done, err := t.look(ctx, node)
 		verdict, over = r.next(done, err)
 		return over
@@ -247,14 +257,14 @@ type resolution struct {
 
 // next takes one look's outcome, and returns the verdict once there is
 // one.
-func (r *resolution) next(done bool, err error) (txnOutcome, bool) {
+func (r *resolution) next(done bool, err error) (Outcome, bool) {
 	switch {
 	case done:
-		return txnRan, true
+		return Ran, true
 	case errors.Is(err, redis.ErrClosed):
-		return txnUnknown, true // the client was closed: nothing more can be sent
+		return Unknown, true // the client was closed: nothing more can be sent
 	case r.refusedIsGone && errors.Is(err, syscall.ECONNREFUSED):
-		return txnNotRun, true
+		return NotRun, true
 	case err != nil:
 		// Even a refused connection proves nothing: a proxy may refuse
 		// while the server runs what it had read.
@@ -262,51 +272,52 @@ func (r *resolution) next(done bool, err error) (txnOutcome, bool) {
 	case r.answered.IsZero():
 		r.answered = time.Now()
 	case time.Since(r.answered) >= resolveSettle && r.marked:
-		return txnNotRun, true
+		return NotRun, true
 	case time.Since(r.answered) >= resolveSettle:
-		return txnUnknown, true
+		return Unknown, true
 	}
-	return txnUnknown, false
+	return Unknown, false
 }
 
 // look makes one attempt of resolve: whether the marker says done.
-func (t *txn) look(ctx context.Context, node *redis.Client) (bool, error) {
-	if t.marker == "" {
+func (t *Txn) look(ctx context.Context, node *redis.Client) (bool, error) {
+	if t.Marker == "" {
 		return false, node.Ping(ctx).Err()
 	}
-	done, err := node.Get(ctx, t.marker).Result()
+	done, err := node.Get(ctx, t.Marker).Result()
 	if errors.Is(err, redis.Nil) {
 		err = nil
 	}
 	return done == "done", err
 }
 
-// extendTo returns the commands that make key expire at at (absolute Redis
+// ExtendTo returns the commands that make key expire at at (absolute Redis
 // ms) unless it expires later already: PEXPIREAT NX gives a key that the
 // transaction made (it has no deadline yet) its first, and PEXPIREAT GT
 // only ever moves a deadline later. So a writer whose stamp trails
 // another's, or who comes late, never shortens a key's life.
-func extendTo(key string, at int64) [][]any {
-	return [][]any{{"pexpireat", key, at, "nx"}, {"pexpireat", key, at, "gt"}}
+func ExtendTo(key string, at int64) [][]any {
+	k, a := any(key), any(at) // boxed once for both
+	return [][]any{{"pexpireat", k, a, "nx"}, {"pexpireat", k, a, "gt"}}
 }
 
-// dropIfMade returns the command that deletes key at once if the commands
+// DropIfMade returns the command that deletes key at once if the commands
 // before it in the transaction made it (it has no deadline yet), and else
 // does nothing: a take-back's. The weight a take-back takes out was
 // written to a key whose deadline covers every interval any rule may
 // count it in; finding the key gone, the take-back would make a key of
 // negative counts, which is dropped rather than let live.
-func dropIfMade(key string) []any { return []any{"pexpireat", key, 1, "nx"} }
+func DropIfMade(key string) []any { return []any{"pexpireat", key, 1, "nx"} }
 
 // Replies of EXEC, as go-redis reads them (RESP3 or RESP2).
 
-func replyInt(v any) int64 {
+func ReplyInt(v any) int64 {
 	n, _ := v.(int64)
 	return n
 }
 
-// replyScores reads a ZRANGE ... WITHSCORES reply as its scores.
-func replyScores(v any) []float64 {
+// ReplyScores reads a ZRANGE ... WITHSCORES reply as its scores.
+func ReplyScores(v any) []float64 {
 	items, _ := v.([]any)
 	var out []float64
 	for i := 0; i < len(items); i++ {
@@ -338,19 +349,19 @@ func replyFloat(v any) float64 {
 	return 0
 }
 
-// replyFields reads an HGETALL reply as its fields and values.
-func replyFields(v any) iter.Seq2[string, string] {
+// ReplyFields reads an HGETALL reply as its fields and values.
+func ReplyFields(v any) iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
 		switch h := v.(type) {
 		case map[any]any: // RESP3
 			for k, v := range h {
-				if !yield(replyString(k), replyString(v)) {
+				if !yield(ReplyString(k), ReplyString(v)) {
 					return
 				}
 			}
 		case []any: // RESP2
 			for i := 0; i+1 < len(h); i += 2 {
-				if !yield(replyString(h[i]), replyString(h[i+1])) {
+				if !yield(ReplyString(h[i]), ReplyString(h[i+1])) {
 					return
 				}
 			}
@@ -358,7 +369,18 @@ func replyFields(v any) iter.Seq2[string, string] {
 	}
 }
 
-func replyString(v any) string {
+// ReplyLen is how many fields an HGETALL reply holds.
+func ReplyLen(v any) int {
+	switch h := v.(type) {
+	case map[any]any:
+		return len(h)
+	case []any:
+		return len(h) / 2
+	}
+	return 0
+}
+
+func ReplyString(v any) string {
 	switch s := v.(type) {
 	case string:
 		return s
@@ -368,13 +390,13 @@ func replyString(v any) string {
 	return fmt.Sprint(v)
 }
 
-// replyTime reads a TIME reply.
-func replyTime(v any) (time.Time, bool) {
+// ReplyTime reads a TIME reply.
+func ReplyTime(v any) (time.Time, bool) {
 	parts, _ := v.([]any)
 	if len(parts) != 2 {
 		return time.Time{}, false
 	}
-	sec, err1 := strconv.ParseInt(replyString(parts[0]), 10, 64)
-	usec, err2 := strconv.ParseInt(replyString(parts[1]), 10, 64)
+	sec, err1 := strconv.ParseInt(ReplyString(parts[0]), 10, 64)
+	usec, err2 := strconv.ParseInt(ReplyString(parts[1]), 10, 64)
 	return time.Unix(sec, usec*1000), err1 == nil && err2 == nil
 }
