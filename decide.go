@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"sync"
 
 	"github.com/leakybucket/leakybucket/internal/lock"
 )
@@ -40,10 +41,19 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 // was slow; or a Redis error, wrapped. With an error nothing was recorded,
 // except that a call whose write was under way may have been counted
 // (never admitted uncounted). docs/api.md says more.
-func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (res Result, err error) {
-	err = b.AllowNInto(ctx, resource, client, n, &res)
-	return res, err
+func (b *Bucket) AllowN(ctx context.Context, resource, client string, n int) (Result, error) {
+	// A Result whose address goes to the backend, an interface, lives on
+	// the heap: take one from a pool, and hand its slices to the copy.
+	res := results.Get().(*Result)
+	err := b.AllowNInto(ctx, resource, client, n, res)
+	out := *res
+	*res = Result{}
+	results.Put(res)
+	return out, err
 }
+
+// results are AllowN's Results while they are decided.
+var results = sync.Pool{New: func() any { return new(Result) }}
 
 // AllowNInto is AllowN writing its Result into *res, reusing the room of
 // res.Rules and res.DeniedBy: in process (NewLocal), a caller that keeps

@@ -180,6 +180,12 @@ func TestAllowNIntoAllocatesNothing(t *testing.T) {
 		if res.Allowed {
 			t.Errorf("%v: the 1001st call was admitted, want the denials measured too", s)
 		}
+		// AllowN makes a new Result, whose Rules (and, denied, DeniedBy)
+		// are its only allocations: 500 admitted calls, then denied ones.
+		_, _ = b.AllowN(ctx, "r", "c", 1)
+		if n := testing.AllocsPerRun(1000, func() { _, _ = b.AllowN(ctx, "r", "c", 1) }); n > 1.5 {
+			t.Errorf("%v: AllowN in process: %v allocations a decision, want 1 admitted and 2 denied", s, n)
+		}
 	}
 }
 
