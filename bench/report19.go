@@ -67,7 +67,7 @@ func abuserTableMD(rows []abuserRow) string {
 
 func abuserSection(b *strings.Builder, rows []abuserRow) {
 	a := rows[0].Spec
-	section(b, "A client past its own limit beside polite ones", fmt.Sprintf("Issue 19's case 3, under `PerResource(Per(%d, %v))` + `PerClient(Per(%d, %v))`. One client first makes the %d calls its own limit admits, then calls flat out from %d Buckets x %d goroutines, each Bucket on a go-redis client of its own; "+
+	section(b, "A client past its own limit beside polite ones", fmt.Sprintf("A client at its own limit, under `PerResource(Per(%d, %v))` + `PerClient(Per(%d, %v))`. One client first makes the %d calls its own limit admits, then calls flat out from %d Buckets x %d goroutines, each Bucket on a go-redis client of its own; "+
 		"meanwhile a third Bucket sends one call every %v, each from a client never seen before, %d calls. The resource never holds more than the abuser's %d and the polite calls of one window (%d), so every polite call should pass. "+
 		"The abuser's round trips are counted on its Buckets' clients only, per call it made while the polite calls ran; its admissions after the first %d are checked against its limit. "+
 		"redis_rate and ulule/limiter have one rule per limiter: they run their natural equivalent, two limiters, the client's key checked first and the resource's (one key for every client) only for a call the client's admitted; a call the resource's then denies has used its client's room, which this library's all-or-nothing rules do not do.",
@@ -88,7 +88,7 @@ func procsTableMD(rows []procsRow) string {
 
 func procsSection(b *strings.Builder, rows []procsRow) {
 	p := rows[0].Spec
-	section(b, "Processes on one key", fmt.Sprintf("Issue 19's case 4: %d OS processes (this program, started %d times by the benchmark with the job in an environment variable), each with one limiter on a go-redis client of its own, call one key from %d goroutines each, weights 1, 2, 3 in turn, flat out for %v from one start time, under `PerClient(Per(%d, %v))` (redis_rate: burst = rate = %d per %v; ulule/limiter: its fixed window), on an empty database. "+
+	section(b, "Processes on one key", fmt.Sprintf("%d OS processes (this program, started %d times by the benchmark with the job in an environment variable), each with one limiter on a go-redis client of its own, call one key from %d goroutines each, weights 1, 2, 3 in turn, flat out for %v from one start time, under `PerClient(Per(%d, %v))` (redis_rate: burst = rate = %d per %v; ulule/limiter: its fixed window), on an empty database. "+
 		"The most possible is %d per disjoint %v window in the %v: %d (calls under way at the end are answered after it, so a share can pass 100%%). \"Most in any\" counts the weight of the admitted calls whose whole span from call to reply lies in one span of that length, over every such span (the processes share the machine's clock); as in the hammer, the check uses %v, Redis time being whole milliseconds. "+
 		"GCRA and a fixed window may admit up to twice their limit across a boundary, so only this library's sliding windows are checked per span, and redis_rate's share may pass 100%%.",
 		p.Procs, p.Procs, p.Goroutines, p.Duration, p.Limit, p.Window, p.Limit, p.Window, p.Limit, p.Window, p.Duration, p.mostPossible(), p.checkSpan()), procsTableMD(rows))
@@ -126,7 +126,7 @@ func (m memoryRow) pastWindow() string {
 
 func memorySection(b *strings.Builder, rows []memoryRow) {
 	m := rows[0].Spec
-	section(b, "Redis memory per limited client, and how long it stays", fmt.Sprintf("Issue 20's table. %s clients of one resource make %d calls each (%s calls from %d goroutines, about a second or less) under `PerClient(Per(%d, %v))`, each implementation in a logical database of its own on its server (this library's, scripting denied; the peers'). "+
+	section(b, "Redis memory per limited client, and how long it stays", fmt.Sprintf("%s clients of one resource make %d calls each (%s calls from %d goroutines, about a second or less) under `PerClient(Per(%d, %v))`, each implementation in a logical database of its own on its server (this library's, scripting denied; the peers'). "+
 		"used_memory / client is the server's used_memory (INFO memory) after the calls less before them, over the clients: it includes Redis's own overhead per key, and is noisy by a few bytes per client (client buffers). "+
 		"PTTL is read from every key right after the calls. Then each database's DBSIZE is polled every %v, on the real clock, until it is 0 (Redis has expired every key) or %v after the last call: \"after the window\" is that time less the window, how long an idle client outlives its limit in Redis. "+
 		"The figures are whatever the code measured does: a change to key expiry shows here on the next run.",
