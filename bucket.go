@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // A Bucket limits requests to resources by the rules it was made with,
@@ -26,7 +28,7 @@ type backend interface {
 	allow(ctx context.Context, resource, client string, n int, res *Result) error
 	// read returns what every rule counts for a call of weight n,
 	// writing nothing.
-	read(ctx context.Context, resource, client string, n int) (view, error)
+	read(ctx context.Context, resource, client string, n int) (limits.View, error)
 	// flush forgets client's counts at resource, and its share of the
 	// resource's.
 	flush(ctx context.Context, resource, client string) error

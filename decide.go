@@ -93,7 +93,7 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res
 		if err != nil {
 			return Result{}, err
 		}
-		return evaluate(b.plan.rules, v, n, b.cfg.recordDenied), nil
+		return b.plan.evaluate(v, n, b.cfg.recordDenied), nil
 	})
 }
 
@@ -111,7 +111,7 @@ func (b *Bucket) Usage(ctx context.Context, resource, client string) ([]RuleResu
 		if err != nil {
 			return nil, err
 		}
-		now, one := evaluate(b.plan.rules, v, 0, false), evaluate(b.plan.rules, v, 1, false)
+		now, one := b.plan.evaluate(v, 0, false), b.plan.evaluate(v, 1, false)
 		for i := range now.Rules {
 			now.Rules[i].RetryAfter = one.Rules[i].RetryAfter
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // The behaviour suite runs every test against two servers:
@@ -568,3 +569,6 @@ func remoteOf(b *Bucket) *remote { return b.counts.(*remote) }
 
 // localOf is the backend of a Bucket made by NewLocal.
 func localOf(b *Bucket) *localCounts { return b.counts.(*localCounts) }
+
+// models returns rules as the counts judge them.
+func models(rules []Rule) []limits.Rule { return newPlan(config{rules: rules}).rules }

@@ -2,6 +2,8 @@ package leakybucket
 
 import (
 	"sync"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // Foresight. SortedSet and Windows write a call before they judge it, in
@@ -54,7 +56,7 @@ type seenCount struct {
 	oldest []seenCall // the oldest calls counted, at most seenEntries
 }
 
-// seenCall is a counted call: its stamp (see count.stamp) and weight.
+// seenCall is a counted call: its stamp (see limits.Count.Stamp) and weight.
 type seenCall struct {
 	at     int64
 	weight int
@@ -62,7 +64,7 @@ type seenCall struct {
 
 // seenKeyOf is where rule r of plan p keeps what a call by client saw.
 func (p plan) seenKeyOf(resource, client string, r int) seenKey {
-	if p.rules[r].Scope == ScopeResource {
+	if !p.rules[r].PerClient {
 		client = ""
 	}
 	return seenKey{resource: resource, client: client, rule: r}
@@ -94,8 +96,8 @@ func (f *foresight) foresee(p plan, resource string, calls []request, now int64)
 func (f *foresight) roomFor(p plan, resource string, c request, now int64, written map[seenKey]int) bool {
 	for r, rule := range p.rules {
 		k := p.seenKeyOf(resource, c.client, r)
-		used := addCapped(f.seen[k].usedAt(rule, now), written[k])
-		if !hasRoom(rule, used, c.n) {
+		used := limits.AddCapped(f.seen[k].usedAt(rule, now), written[k])
+		if !rule.HasRoom(used, c.n) {
 			return false
 		}
 	}
@@ -104,10 +106,10 @@ func (f *foresight) roomFor(p plan, resource string, c request, now int64, writt
 
 // usedAt is what s counts at now: less the calls that have left rule's
 // window since. A count never seen counts nothing.
-func (s seenCount) usedAt(rule Rule, now int64) int {
+func (s seenCount) usedAt(rule limits.Rule, now int64) int {
 	used := s.used
 	for _, e := range s.oldest {
-		if e.at+rule.Limit.windowMillis() > now {
+		if e.at+rule.Window > now {
 			break // counted still, and so are those after it
 		}
 		used -= e.weight
@@ -117,26 +119,26 @@ func (s seenCount) usedAt(rule Rule, now int64) int {
 
 // saw keeps what each rule counted after a call by client: v, plus the
 // call's weight n if it was recorded.
-func (f *foresight) saw(p plan, resource, client string, v view, n int, recorded bool) {
+func (f *foresight) saw(p plan, resource, client string, v limits.View, n int, recorded bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.seen == nil {
 		f.seen = map[seenKey]seenCount{}
 	}
 	if len(f.seen) >= maxForeseen {
-		f.forget(v.now, p.longest)
+		f.forget(v.Now, p.longest)
 	}
-	for r, c := range v.counts {
+	for r, c := range v.Counts {
 		k := p.seenKeyOf(resource, client, r)
 		// The old count's room is reused: it is read only under f.mu.
-		s := seenCount{at: v.now, used: c.used, oldest: f.seen[k].oldest[:0]}
-		for _, e := range c.oldest[:min(len(c.oldest), seenEntries)] {
-			s.oldest = append(s.oldest, seenCall{at: e.at, weight: e.weight})
+		s := seenCount{at: v.Now, used: c.Used, oldest: f.seen[k].oldest[:0]}
+		for _, e := range c.Oldest[:min(len(c.Oldest), seenEntries)] {
+			s.oldest = append(s.oldest, seenCall{at: e.At, weight: e.Weight})
 		}
 		if recorded {
-			s.used = addCapped(s.used, n)
+			s.used = limits.AddCapped(s.used, n)
 			if len(s.oldest) < seenEntries {
-				s.oldest = append(s.oldest, seenCall{at: c.stamp, weight: n})
+				s.oldest = append(s.oldest, seenCall{at: c.Stamp, weight: n})
 			}
 		}
 		f.seen[k] = s

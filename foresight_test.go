@@ -3,6 +3,8 @@ package leakybucket
 import (
 	"slices"
 	"testing"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // foresightPlan is a notification sender's rules: 5 per resource, 2 per
@@ -16,17 +18,17 @@ func foresightPlan() plan {
 
 // seenView is what a transaction read at now: used and the oldest stamps
 // of each rule, one unit each.
-func seenView(now int64, resource, client []int64) view {
-	entries := func(stamps []int64) []logEntry {
-		var out []logEntry
+func seenView(now int64, resource, client []int64) limits.View {
+	entries := func(stamps []int64) []limits.Entry {
+		var out []limits.Entry
 		for _, at := range stamps {
-			out = append(out, logEntry{at: at, weight: 1})
+			out = append(out, limits.Entry{At: at, Weight: 1})
 		}
 		return out
 	}
-	return view{now: now, counts: []count{
-		{used: len(resource), oldest: entries(resource), stamp: now},
-		{used: len(client), oldest: entries(client), stamp: now},
+	return limits.View{Now: now, Counts: []limits.Count{
+		{Used: len(resource), Oldest: entries(resource), Stamp: now},
+		{Used: len(client), Oldest: entries(client), Stamp: now},
 	}}
 }
 
@@ -65,12 +67,12 @@ func TestSeenCountMovesOn(t *testing.T) {
 		now  int64
 		want int
 	}{{1099, 3}, {1100, 2}, {1399, 2}, {1400, 0}} {
-		if got := s.usedAt(rule, c.now); got != c.want {
+		if got := s.usedAt(rule.model(), c.now); got != c.want {
 			t.Errorf("usedAt(%d) = %d, want %d", c.now, got, c.want)
 		}
 	}
 	partial := seenCount{used: 5, oldest: []seenCall{{at: 100, weight: 1}}}
-	if got := partial.usedAt(rule, 5000); got != 4 {
+	if got := partial.usedAt(rule.model(), 5000); got != 4 {
 		t.Errorf("usedAt past the kept calls = %d, want 4: the calls not kept count still", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
@@ -86,16 +87,16 @@ type layout struct {
 // newLayout returns the layout of rules under Windows(precision): a rule
 // without a precision of its own counts in intervals of precision, or in
 // fixed windows if precision is 0 (FixedWindows).
-func newLayout(precision time.Duration, rules []Rule) layout {
+func newLayout(precision time.Duration, rules []limits.Rule) layout {
 	var y layout
-	laneOf := func(r Rule) lane {
-		if p := cmp.Or(r.Limit.Precision, precision); p != 0 {
-			return lane{span: p.Milliseconds()}
+	laneOf := func(r limits.Rule) lane {
+		if p := cmp.Or(r.Precision, precision.Milliseconds()); p != 0 {
+			return lane{span: p}
 		}
-		return lane{span: r.Limit.windowMillis(), fixed: true}
+		return lane{span: r.Window, fixed: true}
 	}
 	for _, r := range rules {
-		y.addLane(laneOf(r), r.Limit.windowMillis())
+		y.addLane(laneOf(r), r.Window)
 	}
 	slices.SortFunc(y.lanes, func(a, b lane) int {
 		return cmp.Or(cmp.Compare(a.span, b.span), cmp.Compare(fixedOrder(a.fixed), fixedOrder(b.fixed)))

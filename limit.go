@@ -3,6 +3,8 @@ package leakybucket
 import (
 	"fmt"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // A Limit admits at most Requests (in weight: AllowN counts n) in any sliding
@@ -127,6 +129,12 @@ type Rule struct {
 	Scope Scope
 	// Limit is what the rule admits in each of its counts.
 	Limit Limit
+}
+
+// model is r as the counts judge it.
+func (r Rule) model() limits.Rule {
+	return limits.Rule{PerClient: r.Scope == ScopeClient, Requests: r.Limit.Requests,
+		Window: r.Limit.windowMillis(), Precision: r.Limit.Precision.Milliseconds()}
 }
 
 // String returns the rule as "per-client 10 per 1m0s".

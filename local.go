@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leakybucket/leakybucket/internal/batch"
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // NewLocal returns a Bucket that keeps its counts in this process's memory
@@ -51,8 +52,8 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 		*res = Result{}
 		return batch.GivenUp(ctx, false, nil)
 	}
-	l.decide(resource, client, n, func(v view) bool {
-		evaluateInto(res, l.rules, v, n, l.recordDenied)
+	l.decide(resource, client, n, func(v limits.View) bool {
+		l.evaluateInto(res, v, n, l.recordDenied)
 		return res.Allowed || l.recordDenied
 	})
 	return nil
@@ -60,7 +61,7 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 
 // read is peek: in process, a read cannot fail (the Bucket's bound saw
 // ctx).
-func (l *localCounts) read(_ context.Context, resource, client string, _ int) (view, error) {
+func (l *localCounts) read(_ context.Context, resource, client string, _ int) (limits.View, error) {
 	return l.peek(resource, client), nil
 }
 
@@ -110,7 +111,7 @@ type localShard struct {
 	peak   int // the most scopes held since the map was made: see shrink
 	oldest *scope
 	newest *scope
-	counts []count // scratch for a view, under mu
+	counts []limits.Count // scratch for a view, under mu
 	_      [64]byte
 }
 
@@ -153,7 +154,7 @@ func (l *localCounts) listCounts() {
 		return len(l.counts) - 1
 	}
 	for i, rule := range l.rules {
-		c := countSpec{perClient: rule.Scope == ScopeClient, rule: i}
+		c := countSpec{perClient: rule.PerClient, rule: i}
 		switch {
 		case l.capped:
 			c.part = i + 1
@@ -167,9 +168,9 @@ func (l *localCounts) listCounts() {
 	}
 }
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
-	l := &localCounts{plan: p, maxN: p.rules[0].Limit.Requests, start: time.Now(), seed: maphash.MakeSeed()}
+	l := &localCounts{plan: p, maxN: p.rules[0].Requests, start: time.Now(), seed: maphash.MakeSeed()}
 	for _, r := range p.rules {
-		l.maxN = min(l.maxN, r.Limit.Requests)
+		l.maxN = min(l.maxN, r.Requests)
 	}
 	st, err := s.newStore(p) // checks the rules as New does
 	if err != nil {
@@ -188,7 +189,7 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 	l.listCounts()
 	for i := range l.shards {
 		l.shards[i].scopes = map[scopeKey]*scope{}
-		l.shards[i].counts = make([]count, len(p.rules))
+		l.shards[i].counts = make([]limits.Count, len(p.rules))
 	}
 	return l, nil
 }
@@ -214,7 +215,7 @@ func (l *localCounts) shard(resource, client string) *localShard {
 
 // decide decides a call of weight n by client to resource with judge, and
 // records it if judge says so.
-func (l *localCounts) decide(resource, client string, n int, judge func(view) bool) {
+func (l *localCounts) decide(resource, client string, n int, judge func(limits.View) bool) {
 	now := l.now()
 	l.sweepNext(now)
 	sh := l.shard(resource, client)
@@ -235,42 +236,42 @@ func (l *localCounts) decide(resource, client string, n int, judge func(view) bo
 // append to, merge, cap and rewrite the scopes' entries: so the view holds
 // copies, of the counts (sh.counts is reused under mu) and of as many of
 // each count's oldest calls as evaluate can read (see readable).
-func (l *localCounts) peek(resource, client string) view {
+func (l *localCounts) peek(resource, client string) limits.View {
 	sh := l.shard(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	v := sh.view(l, resource, client, l.now())
-	v.counts = slices.Clone(v.counts)
-	for i := range v.counts {
-		c := &v.counts[i]
-		c.oldest = slices.Clone(c.oldest[:l.readable(l.rules[i], *c)])
+	v.Counts = slices.Clone(v.Counts)
+	for i := range v.Counts {
+		c := &v.Counts[i]
+		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.rules[i], *c)])
 	}
 	return v
 }
 
-// readable is how many of c's oldest calls untilRoom can read for a call of
+// readable is how many of c's oldest calls UntilRoom can read for a call of
 // weight up to maxN (the most check lets through), counted too if it is
 // denied and recorded: those whose weight brings c's count, with the
 // call's, down to room for it. Not the whole window, which may hold a
-// million calls of a rule with room to spare. Every call of c.oldest
-// counts (count and countOf search past the others).
-func (l *localCounts) readable(rule Rule, c count) int {
-	over := addCapped(addCapped(c.used, l.maxN), l.maxN) - rule.Limit.Requests
+// million calls of a rule with room to spare. Every call of c.Oldest
+// counts (count and CountOf search past the others).
+func (l *localCounts) readable(rule limits.Rule, c limits.Count) int {
+	over := limits.AddCapped(limits.AddCapped(c.Used, l.maxN), l.maxN) - rule.Requests
 	i := 0
-	for left := 0; i < len(c.oldest) && left < over; i++ {
-		left = addCapped(left, c.oldest[i].weight)
+	for left := 0; i < len(c.Oldest) && left < over; i++ {
+		left = limits.AddCapped(left, c.Oldest[i].Weight)
 	}
 	return i
 }
 
 // view is what each rule counts for a call by client now, in sh's scratch
 // counts.
-func (sh *localShard) view(l *localCounts, resource, client string, now int64) view {
-	v := view{now: now, counts: sh.counts}
+func (sh *localShard) view(l *localCounts, resource, client string, now int64) limits.View {
+	v := limits.View{Now: now, Counts: sh.counts}
 	for i, rule := range l.rules {
 		c := l.counts[l.reads[i]]
-		v.counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.longest)
-		v.counts[i].stamp = l.stamp(c, now)
+		v.Counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.longest)
+		v.Counts[i].Stamp = l.stamp(c, now)
 	}
 	return v
 }
@@ -299,9 +300,9 @@ func (sh *localShard) record(l *localCounts, c countSpec, resource, client strin
 	}
 	s.written = now + l.reach // the scope is idle once its newest call left every window
 	sh.link(s)
-	e := logEntry{at: l.stamp(c, now), weight: n}
+	e := limits.Entry{At: l.stamp(c, now), Weight: n}
 	if !l.merged && key.client == "" {
-		e.client = client // a per-resource count keeps whose call it is, for Flush
+		e.Client = client // a per-resource count keeps whose call it is, for Flush
 	}
 	if !l.capped {
 		s.trim(now, l.longest)
@@ -310,10 +311,10 @@ func (sh *localShard) record(l *localCounts, c countSpec, resource, client strin
 	}
 	// As SortedSet's set of the rule: its window, then its newest
 	// Requests.
-	limit := l.rules[c.rule].Limit
-	s.trim(now, limit.windowMillis())
+	rule := l.rules[c.rule]
+	s.trim(now, rule.Window)
 	s.add(e, false)
-	s.cap(limit.Requests)
+	s.cap(rule.Requests)
 }
 
 // sweepEvery is how many decisions make one sweep of another shard: the

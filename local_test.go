@@ -13,6 +13,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // A local Bucket admits exactly the limit to 256 goroutines calling at
@@ -275,7 +277,7 @@ func TestScopeSteadyAllocatesNothing(t *testing.T) {
 			rate := 0.2 * (1 + 0.2*math.Sin(float64(now)/300)) // calls a ms
 			if math.Mod(float64(now)*rate, 1) < rate {
 				s.trim(now, window)
-				s.add(logEntry{at: now, weight: 1}, false)
+				s.add(limits.Entry{At: now, Weight: 1}, false)
 			}
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"sort"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // scope is the calls of one scope of a local Bucket (see localCounts),
@@ -15,7 +17,7 @@ import (
 // they are summed again instead).
 type scope struct {
 	key     scopeKey
-	entries []logEntry
+	entries []limits.Entry
 	cums    []int
 	base    int // the weight before entries[0]
 	head    int
@@ -28,7 +30,7 @@ type scope struct {
 }
 
 // live returns the calls held, oldest first.
-func (s *scope) live() []logEntry { return s.entries[s.head:] }
+func (s *scope) live() []limits.Entry { return s.entries[s.head:] }
 
 // roomFloor is the room for calls that a scope keeps however few it
 // holds, so that a scope in use at a low rate, emptied and filled again
@@ -49,7 +51,7 @@ func (s *scope) dropped() {
 		s.moveLive(callRoom(live))
 	}
 	if s.head < len(s.entries) {
-		s.oldest = s.entries[s.head].at
+		s.oldest = s.entries[s.head].At
 	}
 }
 
@@ -74,7 +76,7 @@ func (s *scope) moveLive(room int) {
 		clear(s.entries[n:])
 		s.entries, s.cums = s.entries[:n], s.cums[:n]
 	} else {
-		s.entries = append(make([]logEntry, 0, room), live...)
+		s.entries = append(make([]limits.Entry, 0, room), live...)
 		s.cums = append(make([]int, 0, room), cums...)
 	}
 	s.head = 0
@@ -89,29 +91,29 @@ func (s *scope) before(i int) int {
 }
 
 // count is what rule counts at now, when no window is longer than
-// longest: countOf's answer. It first drops the calls that no window
+// longest: CountOf's answer. It first drops the calls that no window
 // counts any more, so that a rule of the longest window counts every call
 // left without a search. A nil scope holds nothing.
-func (s *scope) count(rule Rule, now, longest int64) count {
+func (s *scope) count(rule limits.Rule, now, longest int64) limits.Count {
 	if s == nil {
-		return count{}
+		return limits.Count{}
 	}
 	s.trim(now, longest)
 	live := s.live()
 	if len(live) == 0 {
-		return count{}
+		return limits.Count{}
 	}
 	if s.cums[len(s.cums)-1] == math.MaxInt {
-		return countOf(rule, live, now) // capped: the differences would be wrong
+		return rule.CountOf(live, now) // capped: the differences would be wrong
 	}
 	from := 0
-	if rule.Limit.windowMillis() < longest {
-		from = sort.Search(len(live), func(i int) bool { return counts(rule, live[i], now) })
+	if rule.Window < longest {
+		from = sort.Search(len(live), func(i int) bool { return rule.Counts(live[i], now) })
 	}
-	c := count{oldest: live[from:]}
-	if len(c.oldest) > 0 {
-		c.used = s.cums[len(s.cums)-1] - s.before(s.head+from)
-		c.newest = live[len(live)-1].at
+	c := limits.Count{Oldest: live[from:]}
+	if len(c.Oldest) > 0 {
+		c.Used = s.cums[len(s.cums)-1] - s.before(s.head+from)
+		c.Newest = live[len(live)-1].At
 	}
 	return c
 }
@@ -121,11 +123,11 @@ func (s *scope) count(rule Rule, now, longest int64) count {
 // the calls trimmed once they are at least half the entries: a scope in
 // steady use allocates nothing, and moves each call at most once on
 // average.
-func (s *scope) add(e logEntry, merge bool) {
+func (s *scope) add(e limits.Entry, merge bool) {
 	last := len(s.entries) - 1
-	if merge && last >= s.head && s.entries[last].at == e.at {
-		s.entries[last].weight = addCapped(s.entries[last].weight, e.weight)
-		s.cums[last] = addCapped(s.cums[last], e.weight)
+	if merge && last >= s.head && s.entries[last].At == e.At {
+		s.entries[last].Weight = limits.AddCapped(s.entries[last].Weight, e.Weight)
+		s.cums[last] = limits.AddCapped(s.cums[last], e.Weight)
 		return
 	}
 	switch {
@@ -136,9 +138,9 @@ func (s *scope) add(e logEntry, merge bool) {
 		s.moveLive(callRoom(len(s.entries) - s.head))
 	}
 	if s.head == len(s.entries) {
-		s.oldest = e.at // the only call
+		s.oldest = e.At // the only call
 	}
-	s.cums = append(s.cums, addCapped(s.before(len(s.entries)), e.weight))
+	s.cums = append(s.cums, limits.AddCapped(s.before(len(s.entries)), e.Weight))
 	s.entries = append(s.entries, e)
 }
 
@@ -147,8 +149,8 @@ func (s *scope) cap(limit int) {
 	over := s.cums[len(s.cums)-1] - s.before(s.head) - limit
 	for over > 0 && s.head < len(s.entries) {
 		e := &s.entries[s.head]
-		if e.weight > over {
-			e.weight -= over
+		if e.Weight > over {
+			e.Weight -= over
 			// The units dropped now come before entries[head].
 			if s.head == 0 {
 				s.base += over
@@ -158,8 +160,8 @@ func (s *scope) cap(limit int) {
 			s.dropped()
 			return
 		}
-		over -= e.weight
-		*e = logEntry{}
+		over -= e.Weight
+		*e = limits.Entry{}
 		s.head++
 	}
 	s.dropped()
@@ -171,8 +173,8 @@ func (s *scope) trim(now, longest int64) {
 	if s.head == len(s.entries) || s.oldest+longest > now {
 		return
 	}
-	for s.head < len(s.entries) && s.entries[s.head].at+longest <= now {
-		s.entries[s.head] = logEntry{} // let go of the client's name
+	for s.head < len(s.entries) && s.entries[s.head].At+longest <= now {
+		s.entries[s.head] = limits.Entry{} // let go of the client's name
 		s.head++
 	}
 	s.dropped()
@@ -184,15 +186,15 @@ func (s *scope) takeShare(client string, mine *scope, merged bool) {
 	live := s.live()
 	if merged && mine != nil {
 		for _, e := range mine.live() {
-			if i, ok := slices.BinarySearchFunc(live, e.at, func(x logEntry, at int64) int { return cmp.Compare(x.at, at) }); ok {
-				live[i].weight -= e.weight
+			if i, ok := slices.BinarySearchFunc(live, e.At, func(x limits.Entry, at int64) int { return cmp.Compare(x.At, at) }); ok {
+				live[i].Weight -= e.Weight
 			}
 		}
 	}
-	live = slices.DeleteFunc(live, func(e logEntry) bool { return e.weight <= 0 || !merged && e.client == client })
+	live = slices.DeleteFunc(live, func(e limits.Entry) bool { return e.Weight <= 0 || !merged && e.Client == client })
 	s.entries, s.cums = s.entries[:s.head+len(live)], s.cums[:s.head+len(live)]
 	for i := s.head; i < len(s.entries); i++ {
-		s.cums[i] = addCapped(s.before(i), s.entries[i].weight)
+		s.cums[i] = limits.AddCapped(s.before(i), s.entries[i].Weight)
 	}
 	s.dropped()
 }

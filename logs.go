@@ -9,29 +9,30 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/backoff"
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // parseLog reads a key found under logs (the resource's log prefix). A key
 // that does not have the shape of a log is not one of ours and is skipped.
-func parseLog(key, logs string) (logEntry, bool) {
+func parseLog(key, logs string) (limits.Entry, bool) {
 	rest, ok := strings.CutPrefix(key, logs)
 	if !ok {
-		return logEntry{}, false
+		return limits.Entry{}, false
 	}
 	parts := strings.Split(rest, ":")
 	if len(parts) != 4 {
-		return logEntry{}, false
+		return limits.Entry{}, false
 	}
 	at, err := strconv.ParseInt(parts[1], 10, 64)
 	if err != nil {
-		return logEntry{}, false
+		return limits.Entry{}, false
 	}
 	weight, err := strconv.Atoi(parts[2])
 	if err != nil || weight <= 0 {
-		return logEntry{}, false
+		return limits.Entry{}, false
 	}
-	return logEntry{id: key, client: parts[0], at: at, weight: weight}, true
+	return limits.Entry{ID: key, Client: parts[0], At: at, Weight: weight}, true
 }
 
 type logsStrategy struct{}
@@ -85,8 +86,8 @@ func (s logsStore) decide(ctx context.Context, where site, calls []request, judg
 		weights := map[string]int{}
 		for i, c := range calls {
 			if judge(i, t.view(s.rules, c.client, t.now)) {
-				t.add(c.client, logEntry{at: t.now, weight: c.n})
-				weights[c.client] = addCapped(weights[c.client], c.n)
+				t.add(c.client, limits.Entry{At: t.now, Weight: c.n})
+				weights[c.client] = limits.AddCapped(weights[c.client], c.n)
 			}
 		}
 		for client, weight := range weights {
@@ -97,10 +98,10 @@ func (s logsStore) decide(ctx context.Context, where site, calls []request, judg
 
 // peek scans without the lock: one round trip when the SCAN fits in one
 // page.
-func (s logsStore) peek(ctx context.Context, where site, client string, _ int) (view, error) {
+func (s logsStore) peek(ctx context.Context, where site, client string, _ int) (limits.View, error) {
 	r := s.read(where.keys, client)
 	if err := r.finish(ctx, where.conn()); err != nil {
-		return view{}, err
+		return limits.View{}, err
 	}
 	r.t.sort()
 	return r.t.view(s.rules, client, r.t.now), nil
@@ -197,7 +198,7 @@ func (s *logScan) absorb() (bool, error) {
 		s.seen[key] = struct{}{}
 		if e, ok := parseLog(key, s.logs); ok {
 			s.t.all = append(s.t.all, e)
-			s.t.mine[e.client] = append(s.t.mine[e.client], e)
+			s.t.mine[e.Client] = append(s.t.mine[e.Client], e)
 		}
 	}
 	s.cursor, s.t.now = cursor, now.UnixMilli()
@@ -207,10 +208,10 @@ func (s *logScan) absorb() (bool, error) {
 func (s *logScan) tally() *tally { return &s.t }
 
 // ids returns the ids of entries.
-func ids(entries []logEntry) []string {
+func ids(entries []limits.Entry) []string {
 	ids := make([]string, len(entries))
 	for i, e := range entries {
-		ids[i] = e.id
+		ids[i] = e.ID
 	}
 	return ids
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // parseLog reads back what NewLog wrote, whatever the names hold.
@@ -20,7 +21,7 @@ func TestParseLog(t *testing.T) {
 			k := keys.Of("p", r)
 			log := k.NewLog(c, 1_700_000_000_123, 7)
 			e, ok := parseLog(log, k.Logs())
-			if !ok || e != (logEntry{id: log, client: keys.Encode(c), at: 1_700_000_000_123, weight: 7}) {
+			if !ok || e != (limits.Entry{ID: log, Client: keys.Encode(c), At: 1_700_000_000_123, Weight: 7}) {
 				t.Fatalf("parseLog(%q) = %+v, %v", log, e, ok)
 			}
 		}
@@ -61,7 +62,7 @@ func FuzzAllowInput(f *testing.F) {
 		if !res.Allowed || res.Remaining != 3-n || len(held) != 1 {
 			t.Fatalf("AllowN(%q, %q, %d) = %+v with keys %q, want admitted, one log", resource, client, n, res, held)
 		}
-		if e, ok := parseLog(held[0], remoteOf(b).keysOf(resource).Logs()); !ok || e.client != keys.Encode(client) || e.weight != n {
+		if e, ok := parseLog(held[0], remoteOf(b).keysOf(resource).Logs()); !ok || e.Client != keys.Encode(client) || e.Weight != n {
 			t.Fatalf("log %q does not name (%q, %q, %d)", held[0], resource, client, n)
 		}
 	})

@@ -265,7 +265,7 @@ func usedBy(rule Rule, fixed bool, calls []admitted, c admitted) int {
 // A Bucket of one precision keeps the key layout it had before rules had
 // precisions; several lanes tag apart, and lanes of one span share it.
 func TestLayoutTag(t *testing.T) {
-	one := newLayout(time.Second, []Rule{{ScopeClient, PerMinute(1)}, {ScopeResource, PerHour(5)}})
+	one := newLayout(time.Second, models([]Rule{{ScopeClient, PerMinute(1)}, {ScopeResource, PerHour(5)}}))
 	if got := one.tag(); got != "w3600000p1000" {
 		t.Errorf("tag of one precision = %q, want w3600000p1000", got)
 	}
@@ -278,7 +278,7 @@ func TestLayoutTag(t *testing.T) {
 	}
 	rules := slices.Clone(mixedRules)
 	slices.Reverse(rules)
-	if got := newLayout(0, rules).tag(); got != y.tag() {
+	if got := newLayout(0, models(rules)).tag(); got != y.tag() {
 		t.Errorf("tag of the rules reversed = %q, want %q: reordering rules must keep the keys", got, y.tag())
 	}
 }
@@ -300,7 +300,7 @@ func TestExpiryBounds(t *testing.T) {
 			t.Errorf("expireAt(%d) = %d: more than a precision after the window, %d", now, at, most)
 		}
 	}
-	fixed := newLayout(0, []Rule{{ScopeResource, Per(1, time.Minute)}})
+	fixed := newLayout(0, models([]Rule{{ScopeResource, Per(1, time.Minute)}}))
 	if got, want := fixed.expireAt(61_000), 120_000+lagLimit.Milliseconds(); got != want {
 		t.Errorf("fixed expireAt = %d, want the window's end and lagLimit, %d", got, want)
 	}
@@ -315,7 +315,7 @@ var mixedRules = []Rule{
 }
 
 // mixedLayout is mixedRules' layout under FixedWindows.
-func mixedLayout() layout { return newLayout(0, mixedRules) }
+func mixedLayout() layout { return newLayout(0, models(mixedRules)) }
 
 // Every span names its fields apart, and reads back only its own.
 func TestLayoutFields(t *testing.T) {
@@ -341,14 +341,14 @@ func TestLayoutFields(t *testing.T) {
 // interval: it is judged with the calls of that window, not the next's.
 func TestFixedWindowCountsAtTheEstimate(t *testing.T) {
 	rule := Rule{ScopeClient, Per(3, time.Second)}
-	y := newLayout(0, []Rule{rule})
+	y := newLayout(0, models([]Rule{rule}))
 	var h hash
 	// The estimate is 999 (window 0, which held 3 calls before this
 	// one's); Redis ran it at 1000 (window 1, empty).
 	h.parse(y, 999, func(yield func(string, string) bool) { yield("0", "4") }, 1)
 	h.current[0] -= 1
-	c := h.count(y, 0, rule, 999, 1000, 0)
-	if c.used != 3 || c.stamp != 0 {
-		t.Errorf("count = used %d, stamp %d; want the 3 of window 0, stamped 0", c.used, c.stamp)
+	c := h.count(y, 0, rule.model(), 999, 1000, 0)
+	if c.Used != 3 || c.Stamp != 0 {
+		t.Errorf("count = used %d, stamp %d; want the 3 of window 0, stamped 0", c.Used, c.Stamp)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
 )
@@ -137,9 +138,9 @@ func (r *remote) foresees() bool {
 // returns the calls that only looked and had room, to decide again.
 func (r *remote) decideRequests(ctx context.Context, where site, calls []*queued, requests []request) ([]int, error) {
 	var again []int
-	err := r.store.decide(ctx, where, requests, func(i int, v view) bool {
+	err := r.store.decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
-		res := evaluate(r.plan.rules, v, c.n, r.cfg.recordDenied)
+		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
 		if requests[i].look && res.Allowed {
 			again = append(again, i)
 			return false
@@ -153,10 +154,10 @@ func (r *remote) decideRequests(ctx context.Context, where site, calls []*queued
 
 // read reads what every rule counts for a call of weight n by client at
 // resource, without writing anything.
-func (r *remote) read(ctx context.Context, resource, client string, n int) (view, error) {
+func (r *remote) read(ctx context.Context, resource, client string, n int) (limits.View, error) {
 	where, err := r.siteOf(ctx, resource, nil)
 	if err != nil {
-		return view{}, err
+		return limits.View{}, err
 	}
 	v, err := r.store.peek(ctx, where, client, n)
 	return v, classify(r.route.redirected(err))

@@ -1,8 +1,9 @@
 package leakybucket
 
 import (
-	"math"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // Result is the answer to Allow, AllowN, Peek and PeekN. All its durations are
@@ -59,27 +60,26 @@ type RuleResult struct {
 // before it. A call is admitted only if every rule has room for it; then,
 // or also when denied if recordDenied, it counts under every rule at once,
 // stamped at its count's stamp.
-func evaluate(rules []Rule, v view, n int, recordDenied bool) Result {
+func (p plan) evaluate(v limits.View, n int, recordDenied bool) Result {
 	var res Result
-	evaluateInto(&res, rules, v, n, recordDenied)
+	p.evaluateInto(&res, v, n, recordDenied)
 	return res
 }
 
 // evaluateInto is evaluate writing into res, in the room of its slices.
-func evaluateInto(res *Result, rules []Rule, v view, n int, recordDenied bool) {
-	*res = Result{Allowed: true, Rules: roomFor(res.Rules, len(rules)), DeniedBy: res.DeniedBy[:0]}
-	for i, rule := range rules {
-		// Compared as room, not as Used+n, which could overflow.
-		if !hasRoom(rule, v.counts[i].used, n) {
+func (p plan) evaluateInto(res *Result, v limits.View, n int, recordDenied bool) {
+	*res = Result{Allowed: true, Rules: roomFor(res.Rules, len(p.rules)), DeniedBy: res.DeniedBy[:0]}
+	for i, rule := range p.rules {
+		if !rule.HasRoom(v.Counts[i].Used, n) {
 			res.Allowed = false
-			res.DeniedBy = append(res.DeniedBy, rule)
+			res.DeniedBy = append(res.DeniedBy, p.public[i])
 		}
 	}
 	recorded := res.Allowed || recordDenied
-	for i, rule := range rules {
+	for i, rule := range p.rules {
 		rr := &res.Rules[i]
-		rr.Rule = rule
-		rr.settle(v.counts[i], v, n, recorded, res.Allowed)
+		rr.Rule = p.public[i]
+		rr.settle(rule, v.Counts[i], v, n, recorded, res.Allowed)
 		if i == 0 || rr.Remaining < res.Remaining {
 			res.Remaining = rr.Remaining
 		}
@@ -101,61 +101,24 @@ func roomFor(s []RuleResult, n int) []RuleResult {
 // settle fills rr once the call is decided: counts the call if it was
 // recorded, and works out RetryAfter (if it was denied), ResetAfter and
 // Remaining.
-func (rr *RuleResult) settle(c count, v view, n int, recorded, allowed bool) {
+func (rr *RuleResult) settle(rule limits.Rule, c limits.Count, v limits.View, n int, recorded, allowed bool) {
 	if recorded && n > 0 {
 		// The call is the newest entry of every rule; RetryAfter, for a
 		// call denied and recorded, counts it too.
 		if !allowed {
-			c.oldest = append(c.oldest[:len(c.oldest):len(c.oldest)], logEntry{at: c.stamp, weight: n})
+			c.Oldest = append(c.Oldest[:len(c.Oldest):len(c.Oldest)], limits.Entry{At: c.Stamp, Weight: n})
 		}
-		c.used = addCapped(c.used, n)
-		c.newest = max(c.newest, c.stamp)
+		c.Used = limits.AddCapped(c.Used, n)
+		c.Newest = max(c.Newest, c.Stamp)
 	}
-	rr.Used = c.used
+	rr.Used = c.Used
 	if !allowed {
-		rr.RetryAfter = millis(untilRoom(rr.Rule, c.oldest, v.now, c.used, n))
+		rr.RetryAfter = millis(rule.UntilRoom(c.Oldest, v.Now, c.Used, n))
 	}
-	if c.used > 0 {
-		rr.ResetAfter = millis(max(c.newest+rr.Rule.Limit.windowMillis()-v.now, 0))
+	if c.Used > 0 {
+		rr.ResetAfter = millis(max(c.Newest+rule.Window-v.Now, 0))
 	}
-	rr.Remaining = max(rr.Rule.Limit.Requests-c.used, 0)
-}
-
-// counts reports whether rule counts entry e at time now.
-func counts(rule Rule, e logEntry, now int64) bool {
-	return e.at+rule.Limit.windowMillis() > now
-}
-
-func hasRoom(rule Rule, used, n int) bool { return rule.Limit.Requests-used >= n }
-
-// untilRoom returns the ms until enough of the counted entries (oldest
-// first) have left rule's window for n more to fit; 0 if they fit now.
-// Rooms only grow as time passes, so the call fits every rule at the latest
-// of their times.
-func untilRoom(rule Rule, entries []logEntry, now int64, used, n int) int64 {
-	if hasRoom(rule, used, n) {
-		return 0
-	}
-	for _, e := range entries {
-		if !counts(rule, e, now) {
-			continue
-		}
-		used -= e.weight
-		if hasRoom(rule, used, n) {
-			return e.at + rule.Limit.windowMillis() - now
-		}
-	}
-	return 0 // unreachable while n <= Requests, which AllowN checks
-}
-
-// addCapped adds weights, stopping at math.MaxInt instead of wrapping
-// around: a count that wrapped would admit. Past the cap RetryAfter errs
-// long, which is safe.
-func addCapped(a, b int) int {
-	if a > math.MaxInt-b {
-		return math.MaxInt
-	}
-	return a + b
+	rr.Remaining = max(rule.Requests-c.Used, 0)
 }
 
 func millis(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

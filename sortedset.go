@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
@@ -30,7 +31,7 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 		return nil, err
 	}
 	s := sortedSetStore{plan: p, setOf: make([]int, len(p.rules))}
-	for i, r := range p.rules {
+	for i, r := range p.public {
 		if r.Limit.Requests > maxSortedSetRequests {
 			return nil, invalidStrategy(st, "rule %v: more than maxSortedSetRequests (%d): it keeps a member per unit of weight", r, maxSortedSetRequests)
 		}
@@ -155,8 +156,8 @@ type zSet struct {
 
 	card, first, latest int // replies
 
-	held   int        // members held before the call being judged
-	oldest []logEntry // the oldest held, then the batch's own
+	held   int            // members held before the call being judged
+	oldest []limits.Entry // the oldest held, then the batch's own
 	newest int64
 }
 
@@ -280,10 +281,10 @@ func (b *zBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 	stamp := min(b.now, now)
 	restamp := now-b.now > maxEarly
 	for i, c := range b.calls {
-		v := view{now: now, counts: make([]count, len(b.rules))}
+		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.rules))}
 		for r, w := range b.of[i] {
-			v.counts[r] = w.count(t.Replies, c.n, b.recordDenied)
-			v.counts[r].stamp = stamp
+			v.Counts[r] = w.count(t.Replies, c.n, b.recordDenied)
+			v.Counts[r].Stamp = stamp
 		}
 		recorded := judge(i, v)
 		b.settleWrites(t, i, recorded, stamp, due)
@@ -361,7 +362,7 @@ func (b *zBatch) idempotent() bool { return true }
 func (set *zSet) start(replies []any) {
 	set.held = int(txn.ReplyInt(replies[set.card]))
 	for _, score := range txn.ReplyScores(replies[set.first]) {
-		set.oldest = append(set.oldest, logEntry{at: int64(score), weight: 1})
+		set.oldest = append(set.oldest, limits.Entry{At: int64(score), Weight: 1})
 	}
 	if latest := txn.ReplyScores(replies[set.latest]); len(latest) > 0 {
 		set.newest = int64(latest[0])
@@ -371,16 +372,16 @@ func (set *zSet) start(replies []any) {
 // count is what the set counted before w's call. Without
 // WithRecordDenied the cap decided in Redis: if it removed any of the
 // call's members, the rule had no room, whatever the count says.
-func (w *zWrite) count(replies []any, n int, recordDenied bool) count {
+func (w *zWrite) count(replies []any, n int, recordDenied bool) limits.Count {
 	set := w.set
 	used := set.held
 	if w.evicted < 0 {
-		return count{used: used, oldest: set.oldest, newest: set.newest} // it only looks
+		return limits.Count{Used: used, Oldest: set.oldest, Newest: set.newest} // it only looks
 	}
 	if evicted := int(txn.ReplyInt(replies[w.evicted])); evicted > 0 && !recordDenied {
 		used = max(used, set.spec.limit-n+evicted)
 	}
-	return count{used: used, oldest: set.oldest, newest: set.newest}
+	return limits.Count{Used: used, Oldest: set.oldest, Newest: set.newest}
 }
 
 // after updates what the set holds once w's call was added, as Redis did.
@@ -392,7 +393,7 @@ func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
 		evicted = 0
 	}
 	for range n - evicted {
-		set.oldest = append(set.oldest, logEntry{at: now, weight: 1})
+		set.oldest = append(set.oldest, limits.Entry{At: now, Weight: 1})
 	}
 	set.newest = max(set.newest, now)
 }
@@ -401,10 +402,10 @@ func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
 // and the newest, per set, at the estimated Redis time. With
 // WithRecordDenied a denied call counts too, so RetryAfter may wait for
 // the oldest 2n to leave: those are read.
-func (s sortedSetStore) peek(ctx context.Context, where site, client string, n int) (view, error) {
+func (s sortedSetStore) peek(ctx context.Context, where site, client string, n int) (limits.View, error) {
 	now, err := where.clock.Estimate(ctx, where.node)
 	if err != nil {
-		return view{}, err
+		return limits.View{}, err
 	}
 	if s.recordDenied {
 		n *= 2
@@ -425,19 +426,19 @@ func (s sortedSetStore) peek(ctx context.Context, where site, client string, n i
 		return nil
 	})
 	if err != nil {
-		return view{}, err
+		return limits.View{}, err
 	}
-	v := view{now: now, counts: make([]count, len(s.rules))}
+	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.rules))}
 	for r := range s.rules {
 		set := sets[s.setOf[r]]
-		c := count{stamp: now, used: int(set.live.Val())}
+		c := limits.Count{Stamp: now, Used: int(set.live.Val())}
 		for _, z := range set.oldest.Val() {
-			c.oldest = append(c.oldest, logEntry{at: int64(z.Score), weight: 1})
+			c.Oldest = append(c.Oldest, limits.Entry{At: int64(z.Score), Weight: 1})
 		}
 		if latest := set.latest.Val(); len(latest) > 0 {
-			c.newest = int64(latest[0].Score)
+			c.Newest = int64(latest[0].Score)
 		}
-		v.counts[r] = c
+		v.Counts[r] = c
 	}
 	return v, nil
 }

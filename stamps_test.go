@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
 // TestSortStamps: sortStamps orders a lane's intervals as a sort by stamp
@@ -14,7 +16,7 @@ func TestSortStamps(t *testing.T) {
 	for trial := range 2000 {
 		span := int64(1 + r.IntN(100))
 		n := r.IntN(300)
-		entries := make([]logEntry, n)
+		entries := make([]limits.Entry, n)
 		distinct := r.Perm(2*n + 1)
 		for i := range entries {
 			var index int64
@@ -30,14 +32,14 @@ func TestSortStamps(t *testing.T) {
 			if trial%7 == 0 && i == 0 {
 				at++ // off the span
 			}
-			entries[i] = logEntry{id: string(rune('a' + i%26)), at: at, weight: i}
+			entries[i] = limits.Entry{ID: string(rune('a' + i%26)), At: at, Weight: i}
 		}
 		want := slices.Clone(entries)
 		slices.SortStableFunc(want, byStamp)
 		sortStamps(entries, span)
 		for i := range entries {
-			if entries[i].at != want[i].at {
-				t.Fatalf("trial %d: stamp %d is %d, want %d", trial, i, entries[i].at, want[i].at)
+			if entries[i].At != want[i].At {
+				t.Fatalf("trial %d: stamp %d is %d, want %d", trial, i, entries[i].At, want[i].At)
 			}
 		}
 		if !slices.Equal(sortedWeights(entries), sortedWeights(want)) {
@@ -46,10 +48,10 @@ func TestSortStamps(t *testing.T) {
 	}
 }
 
-func sortedWeights(entries []logEntry) []int {
+func sortedWeights(entries []limits.Entry) []int {
 	var out []int
 	for _, e := range entries {
-		out = append(out, e.weight)
+		out = append(out, e.Weight)
 	}
 	slices.Sort(out)
 	return out

@@ -3,13 +3,13 @@ package leakybucket
 import (
 	"context"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
@@ -103,7 +103,8 @@ var FixedWindows Strategy = windowsStrategy{fixed: true}
 
 // plan is what the stores need to know of the rules and options.
 type plan struct {
-	rules []Rule
+	rules  []limits.Rule // the Bucket's, in order
+	public []Rule        // the same, as Results name them
 	// clientScoped: every rule is per-client, so a decision needs only the
 	// client's counts (and, under Logs, only the (resource, client) lock).
 	clientScoped  bool
@@ -116,12 +117,14 @@ type plan struct {
 }
 
 func newPlan(cfg config) plan {
-	p := plan{rules: cfg.rules, clientScoped: true, recordDenied: cfg.recordDenied, scanCount: cfg.scanCount,
+	p := plan{public: cfg.rules, clientScoped: true, recordDenied: cfg.recordDenied, scanCount: cfg.scanCount,
 		lockTTL: cfg.lockTTL, lockWait: cfg.lockWait}
-	for _, r := range cfg.rules {
-		p.clientScoped = p.clientScoped && r.Scope == ScopeClient
-		p.hasClientRule = p.hasClientRule || r.Scope == ScopeClient
-		p.longest = max(p.longest, r.Limit.windowMillis())
+	for _, public := range cfg.rules {
+		r := public.model()
+		p.rules = append(p.rules, r)
+		p.clientScoped = p.clientScoped && r.PerClient
+		p.hasClientRule = p.hasClientRule || r.PerClient
+		p.longest = max(p.longest, r.Window)
 	}
 	return p
 }
@@ -136,7 +139,7 @@ type store interface {
 	decide(ctx context.Context, at site, calls []request, judge judgeFunc) error
 	// peek returns what every rule counts for client, for a call of
 	// weight n, without writing anything.
-	peek(ctx context.Context, at site, client string, n int) (view, error)
+	peek(ctx context.Context, at site, client string, n int) (limits.View, error)
 	// flush forgets every count of client: its own, and its share of the
 	// resource's.
 	flush(ctx context.Context, at site, client string) error
@@ -186,49 +189,7 @@ type request struct {
 // before it, and reports whether the call is recorded: admitted (or
 // denied, with WithRecordDenied), and its caller still waiting. A store
 // calls it once per call, in order.
-type judgeFunc func(i int, v view) (recorded bool)
-
-// view is what a store read for one call.
-type view struct {
-	now    int64   // Redis time, ms
-	counts []count // by rule, in the order of the rules
-}
-
-// count is what one rule counts before a call.
-type count struct {
-	// stamp is when the call starts to leave the rule's window, less the
-	// window: the time of the call, or under Windows its interval's (see
-	// lane.at).
-	stamp int64
-	used  int
-	// oldest are the counted calls, oldest first: all of them, or at
-	// least as many as must leave the window for the call to fit.
-	oldest []logEntry
-	newest int64 // the stamp of the newest counted call, if used > 0
-}
-
-// logEntry is one counted call (or, for Windows, one interval's calls).
-type logEntry struct {
-	id     string // its key, member or field
-	client string // base64url, as in the keys; empty for Windows
-	at     int64  // when it is counted from (see count.stamp), ms
-	weight int
-}
-
-// countOf is what rule counts at now among entries, sorted oldest first:
-// the entries it counts are the newest ones, a tail of entries, shared
-// rather than copied (a batch asks once per call and rule).
-func countOf(rule Rule, entries []logEntry, now int64) count {
-	from := sort.Search(len(entries), func(i int) bool { return counts(rule, entries[i], now) })
-	c := count{oldest: entries[from:]}
-	for _, e := range c.oldest {
-		c.used = addCapped(c.used, e.weight)
-	}
-	if len(c.oldest) > 0 {
-		c.newest = c.oldest[len(c.oldest)-1].at
-	}
-	return c
-}
+type judgeFunc func(i int, v limits.View) (recorded bool)
 
 // site is where one resource's counts live: the node that owns them, and
 // what is known of it.
@@ -261,7 +222,7 @@ type pipeliner interface {
 // counts every call at its millisecond, and a precision would say that it
 // does not.
 func exact(s Strategy, p plan) error {
-	for _, r := range p.rules {
+	for _, r := range p.public {
 		if r.Limit.Precision != 0 {
 			return invalidStrategy(s, "rule %v: %w: only Windows counts in intervals", r, ErrInvalidPrecision)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
@@ -43,7 +44,7 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 	if !w.fixed && w.precision < time.Millisecond {
 		return nil, invalidStrategy(w, "%w: %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", ErrInvalidPrecision, w.precision)
 	}
-	for _, r := range p.rules {
+	for _, r := range p.public {
 		if r.Limit.Requests > maxWindowsRequests {
 			return nil, invalidStrategy(w, "rule %v: more than maxWindowsRequests (%d)", r, maxWindowsRequests)
 		}
@@ -131,8 +132,8 @@ func (s windowsStore) hashes(ks keys.Space, gen, client string) []string {
 }
 
 // hashOf is the index, among a call's hashes, of the one rule counts in.
-func (s windowsStore) hashOf(rule Rule) int {
-	if rule.Scope == ScopeClient && !s.clientScoped {
+func (s windowsStore) hashOf(rule limits.Rule) int {
+	if rule.PerClient && !s.clientScoped {
 		return 1
 	}
 	return 0
@@ -171,16 +172,16 @@ type hash struct {
 	added  int  // the batch's weight written to it
 	read   int
 
-	incarnation string       // a client's hash's, as read: see guard
-	lanes       [][]logEntry // by lane: the intervals other than the current ones, stamped for it, oldest first
-	current     []int        // by span: the current interval's weight before the batch
-	admitted    int          // the batch's weight admitted so far
-	denied      int          // the batch's weight to take back
-	dead        []string     // fields no window counts any more
+	incarnation string           // a client's hash's, as read: see guard
+	lanes       [][]limits.Entry // by lane: the intervals other than the current ones, stamped for it, oldest first
+	current     []int            // by span: the current interval's weight before the batch
+	admitted    int              // the batch's weight admitted so far
+	denied      int              // the batch's weight to take back
+	dead        []string         // fields no window counts any more
 
 	// Room for lanes and current in the usual case, one lane, so that
 	// reading a hash allocates no more than the intervals it holds.
-	laneRoom    [1][]logEntry
+	laneRoom    [1][]limits.Entry
 	currentRoom [1]int
 }
 
@@ -262,10 +263,10 @@ func (b *hBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 	}
 	for i, c := range b.calls {
 		hashes := b.hashesOf(i)
-		v := view{now: now, counts: make([]count, len(b.rules))}
+		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.rules))}
 		for r, rule := range b.rules {
 			h := hashes[b.hashOf(rule)]
-			v.counts[r] = h.count(b.layout, r, rule, b.now, now, h.admitted)
+			v.Counts[r] = h.count(b.layout, r, rule, b.now, now, h.admitted)
 		}
 		recorded := judge(i, v)
 		for _, h := range hashes {
@@ -395,7 +396,7 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string], size
 			h.current[g] = n
 		case n > 0:
 			for _, l := range y.lanesOf[g] {
-				h.lanes[l] = append(h.lanes[l], logEntry{id: field, at: y.lanes[l].at(index), weight: n})
+				h.lanes[l] = append(h.lanes[l], limits.Entry{ID: field, At: y.lanes[l].at(index), Weight: n})
 			}
 		}
 	}
@@ -409,12 +410,12 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string], size
 func (h *hash) clear(y layout, size int) {
 	h.lanes, h.current = h.laneRoom[:], h.currentRoom[:]
 	if len(y.lanes) > len(h.laneRoom) {
-		h.lanes, h.current = make([][]logEntry, len(y.lanes)), make([]int, len(y.spans))
+		h.lanes, h.current = make([][]limits.Entry, len(y.lanes)), make([]int, len(y.spans))
 	}
 	for l := range h.lanes {
 		// Room for every field, and for withCurrent: one allocation,
 		// not one per doubling.
-		h.lanes[l] = make([]logEntry, 0, size+1)
+		h.lanes[l] = make([]limits.Entry, 0, size+1)
 	}
 	h.incarnation = ""
 }
@@ -431,15 +432,15 @@ const stampSlots = 4096
 // own: counted on a bitmap of their offsets, in linear time, and the
 // intervals moved there in place. Stamps that are not so (no field of ours
 // is) or too far apart are sorted as before.
-func sortStamps(entries []logEntry, span int64) {
+func sortStamps(entries []limits.Entry, span int64) {
 	if slices.IsSortedFunc(entries, byStamp) {
 		return
 	}
-	lo := slices.MinFunc(entries, byStamp).at
+	lo := slices.MinFunc(entries, byStamp).At
 	var slots [stampSlots / 64]uint64
 	for _, e := range entries {
-		off := (e.at - lo) / span
-		if (e.at-lo)%span != 0 || off >= stampSlots || slots[off/64]&(1<<(off%64)) != 0 {
+		off := (e.At - lo) / span
+		if (e.At-lo)%span != 0 || off >= stampSlots || slots[off/64]&(1<<(off%64)) != 0 {
 			slices.SortFunc(entries, byStamp)
 			return
 		}
@@ -449,8 +450,8 @@ func sortStamps(entries []logEntry, span int64) {
 	for w := 1; w < len(below); w++ {
 		below[w] = below[w-1] + bits.OnesCount64(slots[w-1])
 	}
-	place := func(e logEntry) int {
-		off := (e.at - lo) / span
+	place := func(e limits.Entry) int {
+		off := (e.At - lo) / span
 		return below[off/64] + bits.OnesCount64(slots[off/64]&(1<<(off%64)-1))
 	}
 	for i := range entries {
@@ -461,7 +462,7 @@ func sortStamps(entries []logEntry, span int64) {
 	}
 }
 
-func byStamp(a, b logEntry) int { return cmp.Compare(a.at, b.at) }
+func byStamp(a, b limits.Entry) int { return cmp.Compare(a.At, b.At) }
 
 // other reads a field that is not an interval: the incarnation, or not
 // ours.
@@ -479,14 +480,14 @@ func (h *hash) other(field, value string) {
 // the last window when Redis ran the transaction in the next was added to
 // the last window's interval, and must be judged with the calls of that
 // window, or the next would admit it uncounted.
-func (h *hash) count(y layout, r int, rule Rule, at, now int64, extra int) count {
+func (h *hash) count(y layout, r int, rule limits.Rule, at, now int64, extra int) limits.Count {
 	l := y.lane(r)
 	stamp := l.stamp(at)
 	if l.fixed {
 		now = at
 	}
-	c := countOf(rule, withCurrent(h.lanes[y.ofRule[r]], stamp, h.current[l.group]+extra), now)
-	c.stamp = stamp
+	c := rule.CountOf(withCurrent(h.lanes[y.ofRule[r]], stamp, h.current[l.group]+extra), now)
+	c.Stamp = stamp
 	return c
 }
 
@@ -496,16 +497,16 @@ func (h *hash) count(y layout, r int, rule Rule, at, now int64, extra int) count
 // then the intervals are copied, else the current one goes in the room
 // parse left, so that a batch judges its calls without allocating: the
 // result is valid until the next call.
-func withCurrent(entries []logEntry, stamp int64, weight int) []logEntry {
+func withCurrent(entries []limits.Entry, stamp int64, weight int) []limits.Entry {
 	if weight <= 0 {
 		return entries
 	}
-	if n := len(entries); n == 0 || entries[n-1].at < stamp {
-		return append(entries, logEntry{at: stamp, weight: weight})
+	if n := len(entries); n == 0 || entries[n-1].At < stamp {
+		return append(entries, limits.Entry{At: stamp, Weight: weight})
 	}
-	at, _ := slices.BinarySearchFunc(entries, stamp, func(e logEntry, t int64) int { return cmp.Compare(e.at, t) })
-	out := make([]logEntry, 0, len(entries)+1)
-	out = append(append(append(out, entries[:at]...), logEntry{at: stamp, weight: weight}), entries[at:]...)
+	at, _ := slices.BinarySearchFunc(entries, stamp, func(e limits.Entry, t int64) int { return cmp.Compare(e.At, t) })
+	out := make([]limits.Entry, 0, len(entries)+1)
+	out = append(append(append(out, entries[:at]...), limits.Entry{At: stamp, Weight: weight}), entries[at:]...)
 	return out
 }
 
@@ -546,14 +547,14 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, where site, clie
 	return 0, nil, errStaleGeneration
 }
 
-func (s windowsStore) peek(ctx context.Context, where site, client string, _ int) (view, error) {
+func (s windowsStore) peek(ctx context.Context, where site, client string, _ int) (limits.View, error) {
 	now, hashes, err := s.read(ctx, where.node, where, client)
 	if err != nil {
-		return view{}, err
+		return limits.View{}, err
 	}
-	v := view{now: now, counts: make([]count, len(s.rules))}
+	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.rules))}
 	for r, rule := range s.rules {
-		v.counts[r] = hashes[s.hashOf(rule)].count(s.layout, r, rule, now, now, 0)
+		v.Counts[r] = hashes[s.hashOf(rule)].count(s.layout, r, rule, now, now, 0)
 	}
 	return v, nil
 }
@@ -603,10 +604,10 @@ func (s windowsStore) flush(ctx context.Context, where site, client string) erro
 func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int64) *txn.Txn {
 	t := txn.New(ks, true)
 	for g, span := range s.spans {
-		current := logEntry{id: s.fieldName(g, now/span), weight: mine.current[g]}
+		current := limits.Entry{ID: s.fieldName(g, now/span), Weight: mine.current[g]}
 		for _, e := range append(mine.lanes[s.lanesOf[g][0]], current) {
-			if e.weight > 0 {
-				t.Add("hincrby", resource, e.id, -e.weight)
+			if e.Weight > 0 {
+				t.Add("hincrby", resource, e.ID, -e.Weight)
 			}
 		}
 	}
