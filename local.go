@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leakybucket/leakybucket/internal/batch"
+	"github.com/leakybucket/leakybucket/internal/intervals"
 	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
@@ -82,10 +83,10 @@ type localCounts struct {
 	// attempts of each rule (see WithRecordDenied).
 	capped bool
 	// merged: Windows keeps one count per interval of each lane of its
-	// rules (intervals.go), not a call's client, so a per-resource count
+	// rules (package intervals), not a call's client, so a per-resource count
 	// loses whose calls it holds.
 	merged bool
-	layout layout
+	layout intervals.Layout
 	// reach is how far past a call's time its stamps can be (Windows
 	// stamps a call at the end of its interval): a scope's written is the
 	// call's time plus reach, at least every stamp it holds, and grows in
@@ -159,7 +160,7 @@ func (l *localCounts) listCounts() {
 		case l.capped:
 			c.part = i + 1
 		case l.merged:
-			c.part = l.layout.ofRule[i]
+			c.part = l.layout.OfRule[i]
 		}
 		l.reads = append(l.reads, add(c))
 		if l.merged && l.hasClientRule {
@@ -180,9 +181,9 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 	l.capped = c.capped
 	if c.layout != nil {
 		l.layout, l.merged = *c.layout, true
-		for _, lane := range l.layout.lanes {
-			if !lane.fixed {
-				l.reach = max(l.reach, lane.span-1)
+		for _, lane := range l.layout.Lanes {
+			if !lane.Fixed {
+				l.reach = max(l.reach, lane.Span-1)
 			}
 		}
 	}
@@ -281,7 +282,7 @@ func (sh *localShard) view(l *localCounts, resource, client string, now int64) l
 // lane.
 func (l *localCounts) stamp(c countSpec, now int64) int64 {
 	if l.merged {
-		return l.layout.lanes[c.part].stamp(now)
+		return l.layout.Lanes[c.part].Stamp(now)
 	}
 	return now
 }

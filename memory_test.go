@@ -204,7 +204,7 @@ func TestGenerationOutlivesItsHashes(t *testing.T) {
 		if err := b.FlushAll(ctx, "r"); err != nil {
 			t.Fatal(err)
 		}
-		life := remoteOf(b).store.(windowsStore).genLife()
+		life := remoteOf(b).store.(windowsStore).GenLife()
 		time.Sleep(life - 100*time.Millisecond)
 		if res, err := b.Allow(ctx, "r", "c"); err != nil || !res.Allowed {
 			t.Fatalf("first call = %+v, %v", res, err)

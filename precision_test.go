@@ -3,13 +3,13 @@ package leakybucket
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/intervals"
 )
 
 // fixedWindows is the strategy in which a rule without a precision is a
@@ -262,86 +262,12 @@ func usedBy(rule Rule, fixed bool, calls []admitted, c admitted) int {
 	return used
 }
 
-// A Bucket of one precision keeps the key layout it had before rules had
-// precisions; several lanes tag apart, and lanes of one span share it.
-func TestLayoutTag(t *testing.T) {
-	one := newLayout(time.Second, models([]Rule{{ScopeClient, PerMinute(1)}, {ScopeResource, PerHour(5)}}))
-	if got := one.tag(); got != "w3600000p1000" {
-		t.Errorf("tag of one precision = %q, want w3600000p1000", got)
-	}
-	y := mixedLayout()
-	if got, want := y.tag(), "w1800000p60000w3600000p1800000w1800000f1800000"; got != want {
-		t.Errorf("tag = %q, want %q", got, want)
-	}
-	if !slices.Equal(y.spans, []int64{60000, 1800000}) || len(y.lanesOf[1]) != 2 {
-		t.Errorf("spans %v, lanes %v: want the minute, then the fixed and the sliding 30m in one span", y.spans, y.lanesOf)
-	}
-	rules := slices.Clone(mixedRules)
-	slices.Reverse(rules)
-	if got := newLayout(0, models(rules)).tag(); got != y.tag() {
-		t.Errorf("tag of the rules reversed = %q, want %q: reordering rules must keep the keys", got, y.tag())
-	}
-}
-
-// A hash outlives every interval a rule counts of a call stamped now, and
-// no more than one precision beyond its window (a fixed window: lagLimit
-// beyond it, for a decision whose stamp trails Redis's time).
-func TestExpiryBounds(t *testing.T) {
-	y := mixedLayout()
-	for _, now := range []int64{30*60_000 - 1, 30 * 60_000, 17} {
-		at := y.expireAt(now)
-		for _, l := range y.lanes {
-			if counted := l.stamp(now) + l.longest; at < counted {
-				t.Errorf("expireAt(%d) = %d: lane %+v counts the call until %d", now, at, l, counted)
-			}
-		}
-		// The longest window is the hour's, at a precision of 30 minutes.
-		if most := now + time.Hour.Milliseconds() + 30*time.Minute.Milliseconds(); at > most {
-			t.Errorf("expireAt(%d) = %d: more than a precision after the window, %d", now, at, most)
-		}
-	}
-	fixed := newLayout(0, models([]Rule{{ScopeResource, Per(1, time.Minute)}}))
-	if got, want := fixed.expireAt(61_000), 120_000+lagLimit.Milliseconds(); got != want {
-		t.Errorf("fixed expireAt = %d, want the window's end and lagLimit, %d", got, want)
-	}
-}
-
-// mixedRules are seed 002's notification sender's, with an hourly rule at
-// a precision of the fixed window's length.
-var mixedRules = []Rule{
-	{ScopeResource, Per(100, 30*time.Minute)},
-	{ScopeClient, Per(10, 30*time.Minute).WithPrecision(time.Minute)},
-	{ScopeClient, Per(5, time.Hour).WithPrecision(30 * time.Minute)},
-}
-
-// mixedLayout is mixedRules' layout under FixedWindows.
-func mixedLayout() layout { return newLayout(0, models(mixedRules)) }
-
-// Every span names its fields apart, and reads back only its own.
-func TestLayoutFields(t *testing.T) {
-	y := mixedLayout()
-	for g := range y.spans {
-		name := y.fieldName(g, 42)
-		if got, index, ok := y.interval(name); !ok || got != g || index != 42 {
-			t.Errorf("interval(%q) = %d, %d, %v; want %d, 42", name, got, index, ok, g)
-		}
-		if fmt.Sprint(y.current(g, 42*y.spans[g])) != name {
-			t.Errorf("current(%d) = %v, want %q", g, y.current(g, 42*y.spans[g]), name)
-		}
-	}
-	for _, field := range []string{"x", "7:1", "60000:x", ""} {
-		if _, _, ok := y.interval(field); ok {
-			t.Errorf("interval(%q) ok, want a field not ours", field)
-		}
-	}
-}
-
 // A call whose estimate of Redis time was still in the last fixed window
 // when Redis ran its transaction in the next was added to the last one's
 // interval: it is judged with the calls of that window, not the next's.
 func TestFixedWindowCountsAtTheEstimate(t *testing.T) {
 	rule := Rule{ScopeClient, Per(3, time.Second)}
-	y := newLayout(0, models([]Rule{rule}))
+	y := intervals.New(0, models([]Rule{rule}))
 	var h hash
 	// The estimate is 999 (window 0, which held 3 calls before this
 	// one's); Redis ran it at 1000 (window 1, empty).

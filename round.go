@@ -116,23 +116,15 @@ func handOn(where site, back *txn.Txn, idempotent bool) {
 	takeBack(where, send, idempotent)
 }
 
-// lagLimit bounds how far behind Redis's time a decision's stamp may be
-// when it is judged, whatever its round trip: one that ran later is taken
-// back and made again. The keys that a decision reads at its stamp rather
-// than at Redis's time (SortedSet's sets, a fixed window's hash) outlive
-// their newest call's window by as much, so that their expiry never hides
-// from a judged decision a call it counts (docs/design.md, "Expiry").
-const lagLimit = time.Second
-
 // stampOff reports whether a transaction stamped now ran too far from
-// it, by Redis's clock: more than lagLimit; more than clock.Jump beyond its
+// it, by Redis's clock: more than clock.LagLimit; more than clock.Jump beyond its
 // round trip; at all
 // on a clock that stands still (a test's, which moves by jumps); and,
 // until the clock was seen moving, before its stamp (a running clock
 // cannot).
 func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool {
 	off := time.Duration(server.UnixMilli()-now) * time.Millisecond
-	if off > lagLimit {
+	if off > clock.LagLimit {
 		return true
 	}
 	switch p {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/txn"
@@ -63,7 +64,7 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 //     (ZREMRANGEBYRANK Requests -1: only pending members can be there, as
 //     the set held at most Requests before), and gives the members that
 //     stayed their real score (ZADD XX);
-//  3. sets the key to expire lagLimit after its newest member leaves the
+//  3. sets the key to expire clock.LagLimit after its newest member leaves the
 //     window, unless it expires later already (PEXPIREAT NX, then GT),
 //     if the batch wrote to it.
 //
@@ -239,7 +240,7 @@ func (b *zBatch) queue(t *txn.Txn) {
 	}
 	for _, set := range b.sets {
 		if set.written {
-			for _, cmd := range txn.ExtendTo(set.key, b.now+set.spec.window+lagLimit.Milliseconds()) {
+			for _, cmd := range txn.ExtendTo(set.key, b.now+set.spec.window+clock.LagLimit.Milliseconds()) {
 				t.Add(cmd...)
 			}
 		}

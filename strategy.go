@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/intervals"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
@@ -165,7 +166,7 @@ type store interface {
 // (Windows), or one by one, capped at each rule's Requests (SortedSet with
 // WithRecordDenied), or neither (Logs, and SortedSet otherwise).
 type counting struct {
-	layout *layout
+	layout *intervals.Layout
 	capped bool
 }
 

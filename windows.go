@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leakybucket/leakybucket/internal/intervals"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/txn"
@@ -55,13 +56,13 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 			return nil, invalidStrategy(w, "rule %v: %w", r, err)
 		}
 	}
-	return windowsStore{plan: p, layout: newLayout(w.precision, p.rules), gens: &sync.Map{}}, nil
+	return windowsStore{plan: p, Layout: intervals.New(w.precision, p.rules), gens: &sync.Map{}}, nil
 }
 
 // windowsStore is the Windows strategy: precision-bucket sliding windows,
 // and fixed ones, decided in one fenced MULTI/EXEC without a lock
 // (round.go). Each hash maps an interval to the weight added in it, per
-// span of the rules' intervals (intervals.go), and one hash serves every
+// span of the rules' intervals (package intervals), and one hash serves every
 // rule of its scope: a rule counts the intervals of its span whose stamp
 // is inside its window. The resource's hash exists when a rule is
 // per-resource, each client's when a rule is per-client. Per batch, the
@@ -90,7 +91,7 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 // generation (its process had not seen the flush yet) is made again.
 type windowsStore struct {
 	plan
-	layout
+	intervals.Layout
 	lockFree
 	gens *sync.Map // by resource (keys.Space.base): the latest generation seen
 }
@@ -223,20 +224,20 @@ func (b *hBatch) queue(t *txn.Txn) {
 			if h.client {
 				t.Add("hsetnx", key, txn.IncarnationField, b.token)
 			}
-			for g := range b.spans {
-				t.Add("hincrby", key, b.current(g, b.now), h.added)
+			for g := range b.Spans {
+				t.Add("hincrby", key, b.Current(g, b.now), h.added)
 			}
 		}
 		h.read = t.Add("hgetall", key)
 		if h.added > 0 {
-			for _, cmd := range txn.ExtendTo(h.key, b.expireAt(b.now)) {
+			for _, cmd := range txn.ExtendTo(h.key, b.ExpireAt(b.now)) {
 				t.Add(cmd...)
 			}
 		}
 	}
 	if wrote && b.gen != "" {
 		// The generation outlives every hash of its own (see flushAll).
-		t.Add("pexpireat", b.keys.Generation(), b.expireAt(b.now), "gt")
+		t.Add("pexpireat", b.keys.Generation(), b.ExpireAt(b.now), "gt")
 	}
 }
 
@@ -256,7 +257,7 @@ func (b *hBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 		return errStaleGeneration
 	}
 	for _, h := range b.order {
-		h.parse(b.layout, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
+		h.parse(b.Layout, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
 		for g := range h.current {
 			h.current[g] -= h.added
 		}
@@ -266,7 +267,7 @@ func (b *hBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.rules))}
 		for r, rule := range b.rules {
 			h := hashes[b.hashOf(rule)]
-			v.Counts[r] = h.count(b.layout, r, rule, b.now, now, h.admitted)
+			v.Counts[r] = h.count(b.Layout, r, rule, b.now, now, h.admitted)
 		}
 		recorded := judge(i, v)
 		for _, h := range hashes {
@@ -361,8 +362,8 @@ func (b *hBatch) guardOf(h *hash, n int) txn.Guard {
 // subtract appends to cmds the commands that take n out of h's current
 // intervals.
 func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
-	for g := range b.spans {
-		cmds = append(cmds, []any{"hincrby", h.key, b.current(g, b.now), -n})
+	for g := range b.Spans {
+		cmds = append(cmds, []any{"hincrby", h.key, b.Current(g, b.now), -n})
 	}
 	// A hash gone meanwhile (it expired, or a FlushAll deleted it) is not
 	// made again.
@@ -372,11 +373,11 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
 // parse reads a hash's fields at now, of which there are size: its
 // intervals, and the fields no window counts any more. Fields that are not
 // an interval are not ours.
-func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string], size int) {
+func (h *hash) parse(y intervals.Layout, now int64, fields iter.Seq2[string, string], size int) {
 	h.clear(y, size)
-	first := y.bounds(0, now)
+	first := y.Bounds(0, now)
 	for field, value := range fields {
-		g, index, ok := y.interval(field)
+		g, index, ok := y.Interval(field)
 		if !ok {
 			// Not parsed: the incarnation's value is no number, and a
 			// failed parse allocates its error.
@@ -386,31 +387,31 @@ func (h *hash) parse(y layout, now int64, fields iter.Seq2[string, string], size
 		n, err := strconv.Atoi(value)
 		live := first // the usual case, found once
 		if g != 0 {
-			live = y.bounds(g, now)
+			live = y.Bounds(g, now)
 		}
 		switch {
 		case err != nil: // not ours
-		case index <= live.dead:
+		case index <= live.Dead:
 			h.dead = append(h.dead, field)
-		case index == live.current:
+		case index == live.Current:
 			h.current[g] = n
 		case n > 0:
-			for _, l := range y.lanesOf[g] {
-				h.lanes[l] = append(h.lanes[l], limits.Entry{ID: field, At: y.lanes[l].at(index), Weight: n})
+			for _, l := range y.LanesOf[g] {
+				h.lanes[l] = append(h.lanes[l], limits.Entry{ID: field, At: y.Lanes[l].At(index), Weight: n})
 			}
 		}
 	}
 	for l, entries := range h.lanes {
-		sortStamps(entries, y.lanes[l].span)
+		sortStamps(entries, y.Lanes[l].Span)
 		h.lanes[l] = entries
 	}
 }
 
 // clear empties h for parse, with room for size fields.
-func (h *hash) clear(y layout, size int) {
+func (h *hash) clear(y intervals.Layout, size int) {
 	h.lanes, h.current = h.laneRoom[:], h.currentRoom[:]
-	if len(y.lanes) > len(h.laneRoom) {
-		h.lanes, h.current = make([][]limits.Entry, len(y.lanes)), make([]int, len(y.spans))
+	if len(y.Lanes) > len(h.laneRoom) {
+		h.lanes, h.current = make([][]limits.Entry, len(y.Lanes)), make([]int, len(y.Spans))
 	}
 	for l := range h.lanes {
 		// Room for every field, and for withCurrent: one allocation,
@@ -480,13 +481,13 @@ func (h *hash) other(field, value string) {
 // the last window when Redis ran the transaction in the next was added to
 // the last window's interval, and must be judged with the calls of that
 // window, or the next would admit it uncounted.
-func (h *hash) count(y layout, r int, rule limits.Rule, at, now int64, extra int) limits.Count {
-	l := y.lane(r)
-	stamp := l.stamp(at)
-	if l.fixed {
+func (h *hash) count(y intervals.Layout, r int, rule limits.Rule, at, now int64, extra int) limits.Count {
+	l := y.Lane(r)
+	stamp := l.Stamp(at)
+	if l.Fixed {
 		now = at
 	}
-	c := rule.CountOf(withCurrent(h.lanes[y.ofRule[r]], stamp, h.current[l.group]+extra), now)
+	c := rule.CountOf(withCurrent(h.lanes[y.OfRule[r]], stamp, h.current[l.Group]+extra), now)
 	c.Stamp = stamp
 	return c
 }
@@ -540,7 +541,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, where site, clie
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
 			hashes[i] = &hash{key: keys[i]}
-			hashes[i].parse(s.layout, now, maps.All(read.Val()), len(read.Val()))
+			hashes[i].parse(s.Layout, now, maps.All(read.Val()), len(read.Val()))
 		}
 		return now, hashes, nil
 	}
@@ -554,7 +555,7 @@ func (s windowsStore) peek(ctx context.Context, where site, client string, _ int
 	}
 	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.rules))}
 	for r, rule := range s.rules {
-		v.Counts[r] = hashes[s.hashOf(rule)].count(s.layout, r, rule, now, now, 0)
+		v.Counts[r] = hashes[s.hashOf(rule)].count(s.Layout, r, rule, now, now, 0)
 	}
 	return v, nil
 }
@@ -590,7 +591,7 @@ func (s windowsStore) flush(ctx context.Context, where site, client string) erro
 		}
 		server, _ := txn.ReplyTime(take.Replies[timeAt])
 		mine := &hash{key: keys[len(keys)-1]}
-		mine.parse(s.layout, server.UnixMilli(), txn.ReplyFields(take.Replies[read]), txn.ReplyLen(take.Replies[read]))
+		mine.parse(s.Layout, server.UnixMilli(), txn.ReplyFields(take.Replies[read]), txn.ReplyLen(take.Replies[read]))
 		if !s.clientScoped {
 			takeBack(where, s.share(where.keys, keys[0], mine, server.UnixMilli()), false)
 		}
@@ -603,9 +604,9 @@ func (s windowsStore) flush(ctx context.Context, where site, client string) erro
 // the resource's hash: of each span's, as the span's first lane holds them.
 func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int64) *txn.Txn {
 	t := txn.New(ks, true)
-	for g, span := range s.spans {
-		current := limits.Entry{ID: s.fieldName(g, now/span), Weight: mine.current[g]}
-		for _, e := range append(mine.lanes[s.lanesOf[g][0]], current) {
+	for g, span := range s.Spans {
+		current := limits.Entry{ID: s.FieldName(g, now/span), Weight: mine.current[g]}
+		for _, e := range append(mine.lanes[s.LanesOf[g][0]], current) {
 			if e.Weight > 0 {
 				t.Add("hincrby", resource, e.ID, -e.Weight)
 			}
@@ -638,7 +639,7 @@ func (s windowsStore) flushAll(ctx context.Context, where site) error {
 	var bumped *redis.IntCmd
 	_, err := where.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		bumped = pipe.Incr(ctx, where.keys.Generation())
-		life := s.genLife().Milliseconds()
+		life := s.GenLife().Milliseconds()
 		pipe.Do(ctx, "pexpire", where.keys.Generation(), life, "nx")
 		pipe.Do(ctx, "pexpire", where.keys.Generation(), life, "gt")
 		if len(ks) > 0 {
@@ -654,6 +655,6 @@ func (s windowsStore) flushAll(ctx context.Context, where site) error {
 }
 
 // tag is the layout's: see layout.tag.
-func (s windowsStore) counting() counting { return counting{layout: &s.layout} }
+func (s windowsStore) counting() counting { return counting{layout: &s.Layout} }
 
-func (s windowsStore) tag() string { return s.layout.tag() }
+func (s windowsStore) tag() string { return s.Layout.Tag() }

@@ -122,6 +122,14 @@ func (c *Clock) Reset() {
 	c.mu.Unlock()
 }
 
+// LagLimit bounds how far behind Redis's time a decision's stamp may be
+// when it is judged, whatever its round trip: one that ran later is taken
+// back and made again. The keys that a decision reads at its stamp rather
+// than at Redis's time (SortedSet's sets, a fixed window's hash) outlive
+// their newest call's window by as much, so that their expiry never hides
+// from a judged decision a call it counts (the design notes, "Expiry").
+const LagLimit = time.Second
+
 // Jump is how far a TIME reply may stray from the estimate before the
 // estimate is thrown away: the server's clock was set, or a failover put
 // another host behind the address.

@@ -1,0 +1,270 @@
+// Package intervals is how the Windows strategies count time. Each rule counts in intervals of
+// its precision (its Limit's, else the strategy's), numbered from the Unix
+// epoch in Redis time: interval i of span s holds the calls made in
+// [i*s, (i+1)*s). A sliding rule counts the calls of an interval as made
+// at its last millisecond, so that none leaves a window early; a fixed
+// rule (no precision at all, under FixedWindows) counts them from its first,
+// so that they all leave together at the interval's end, the window's
+// boundary. A rule is thus one of a few lanes: a span and a way to stamp.
+//
+// The lanes of one span count the same calls, so they share the fields of
+// a hash: one per interval. The fields of the shortest span are named by
+// the interval's number alone, as they were when a Bucket had one
+// precision, so that a Bucket of one precision keeps its keys; those of the
+// others by "<span in ms>:<number>". Lanes are ordered by span, sliding
+// before fixed, not by the order of the rules: a deploy that only reorders
+// its rules keeps its keys, so its old and new processes share counts.
+package intervals
+
+import (
+	"cmp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/limits"
+	"github.com/leakybucket/leakybucket/internal/txn"
+)
+
+// Lane is how some of a Bucket's rules count: in intervals of span ms,
+// stamped at their last millisecond, or at their first if fixed.
+type Lane struct {
+	Span    int64
+	Fixed   bool
+	Longest int64 // the longest window of its rules, ms: a fixed one's is span
+	Group   int   // the index of span in Layout.Spans
+}
+
+// At is the stamp of interval index: when its calls start to leave the
+// lane's windows, less each window.
+func (l Lane) At(index int64) int64 {
+	if l.Fixed {
+		return index * l.Span
+	}
+	return (index+1)*l.Span - 1
+}
+
+// Stamp is the Stamp of now's interval.
+func (l Lane) Stamp(now int64) int64 { return l.At(now / l.Span) }
+
+// lastDead is the newest interval that no rule of the lane counts at now:
+// the last whose stamp is at least longest before now. A fixed lane is
+// judged at its decision's stamp, which may trail Redis's time by up to
+// clock.LagLimit: its last window stays alive that much longer, so that a
+// decision stamped just before the boundary still finds it (and no HDEL
+// takes it first).
+func (l Lane) lastDead(now int64) int64 {
+	if l.Fixed {
+		return (now-clock.LagLimit.Milliseconds())/l.Span - 1
+	}
+	return (now+1-l.Longest)/l.Span - 1
+}
+
+// ExpireAt is when a hash may expire once a call stamped now counted in
+// it: when the call's interval leaves the lane's longest window (a sliding
+// lane counts at Redis's own time, so its reads never need more), and for
+// a fixed lane clock.LagLimit later (see lastDead).
+func (l Lane) ExpireAt(now int64) int64 {
+	at := l.Stamp(now) + l.Longest
+	if l.Fixed {
+		at += clock.LagLimit.Milliseconds()
+	}
+	return at
+}
+
+// Layout is the lanes of a Bucket's rules, and how their hash fields are
+// named.
+type Layout struct {
+	Lanes   []Lane
+	OfRule  []int    // the lane of each rule
+	Spans   []int64  // the spans, shortest first (see New)
+	names   []string // the spans in decimal, as the fields name them: kept, not formatted per field
+	LanesOf [][]int  // the lanes of each span
+}
+
+// New returns the layout of rules under Windows(precision): a rule
+// without a precision of its own counts in intervals of precision, or in
+// fixed windows if precision is 0 (FixedWindows).
+func New(precision time.Duration, rules []limits.Rule) Layout {
+	var y Layout
+	laneOf := func(r limits.Rule) Lane {
+		if p := cmp.Or(r.Precision, precision.Milliseconds()); p != 0 {
+			return Lane{Span: p}
+		}
+		return Lane{Span: r.Window, Fixed: true}
+	}
+	for _, r := range rules {
+		y.addLane(laneOf(r), r.Window)
+	}
+	slices.SortFunc(y.Lanes, func(a, b Lane) int {
+		return cmp.Or(cmp.Compare(a.Span, b.Span), cmp.Compare(fixedOrder(a.Fixed), fixedOrder(b.Fixed)))
+	})
+	for i, l := range y.Lanes {
+		if len(y.Spans) == 0 || y.Spans[len(y.Spans)-1] != l.Span {
+			y.Spans = append(y.Spans, l.Span)
+			y.names = append(y.names, strconv.FormatInt(l.Span, 10))
+			y.LanesOf = append(y.LanesOf, nil)
+		}
+		y.Lanes[i].Group = len(y.Spans) - 1
+		y.LanesOf[y.Lanes[i].Group] = append(y.LanesOf[y.Lanes[i].Group], i)
+	}
+	for _, r := range rules {
+		want := laneOf(r)
+		y.OfRule = append(y.OfRule, slices.IndexFunc(y.Lanes, want.same))
+	}
+	return y
+}
+
+// addLane adds a rule of window ms to lane l, made if need be.
+func (y *Layout) addLane(l Lane, window int64) {
+	if i := slices.IndexFunc(y.Lanes, l.same); i >= 0 {
+		y.Lanes[i].Longest = max(y.Lanes[i].Longest, window)
+		return
+	}
+	l.Longest = window
+	y.Lanes = append(y.Lanes, l)
+}
+
+// same reports whether o counts as l does: the same span and stamping.
+func (l Lane) same(o Lane) bool { return l.Span == o.Span && l.Fixed == o.Fixed }
+
+// fixedOrder orders a sliding lane before a fixed one of the same span.
+func fixedOrder(fixed bool) int {
+	if fixed {
+		return 1
+	}
+	return 0
+}
+
+// Lane returns the Lane of rule r.
+func (y Layout) Lane(r int) Lane { return y.Lanes[y.OfRule[r]] }
+
+// FieldName names interval index of span group g.
+func (y Layout) FieldName(g int, index int64) string {
+	if g == 0 {
+		return strconv.FormatInt(index, 10)
+	}
+	return y.names[g] + ":" + strconv.FormatInt(index, 10)
+}
+
+// Current is the field of now's interval in span group g: an int64 for
+// the first span, which go-redis writes without a string made for it.
+func (y Layout) Current(g int, now int64) any {
+	if g == 0 {
+		return now / y.Spans[0]
+	}
+	return y.FieldName(g, now/y.Spans[g])
+}
+
+// Interval parses a field: its span group and Interval; ok is false for a
+// field that is not one of ours.
+func (y Layout) Interval(field string) (g int, index int64, ok bool) {
+	if index, ok := digits(field); ok {
+		return 0, index, true // the first span's, as most are
+	}
+	if field == txn.IncarnationField {
+		return 0, 0, false // no number: known without a parse, whose error allocates
+	}
+	span, number, prefixed := strings.Cut(field, ":")
+	if !prefixed {
+		number = field
+	}
+	index, err := strconv.ParseInt(number, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	if !prefixed {
+		return 0, index, true
+	}
+	for g := 1; g < len(y.names); g++ {
+		if y.names[g] == span {
+			return g, index, true
+		}
+	}
+	return 0, 0, false
+}
+
+// digits reads a field of decimal digits alone, as FormatInt writes a
+// positive number, without the general parse's cost; ok is false for any
+// other field, left to it.
+func digits(field string) (int64, bool) {
+	if len(field) == 0 || len(field) > 18 { // 18 digits cannot overflow
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(field); i++ {
+		d := field[i] - '0'
+		if d > 9 {
+			return 0, false
+		}
+		n = n*10 + int64(d)
+	}
+	return n, true
+}
+
+// lastDead is the newest interval of span group g that no rule counts at
+// now.
+func (y Layout) lastDead(g int, now int64) int64 {
+	dead := int64(0)
+	for i, l := range y.LanesOf[g] {
+		if d := y.Lanes[l].lastDead(now); i == 0 || d < dead {
+			dead = d
+		}
+	}
+	return dead
+}
+
+// Bounds are the intervals of a span group at some time: the newest that
+// no rule counts (lastDead), and the current one.
+type Bounds struct{ Dead, Current int64 }
+
+// Bounds returns span group g's at now.
+func (y Layout) Bounds(g int, now int64) Bounds {
+	return Bounds{Dead: y.lastDead(g, now), Current: now / y.Spans[g]}
+}
+
+// ExpireAt is when a hash written at now may expire: once no rule counts
+// the interval of a call stamped now (Lane.ExpireAt). That is at most one
+// precision after the window of a call made at now ends (its interval's
+// end), or clock.LagLimit after a fixed window's. A hash is only ever given a
+// later deadline, never an earlier one (PEXPIREAT NX, then GT: see the
+// Windows store).
+func (y Layout) ExpireAt(now int64) int64 {
+	var at int64
+	for _, l := range y.Lanes {
+		at = max(at, l.ExpireAt(now))
+	}
+	return at
+}
+
+// GenLife is how long Windows' generation key lives after a FlushAll (and
+// after the decisions of its generation, which extend it to their hashes'
+// deadline): longer than any hash written before the FlushAll, which a late
+// decision or take-back may have made again under the old generation's
+// name, can hold an interval any rule counts. See the Windows store's
+// flushAll.
+func (y Layout) GenLife() time.Duration {
+	var life int64
+	for _, l := range y.Lanes {
+		life = max(life, l.Span+l.Longest)
+	}
+	return time.Duration(life)*time.Millisecond + clock.LagLimit
+}
+
+// Tag names the layout in the keys, as w<longest>p<span> per lane (f<span>
+// for a fixed one): Buckets whose lanes differ in span, stamping or
+// longest window number or keep their intervals differently. A Bucket of
+// one precision has the Tag it had before rules had precisions.
+func (y Layout) Tag() string {
+	var b strings.Builder
+	for _, l := range y.Lanes {
+		kind := "p"
+		if l.Fixed {
+			kind = "f"
+		}
+		b.WriteString("w" + strconv.FormatInt(l.Longest, 10) + kind + strconv.FormatInt(l.Span, 10))
+	}
+	return b.String()
+}
