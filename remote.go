@@ -9,6 +9,7 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/denials"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
@@ -28,7 +29,7 @@ type remote struct {
 
 	clocks    clock.Set
 	batches   batch.Group[ask, Result, carried]
-	denials   denials
+	denials   denials.Cache[Result]
 	foresight foresight
 	breakers  outage.Breakers
 }
@@ -56,24 +57,27 @@ type (
 	line   = batch.Line[ask, Result, carried]
 )
 
-// allow answers from the denial cache (denials.go) when it may, and else
-// queues the call in its line.
+// allow answers from the denial cache when it may, and else queues the
+// call in its line.
 func (r *remote) allow(ctx context.Context, resource, client string, n int, res *Result) (err error) {
-	if !r.denials.empty() && r.clockRuns(ctx, resource) {
-		if cached, ok := r.denials.answer(resource, client, n); ok {
+	if n == 1 && !r.denials.Empty() && r.clockRuns(ctx, resource) {
+		if cached, elapsed, ok := r.denials.Answer(resource, client); ok {
 			// A caller that loops on its denials would now never wait:
 			// let the others of this process run first.
 			runtime.Gosched()
-			*res = cached
+			*res = cached.after(elapsed)
 			return nil
 		}
 	}
 	start := time.Now()
 	*res, err = r.batches.Do(r.batchKey(resource, client), &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}})
-	if err == nil {
-		r.denials.keep(resource, client, n, r.cfg.recordDenied, *res, start)
+	if err != nil {
+		return err
 	}
-	return err
+	if valid, ok := cacheable(*res, n, r.cfg.recordDenied); ok {
+		r.denials.Keep(resource, client, *res, valid, start)
+	}
+	return nil
 }
 
 // clockRuns reports whether the clock of the server that holds resource
@@ -166,7 +170,7 @@ func (r *remote) read(ctx context.Context, resource, client string, n int) (limi
 // flush is Flush on Redis: the cached denials are forgotten before and
 // after, for a decision that raced it.
 func (r *remote) flush(ctx context.Context, resource, client string) error {
-	r.denials.forget(resource, &client)
+	r.denials.Forget(resource, &client)
 	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
 		where, err := r.siteOf(ctx, resource, view)
 		if err != nil {
@@ -174,14 +178,14 @@ func (r *remote) flush(ctx context.Context, resource, client string) error {
 		}
 		return struct{}{}, classify(r.route.redirected(r.store.flush(ctx, where, client)))
 	})
-	r.denials.forget(resource, &client)
+	r.denials.Forget(resource, &client)
 	r.foresight.drop(resource, &client)
 	return err
 }
 
 // flushAll is FlushAll on Redis.
 func (r *remote) flushAll(ctx context.Context, resource string) error {
-	r.denials.forget(resource, nil)
+	r.denials.Forget(resource, nil)
 	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
 		where, err := r.siteOf(ctx, resource, view)
 		if err != nil {
@@ -189,7 +193,7 @@ func (r *remote) flushAll(ctx context.Context, resource string) error {
 		}
 		return struct{}{}, classify(r.route.redirected(r.store.flushAll(ctx, where)))
 	})
-	r.denials.forget(resource, nil)
+	r.denials.Forget(resource, nil)
 	r.foresight.drop(resource, nil)
 	return err
 }
