@@ -79,15 +79,15 @@ func (s logsStore) read(ks keys.Space, client string) *logScan {
 // seeing the ones recorded before it), and writes one log per client,
 // carrying the weight of all its recorded calls, in the EXEC that
 // releases the lock.
-func (s logsStore) decide(ctx context.Context, where site, calls []request, judge judgeFunc) error {
-	client := calls[0].client // every call's, when every rule is per-client
+func (s logsStore) decide(ctx context.Context, where site, calls []limits.Call, judge judgeFunc) error {
+	client := calls[0].Client // every call's, when every rule is per-client
 	return s.underLock(ctx, where, lockKey(where.keys, s.plan, client), s.read(where.keys, client), func(pipe redis.Pipeliner, t *tally) {
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
-			if judge(i, t.view(s.rules, c.client, t.now)) {
-				t.add(c.client, limits.Entry{At: t.now, Weight: c.n})
-				weights[c.client] = limits.AddCapped(weights[c.client], c.n)
+			if judge(i, t.view(s.rules, c.Client, t.now)) {
+				t.add(c.Client, limits.Entry{At: t.now, Weight: c.N})
+				weights[c.Client] = limits.AddCapped(weights[c.Client], c.N)
 			}
 		}
 		for client, weight := range weights {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
@@ -143,7 +144,7 @@ func TestLateTakeBackKeepsCounts(t *testing.T) {
 		s, keys := remoteOf(b).store.(windowsStore), remoteOf(b).keysOf("r")
 		hash := keys.Hash("")
 		before := deadlineOf(t, e, hash)
-		batch := s.newBatch(keys, serverMillis(t, e)-20_000, []request{{client: "c", n: 1}})
+		batch := s.newBatch(keys, serverMillis(t, e)-20_000, []limits.Call{{Client: "c", N: 1}})
 		late := batch.subtract(nil, batch.order[0], 1)
 		runTxn(t, e, late...)
 		if after := deadlineOf(t, e, hash); after != before {

@@ -10,6 +10,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/denials"
+	"github.com/leakybucket/leakybucket/internal/foresight"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
@@ -30,12 +31,13 @@ type remote struct {
 	clocks    clock.Set
 	batches   batch.Group[ask, Result, carried]
 	denials   denials.Cache[Result]
-	foresight foresight
+	foresight *foresight.Foresight
 	breakers  outage.Breakers
 }
 
 func newRemote(cfg config, p plan, st store, node func(context.Context, string) (*redis.Client, error), route *clusterRoute) *remote {
-	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.tag()}
+	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.tag(),
+		foresight: foresight.New(p.rules, p.longest)}
 	r.batches.Run, r.batches.Workers = r.decideBatch, lockFreeWorkers
 	if st.locked() {
 		r.batches.Workers = 1
@@ -99,7 +101,7 @@ func (r *remote) batchKey(resource, client string) string {
 // decideBatch decides a batch of calls, all to one resource: the store
 // reads the counts and calls judge once per call, in arrival order. Under
 // SortedSet and Windows, the calls foresight saw no room for only look
-// (foresight.go); those that then had room are decided again, writing.
+// (package foresight); those that then had room are decided again, writing.
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
@@ -107,12 +109,12 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	if err != nil {
 		return err
 	}
-	requests := make([]request, len(calls))
+	requests := make([]limits.Call, len(calls))
 	for i, c := range calls {
-		requests[i] = request{client: c.Req.client, n: c.Req.n}
+		requests[i] = limits.Call{Client: c.Req.client, N: c.Req.n}
 	}
 	if now, ok := where.clock.Now(); ok && r.foresees() {
-		r.foresight.foresee(r.plan, resource, requests, now)
+		r.foresight.Foresee(resource, requests, now)
 	}
 	again, err := r.decideRequests(ctx, where, calls, requests)
 	if err != nil || len(again) == 0 {
@@ -123,7 +125,7 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	retry := make([]*queued, len(again))
 	for i, j := range again {
 		retry[i] = calls[j]
-		requests[i] = request{client: calls[j].Req.client, n: calls[j].Req.n}
+		requests[i] = limits.Call{Client: calls[j].Req.client, N: calls[j].Req.n}
 	}
 	if _, err := r.decideRequests(ctx, where, retry, requests[:len(again)]); err != nil {
 		r.batches.Fail(retry, classify(err))
@@ -140,18 +142,18 @@ func (r *remote) foresees() bool {
 
 // decideRequests has the store decide calls (requests, by call), and
 // returns the calls that only looked and had room, to decide again.
-func (r *remote) decideRequests(ctx context.Context, where site, calls []*queued, requests []request) ([]int, error) {
+func (r *remote) decideRequests(ctx context.Context, where site, calls []*queued, requests []limits.Call) ([]int, error) {
 	var again []int
 	err := r.store.decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
-		if requests[i].look && res.Allowed {
+		if requests[i].Look && res.Allowed {
 			again = append(again, i)
 			return false
 		}
 		recorded := r.batches.Settle(calls[i], res) && (res.Allowed || r.cfg.recordDenied)
-		r.foresight.saw(r.plan, c.resource, c.client, v, c.n, recorded && !requests[i].look)
-		return recorded && !requests[i].look
+		r.foresight.Saw(c.resource, c.client, v, c.n, recorded && !requests[i].Look)
+		return recorded && !requests[i].Look
 	})
 	return again, classify(r.route.redirected(err))
 }
@@ -179,7 +181,7 @@ func (r *remote) flush(ctx context.Context, resource, client string) error {
 		return struct{}{}, classify(r.route.redirected(r.store.flush(ctx, where, client)))
 	})
 	r.denials.Forget(resource, &client)
-	r.foresight.drop(resource, &client)
+	r.foresight.Drop(resource, &client)
 	return err
 }
 
@@ -194,7 +196,7 @@ func (r *remote) flushAll(ctx context.Context, resource string) error {
 		return struct{}{}, classify(r.route.redirected(r.store.flushAll(ctx, where)))
 	})
 	r.denials.Forget(resource, nil)
-	r.foresight.drop(resource, nil)
+	r.foresight.Drop(resource, nil)
 	return err
 }
 

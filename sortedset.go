@@ -73,7 +73,7 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 // still be denied by another rule, or be a weighted call that fit only in
 // part: its members are then removed by a second round trip (ZREM), and
 // until then others count them. Such a call is one that every rule showed
-// this process room for (foresight.go): a call it saw no room for only
+// this process room for (package foresight): a call it saw no room for only
 // looks, and writes nothing.
 // With WithRecordDenied every call is kept and the cap drops the oldest
 // instead: the newest Requests attempts decide, as all of them would.
@@ -133,7 +133,7 @@ func memberPrefix(client string) string {
 	return "~" + base64.RawURLEncoding.EncodeToString(sum[:16]) + ":"
 }
 
-func (s sortedSetStore) decide(ctx context.Context, where site, calls []request, judge judgeFunc) error {
+func (s sortedSetStore) decide(ctx context.Context, where site, calls []limits.Call, judge judgeFunc) error {
 	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.keys, now, calls) }, judge)
 }
 
@@ -141,7 +141,7 @@ func (s sortedSetStore) decide(ctx context.Context, where site, calls []request,
 type zBatch struct {
 	sortedSetStore
 	now   int64
-	calls []request
+	calls []limits.Call
 	sets  []*zSet     // in order of first use
 	of    [][]*zWrite // by call, by rule: the write to that rule's set
 }
@@ -169,7 +169,7 @@ type zWrite struct {
 	evicted int // reply: how many members the cap removed
 }
 
-func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []request) *zBatch {
+func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *zBatch {
 	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls))}
 	byKey := map[string]*zSet{}
 	for i, c := range calls {
@@ -190,26 +190,26 @@ func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []request) *zBa
 
 // write returns call c's write to the set spec, adding the set to the
 // batch if it is new.
-func (b *zBatch) write(byKey map[string]*zSet, ks keys.Space, spec setSpec, c request, id string) *zWrite {
-	key := b.key(ks, spec, c.client)
+func (b *zBatch) write(byKey map[string]*zSet, ks keys.Space, spec setSpec, c limits.Call, id string) *zWrite {
+	key := b.key(ks, spec, c.Client)
 	set := byKey[key]
 	if set == nil {
 		set = &zSet{key: key, spec: spec}
 		byKey[key] = set
 		b.sets = append(b.sets, set)
 	}
-	set.read = max(set.read, c.n)
+	set.read = max(set.read, c.N)
 	if b.recordDenied {
-		set.read = min(set.read+c.n, spec.limit) // what the cap may drop, and the oldest left
+		set.read = min(set.read+c.N, spec.limit) // what the cap may drop, and the oldest left
 	}
 	w := &zWrite{set: set, evicted: -1}
-	if c.look {
+	if c.Look {
 		return w // it only reads the set
 	}
 	set.written = true
-	w.members = make([]any, c.n)
-	for unit := range c.n {
-		w.members[unit] = member(spec, c.client, id, unit)
+	w.members = make([]any, c.N)
+	for unit := range c.N {
+		w.members[unit] = member(spec, c.Client, id, unit)
 	}
 	return w
 }
@@ -284,7 +284,7 @@ func (b *zBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 	for i, c := range b.calls {
 		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.rules))}
 		for r, w := range b.of[i] {
-			v.Counts[r] = w.count(t.Replies, c.n, b.recordDenied)
+			v.Counts[r] = w.count(t.Replies, c.N, b.recordDenied)
 			v.Counts[r].Stamp = stamp
 		}
 		recorded := judge(i, v)

@@ -137,7 +137,7 @@ type store interface {
 	// decide decides calls, in order, and records them: for each it calls
 	// judge with what every rule counted before it, and records the call if
 	// judge says so (see judgeFunc).
-	decide(ctx context.Context, at site, calls []request, judge judgeFunc) error
+	decide(ctx context.Context, at site, calls []limits.Call, judge judgeFunc) error
 	// peek returns what every rule counts for client, for a call of
 	// weight n, without writing anything.
 	peek(ctx context.Context, at site, client string, n int) (limits.View, error)
@@ -155,7 +155,7 @@ type store interface {
 	// lock (Logs), or in one transaction of the resource's keys.
 	line(ks keys.Space, client string) string
 	// locked reports whether decisions take a lock. Then a line runs one
-	// batch at a time, and no call needs to only look (foresight.go):
+	// batch at a time, and no call needs to only look (package foresight):
 	// the lock lets no other decision count a call before it is judged.
 	locked() bool
 	// counting is how the store counts, for NewLocal to count alike.
@@ -176,15 +176,6 @@ type lockFree struct{}
 
 func (lockFree) line(ks keys.Space, _ string) string { return ks.Slot() }
 func (lockFree) locked() bool                        { return false }
-
-// request is one call to decide.
-type request struct {
-	client string
-	n      int
-	// look: the call writes nothing, and is only judged (see foresight):
-	// the store must neither record it nor take it back.
-	look bool
-}
 
 // judgeFunc evaluates call i of a batch, given v, what every rule counted
 // before it, and reports whether the call is recorded: admitted (or

@@ -77,7 +77,7 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 // before it. So a call sees every call decided before it, in this process
 // or any other (transactions run one at a time), and nothing else. Only
 // calls that every rule showed this process room for are written
-// (foresight.go); the weight of those not recorded is then taken back
+// (package foresight); the weight of those not recorded is then taken back
 // (HINCRBY of minus it), in a second fenced transaction, under a guard of
 // the client's hash (see guard) where there is one: until it lands,
 // others count it.
@@ -147,7 +147,7 @@ var errStaleGeneration = fmt.Errorf("%w: the counts were flushed meanwhile", err
 // staleRetries bounds how often a read is made again after a flush.
 const staleRetries = 3
 
-func (s windowsStore) decide(ctx context.Context, where site, calls []request, judge judgeFunc) error {
+func (s windowsStore) decide(ctx context.Context, where site, calls []limits.Call, judge judgeFunc) error {
 	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.keys, now, calls) }, judge)
 }
 
@@ -157,7 +157,7 @@ type hBatch struct {
 	keys     keys.Space
 	gen      string
 	now      int64
-	calls    []request
+	calls    []limits.Call
 	byKey    map[string]*hash
 	order    []*hash
 	ofCalls  []*hash // each call's hashes, as hashes names them: found once, not by name per call
@@ -186,12 +186,12 @@ type hash struct {
 	currentRoom [1]int
 }
 
-func (s windowsStore) newBatch(ks keys.Space, now int64, calls []request) *hBatch {
+func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *hBatch {
 	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byKey: map[string]*hash{},
 		ofCalls: make([]*hash, 0, 2*len(calls)),
 		token:   strconv.FormatUint(rand.Uint64(), 36)}
 	for _, c := range calls {
-		hashKeys := s.hashes(ks, b.gen, c.client)
+		hashKeys := s.hashes(ks, b.gen, c.Client)
 		for i, key := range hashKeys {
 			h := b.byKey[key]
 			if h == nil {
@@ -199,8 +199,8 @@ func (s windowsStore) newBatch(ks keys.Space, now int64, calls []request) *hBatc
 				b.byKey[key] = h
 				b.order = append(b.order, h)
 			}
-			if !c.look {
-				h.added += c.n
+			if !c.Look {
+				h.added += c.N
 			}
 			b.ofCalls = append(b.ofCalls, h)
 		}
@@ -272,11 +272,11 @@ func (b *hBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 		recorded := judge(i, v)
 		for _, h := range hashes {
 			switch {
-			case c.look: // it wrote nothing
+			case c.Look: // it wrote nothing
 			case recorded:
-				h.admitted += c.n
+				h.admitted += c.N
 			default:
-				h.denied += c.n
+				h.denied += c.N
 			}
 		}
 	}

@@ -1,7 +1,8 @@
 // Package limits is what every count is judged by: a rule's limit in
-// milliseconds, the calls a count holds (Entry), and what each rule
-// counted before a call (Count, View). The root package turns its public
-// Rule into a Rule here; nothing here knows where the counts live.
+// milliseconds, the calls to judge (Call), the calls a count holds
+// (Entry), and what each rule counted before a call (Count, View). The
+// root package turns its public Rule into a Rule here; nothing here knows
+// where the counts live.
 package limits
 
 import (
@@ -36,6 +37,15 @@ type Count struct {
 	// least as many as must leave the window for the call to fit.
 	Oldest []Entry
 	Newest int64 // the stamp of the newest counted call, if Used > 0
+}
+
+// A Call is one call to decide, of weight N by Client.
+type Call struct {
+	Client string
+	N      int
+	// Look: the call writes nothing, and is only judged (foresight saw
+	// no room for it): a store must neither record it nor take it back.
+	Look bool
 }
 
 // A View is what was read for one call.

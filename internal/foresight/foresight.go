@@ -1,14 +1,7 @@
-package leakybucket
-
-import (
-	"sync"
-
-	"github.com/leakybucket/leakybucket/internal/limits"
-)
-
-// Foresight. SortedSet and Windows write a call before they judge it, in
-// one MULTI/EXEC, and take back the weight of a call that turns out denied
-// in a second one. Until then, every other decision counts that weight: a
+// Package foresight judges calls on what this process last saw of their
+// counts, before they are sent. SortedSet and Windows write a call before
+// they judge it, in one MULTI/EXEC, and take back the weight of a call
+// that turns out denied in a second one. Until then, every other decision counts that weight: a
 // client hammering past its own limit would keep the resource's count full
 // of calls that will all be denied, and starve the polite clients beside
 // it. So before a batch is sent, each call is judged on what this process
@@ -25,6 +18,13 @@ import (
 // empty (other processes admitted since): then a call is written that the
 // counts deny, and taken back, as before. That weight is at most the room
 // its rules showed this process, never a hammering client's.
+package foresight
+
+import (
+	"sync"
+
+	"github.com/leakybucket/leakybucket/internal/limits"
+)
 
 // maxForeseen bounds the counts foresight keeps; past it, it forgets those
 // whose every call has left the longest window, then everything.
@@ -37,11 +37,20 @@ const maxForeseen = 1 << 16
 // to about 16 MB.
 const seenEntries = 8
 
-// foresight is what this process last saw of each count: of a
+// A Foresight is what this process last saw of each count: of a
 // per-resource rule at a resource, or of a per-client rule of one client.
-type foresight struct {
+type Foresight struct {
+	rules   []limits.Rule
+	longest int64 // the longest window, ms
+
 	mu   sync.Mutex
-	seen map[seenKey]seenCount
+	seen map[seenKey]seenCount // guarded by mu
+}
+
+// New returns the foresight of a Bucket of rules, whose longest window is
+// longest ms.
+func New(rules []limits.Rule, longest int64) *Foresight {
+	return &Foresight{rules: rules, longest: longest}
 }
 
 type seenKey struct {
@@ -62,42 +71,42 @@ type seenCall struct {
 	weight int
 }
 
-// seenKeyOf is where rule r of plan p keeps what a call by client saw.
-func (p plan) seenKeyOf(resource, client string, r int) seenKey {
-	if !p.rules[r].PerClient {
+// seenKeyOf is where rule r keeps what a call by client saw.
+func (f *Foresight) seenKeyOf(resource, client string, r int) seenKey {
+	if !f.rules[r].PerClient {
 		client = ""
 	}
 	return seenKey{resource: resource, client: client, rule: r}
 }
 
-// foresee marks each call that some rule showed no room for, in order: a
+// Foresee marks each call that some rule showed no room for, in order: a
 // call that is written counts for the calls after it. now is the estimate
 // of Redis's time.
-func (f *foresight) foresee(p plan, resource string, calls []request, now int64) {
+func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var written map[seenKey]int // weight of the batch's calls marked to write
 	for i := range calls {
-		calls[i].look = !f.roomFor(p, resource, calls[i], now, written)
-		if calls[i].look {
+		calls[i].Look = !f.roomFor(resource, calls[i], now, written)
+		if calls[i].Look {
 			continue
 		}
 		if written == nil {
 			written = map[seenKey]int{}
 		}
-		for r := range p.rules {
-			written[p.seenKeyOf(resource, calls[i].client, r)] += calls[i].n
+		for r := range f.rules {
+			written[f.seenKeyOf(resource, calls[i].Client, r)] += calls[i].N
 		}
 	}
 }
 
 // roomFor reports whether every rule showed room for c, on top of the
 // batch's calls before it. f.mu is held.
-func (f *foresight) roomFor(p plan, resource string, c request, now int64, written map[seenKey]int) bool {
-	for r, rule := range p.rules {
-		k := p.seenKeyOf(resource, c.client, r)
+func (f *Foresight) roomFor(resource string, c limits.Call, now int64, written map[seenKey]int) bool {
+	for r, rule := range f.rules {
+		k := f.seenKeyOf(resource, c.Client, r)
 		used := limits.AddCapped(f.seen[k].usedAt(rule, now), written[k])
-		if !rule.HasRoom(used, c.n) {
+		if !rule.HasRoom(used, c.N) {
 			return false
 		}
 	}
@@ -117,19 +126,19 @@ func (s seenCount) usedAt(rule limits.Rule, now int64) int {
 	return max(used, 0)
 }
 
-// saw keeps what each rule counted after a call by client: v, plus the
+// Saw keeps what each rule counted after a call by client: v, plus the
 // call's weight n if it was recorded.
-func (f *foresight) saw(p plan, resource, client string, v limits.View, n int, recorded bool) {
+func (f *Foresight) Saw(resource, client string, v limits.View, n int, recorded bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.seen == nil {
 		f.seen = map[seenKey]seenCount{}
 	}
 	if len(f.seen) >= maxForeseen {
-		f.forget(v.Now, p.longest)
+		f.forget(v.Now)
 	}
 	for r, c := range v.Counts {
-		k := p.seenKeyOf(resource, client, r)
+		k := f.seenKeyOf(resource, client, r)
 		// The old count's room is reused: it is read only under f.mu.
 		s := seenCount{at: v.Now, used: c.Used, oldest: f.seen[k].oldest[:0]}
 		for _, e := range c.Oldest[:min(len(c.Oldest), seenEntries)] {
@@ -147,9 +156,9 @@ func (f *foresight) saw(p plan, resource, client string, v limits.View, n int, r
 
 // forget drops the counts whose calls have all left the longest window at
 // now, and everything if that is not enough. f.mu is held.
-func (f *foresight) forget(now, longest int64) {
+func (f *Foresight) forget(now int64) {
 	for k, s := range f.seen {
-		if s.at+longest <= now {
+		if s.at+f.longest <= now {
 			delete(f.seen, k)
 		}
 	}
@@ -158,9 +167,9 @@ func (f *foresight) forget(now, longest int64) {
 	}
 }
 
-// drop forgets what was seen at resource: of client, or of every client
+// Drop forgets what was seen at resource: of client, or of every client
 // if client is nil. A flush makes it stale.
-func (f *foresight) drop(resource string, client *string) {
+func (f *Foresight) Drop(resource string, client *string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for k := range f.seen {
