@@ -63,53 +63,66 @@ func Runs(t *testing.T, run demo.Run, schedule []demo.Call, rules []leakybucket.
 		t.Errorf("calls at %v and %v are %v from a window's edge: on a real server, latency could flip the answer", a, b, d)
 	}
 	for _, name := range demo.Strategies {
-		t.Run(name, func(t *testing.T) {
-			rdb, sleep := demo.Embedded(miniredis.RunT(t))
-			defer rdb.Close()
-			var slack time.Duration
-			if name == "windows" {
-				slack = demo.Precision
+		t.Run(name, func(t *testing.T) { runTwice(t, name, run, schedule, rules, check) })
+	}
+}
+
+// runTwice runs the program twice under the strategy name, checks each
+// run, and that the second repeats the first.
+func runTwice(t *testing.T, name string, run demo.Run, schedule []demo.Call, rules []leakybucket.Rule, check func(t *testing.T, calls []demo.Call, out string)) {
+	rdb, sleep := demo.Embedded(miniredis.RunT(t))
+	defer rdb.Close()
+	var slack time.Duration
+	if name == "windows" {
+		slack = demo.Precision
+	}
+	var first []demo.Call
+	for round := 1; round <= 2; round++ {
+		if round == 2 && len(first) > 0 {
+			// Where the first run left the clock, moved on to a whole
+			// interval of Windows, as at the start.
+			sleep(demo.Precision - first[len(first)-1].At%demo.Precision)
+		}
+		t.Run(fmt.Sprint("run ", round), func(t *testing.T) {
+			var out bytes.Buffer
+			calls, err := run(context.Background(), demo.Env{Redis: rdb, Sleep: progress(t, &out, sleep), Strategy: name, Out: &out})
+			if err != nil {
+				t.Fatal(err)
 			}
-			var first []demo.Call
-			for round := 1; round <= 2; round++ {
-				if round == 2 && len(first) > 0 {
-					// Where the first run left the clock, moved on to
-					// a whole interval of Windows, as at the start.
-					sleep(demo.Precision - first[len(first)-1].At%demo.Precision)
-				}
-				t.Run(fmt.Sprint("run ", round), func(t *testing.T) {
-					var out bytes.Buffer
-					calls, err := run(context.Background(), demo.Env{Redis: rdb, Sleep: progress(t, &out, sleep), Strategy: name, Out: &out})
-					if err != nil {
-						t.Fatal(err)
-					}
-					checkWidth(t, out.String())
-					if len(calls) != len(schedule) {
-						t.Fatalf("made %d calls, want %d", len(calls), len(schedule))
-					}
-					for _, err := range Verify(calls, slack) {
-						t.Error(err)
-					}
-					for _, c := range calls {
-						if got := ruleList(c.Result); !slices.Equal(got, rules) {
-							t.Fatalf("%v: the rules are %v, want %v", c.At, got, rules)
-						}
-					}
-					for _, rr := range calls[0].Result.Rules {
-						most := Most(calls, rr.Rule)
-						if most > rr.Rule.Limit.Requests || slack == 0 && most < rr.Rule.Limit.Requests {
-							t.Errorf("at most %d admitted within one window of %v, want its limit", most, rr.Rule)
-						}
-					}
-					check(t, calls, out.String())
-					if round == 1 {
-						first = calls
-					} else if !reflect.DeepEqual(calls, first) {
-						t.Errorf("the second run differs from the first:\n%s", out.String())
-					}
-				})
+			checkRun(t, calls, out.String(), schedule, rules, slack)
+			check(t, calls, out.String())
+			if round == 1 {
+				first = calls
+			} else if !reflect.DeepEqual(calls, first) {
+				t.Errorf("the second run differs from the first:\n%s", out.String())
 			}
 		})
+	}
+}
+
+// checkRun checks one run: its output's width, that it made the calls of
+// schedule under rules, that Verify finds nothing wrong in them, and that
+// no window of a rule holds more than it allows (under the exact
+// strategies, that some window holds all of it).
+func checkRun(t *testing.T, calls []demo.Call, out string, schedule []demo.Call, rules []leakybucket.Rule, slack time.Duration) {
+	t.Helper()
+	checkWidth(t, out)
+	if len(calls) != len(schedule) {
+		t.Fatalf("made %d calls, want %d", len(calls), len(schedule))
+	}
+	for _, err := range Verify(calls, slack) {
+		t.Error(err)
+	}
+	for _, c := range calls {
+		if got := ruleList(c.Result); !slices.Equal(got, rules) {
+			t.Fatalf("%v: the rules are %v, want %v", c.At, got, rules)
+		}
+	}
+	for _, rr := range calls[0].Result.Rules {
+		most := Most(calls, rr.Rule)
+		if most > rr.Rule.Limit.Requests || slack == 0 && most < rr.Rule.Limit.Requests {
+			t.Errorf("at most %d admitted within one window of %v, want its limit", most, rr.Rule)
+		}
 	}
 }
 

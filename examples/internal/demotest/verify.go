@@ -33,45 +33,58 @@ func Verify(calls []demo.Call, slack time.Duration) []error {
 		fail := func(format string, args ...any) {
 			errs = append(errs, fmt.Errorf("call %d (%v, %s, weight %d): %s", i, c.At, c.Client, c.Weight, fmt.Sprintf(format, args...)))
 		}
-		res, before := c.Result, calls[:i]
-		for _, rr := range res.Rules {
-			least := counted(before, rr.Rule, c.Client, c.At, 0)
-			most := counted(before, rr.Rule, c.Client, c.At, slack)
-			used := rr.Used
-			if res.Allowed {
-				used -= c.Weight
-			}
-			if used < least || used > most {
-				fail("%v: used %d before the call, want %d..%d", rr.Rule, used, least, most)
-			}
-			room := used+c.Weight <= rr.Rule.Limit.Requests
-			switch {
-			case res.Allowed && !room:
-				fail("admitted over %v with %d already counted", rr.Rule, used)
-			case !res.Allowed && room == slices.Contains(res.DeniedBy, rr.Rule):
-				fail("%v with %d counted: DeniedBy %v", rr.Rule, used, res.DeniedBy)
-			}
+		for _, rr := range c.Result.Rules {
+			verifyRule(calls[:i], c, rr, slack, fail)
 		}
-		if res.Allowed {
-			if res.RetryAfter != 0 || len(res.DeniedBy) > 0 {
-				fail("admitted with RetryAfter %v, DeniedBy %v", res.RetryAfter, res.DeniedBy)
-			}
-			continue
-		}
-		if len(res.DeniedBy) == 0 {
-			fail("denied by no rule")
-		}
-		// Counted exactly, the call fits after RetryAfter; counted as
-		// long as the strategy may, it does not fit 1ms before.
-		then := c.At + res.RetryAfter
-		if !fits(before, c, then, 0) {
-			fail("still no room after RetryAfter %v", res.RetryAfter)
-		}
-		if res.RetryAfter <= 0 || fits(before, c, then-time.Millisecond, slack) {
-			fail("room already before RetryAfter %v", res.RetryAfter)
-		}
+		verifyAnswer(calls[:i], c, slack, fail)
 	}
 	return errs
+}
+
+// verifyRule checks what rule rr said of call c against the calls before.
+func verifyRule(before []demo.Call, c demo.Call, rr leakybucket.RuleResult, slack time.Duration, fail func(string, ...any)) {
+	res := c.Result
+	least := counted(before, rr.Rule, c.Client, c.At, 0)
+	most := counted(before, rr.Rule, c.Client, c.At, slack)
+	used := rr.Used
+	if res.Allowed {
+		used -= c.Weight
+	}
+	if used < least || used > most {
+		fail("%v: used %d before the call, want %d..%d", rr.Rule, used, least, most)
+	}
+	room := used+c.Weight <= rr.Rule.Limit.Requests
+	switch {
+	case res.Allowed && !room:
+		fail("admitted over %v with %d already counted", rr.Rule, used)
+	case !res.Allowed && room == slices.Contains(res.DeniedBy, rr.Rule):
+		fail("%v with %d counted: DeniedBy %v", rr.Rule, used, res.DeniedBy)
+	}
+}
+
+// verifyAnswer checks call c's answer as a whole: an admitted call waits
+// for nothing, a denied one is denied by some rule, and fits exactly after
+// its RetryAfter.
+func verifyAnswer(before []demo.Call, c demo.Call, slack time.Duration, fail func(string, ...any)) {
+	res := c.Result
+	if res.Allowed {
+		if res.RetryAfter != 0 || len(res.DeniedBy) > 0 {
+			fail("admitted with RetryAfter %v, DeniedBy %v", res.RetryAfter, res.DeniedBy)
+		}
+		return
+	}
+	if len(res.DeniedBy) == 0 {
+		fail("denied by no rule")
+	}
+	// Counted exactly, the call fits after RetryAfter; counted as long as
+	// the strategy may, it does not fit 1ms before.
+	then := c.At + res.RetryAfter
+	if !fits(before, c, then, 0) {
+		fail("still no room after RetryAfter %v", res.RetryAfter)
+	}
+	if res.RetryAfter <= 0 || fits(before, c, then-time.Millisecond, slack) {
+		fail("room already before RetryAfter %v", res.RetryAfter)
+	}
 }
 
 // counted returns the weight rule counts at time at among calls made by
