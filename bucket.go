@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/limits"
+	"github.com/leakybucket/leakybucket/internal/store"
 )
 
 // A Bucket limits requests to resources by the rules it was made with,
@@ -56,7 +57,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 		return nil, err
 	}
 	b := newBucket(cfg, p)
-	b.counts = newRemote(cfg, p, st, node, clusterRouteOf(rdb))
+	b.counts = newRemote(cfg, p, st, node, store.RouteOf(rdb))
 	return b, nil
 }
 
@@ -77,7 +78,7 @@ func configure(opts []Option) (config, plan, error) {
 // newBucket returns a Bucket of cfg's rules, with no counts yet: New
 // keeps them in Redis, NewLocal in memory.
 func newBucket(cfg config, p plan) *Bucket {
-	b := &Bucket{cfg: cfg, plan: p, hasClientRule: p.hasClientRule, maxN: cfg.rules[0].Limit.Requests}
+	b := &Bucket{cfg: cfg, plan: p, hasClientRule: p.HasClientRule, maxN: cfg.rules[0].Limit.Requests}
 	for _, r := range cfg.rules {
 		b.maxN = min(b.maxN, r.Limit.Requests)
 	}

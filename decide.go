@@ -9,15 +9,14 @@ import (
 
 // The decision path, top to bottom (docs/design.md, "Reading one
 // AllowN"): AllowN checks its input and hands the call to the Bucket's
-// backend. On Redis (remote.go) the call queues in its line (package batch); a
-// worker takes the waiting calls as one batch and decideBatch asks the
-// store to decide them, in one MULTI/EXEC (round.go: SortedSet, Windows)
-// or under the lock (Logs); the store reads what each rule counts before
-// each call and asks judge, which evaluates the rules (result.go) and
-// answers the caller; the store then records the admitted calls (or
-// keeps them, and takes the denied ones back). Each strategy's Redis
-// commands live in its own file: logs.go, sortedset.go, windows.go. In
-// process (local.go), the call is decided under one shard's lock.
+// backend. On Redis (remote.go) the call queues in its line (package
+// batch); a worker takes the waiting calls as one batch and decideBatch
+// asks the store (package store) to decide them, in one MULTI/EXEC
+// (SortedSet, Windows) or under the lock (Logs); the store reads what each
+// rule counts before each call and asks judge, which evaluates the rules
+// (result.go) and answers the caller; the store then records the admitted
+// calls (or keeps them, and takes the denied ones back). In process
+// (local.go), the call is decided under one shard's lock.
 
 // Allow is shorthand for AllowN(ctx, resource, client, 1).
 func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, error) {

@@ -571,4 +571,4 @@ func remoteOf(b *Bucket) *remote { return b.counts.(*remote) }
 func localOf(b *Bucket) *localCounts { return b.counts.(*localCounts) }
 
 // models returns rules as the counts judge them.
-func models(rules []Rule) []limits.Rule { return newPlan(config{rules: rules}).rules }
+func models(rules []Rule) []limits.Rule { return newPlan(config{rules: rules}).Rules }

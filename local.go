@@ -12,6 +12,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/intervals"
 	"github.com/leakybucket/leakybucket/internal/limits"
+	"github.com/leakybucket/leakybucket/internal/store"
 )
 
 // NewLocal returns a Bucket that keeps its counts in this process's memory
@@ -54,8 +55,8 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 		return batch.GivenUp(ctx, false, nil)
 	}
 	l.decide(resource, client, n, func(v limits.View) bool {
-		l.evaluateInto(res, v, n, l.recordDenied)
-		return res.Allowed || l.recordDenied
+		l.evaluateInto(res, v, n, l.RecordDenied)
+		return res.Allowed || l.RecordDenied
 	})
 	return nil
 }
@@ -154,7 +155,7 @@ func (l *localCounts) listCounts() {
 		l.counts = append(l.counts, c)
 		return len(l.counts) - 1
 	}
-	for i, rule := range l.rules {
+	for i, rule := range l.Rules {
 		c := countSpec{perClient: rule.PerClient, rule: i}
 		switch {
 		case l.capped:
@@ -163,24 +164,24 @@ func (l *localCounts) listCounts() {
 			c.part = l.layout.OfRule[i]
 		}
 		l.reads = append(l.reads, add(c))
-		if l.merged && l.hasClientRule {
+		if l.merged && l.HasClientRule {
 			add(countSpec{perClient: true, part: c.part, rule: i})
 		}
 	}
 }
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
-	l := &localCounts{plan: p, maxN: p.rules[0].Requests, start: time.Now(), seed: maphash.MakeSeed()}
-	for _, r := range p.rules {
+	l := &localCounts{plan: p, maxN: p.Rules[0].Requests, start: time.Now(), seed: maphash.MakeSeed()}
+	for _, r := range p.Rules {
 		l.maxN = min(l.maxN, r.Requests)
 	}
 	st, err := s.newStore(p) // checks the rules as New does
 	if err != nil {
 		return nil, err
 	}
-	c := st.counting()
-	l.capped = c.capped
-	if c.layout != nil {
-		l.layout, l.merged = *c.layout, true
+	c := st.Counting()
+	l.capped = c.Capped
+	if c.Layout != nil {
+		l.layout, l.merged = *c.Layout, true
 		for _, lane := range l.layout.Lanes {
 			if !lane.Fixed {
 				l.reach = max(l.reach, lane.Span-1)
@@ -190,7 +191,7 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 	l.listCounts()
 	for i := range l.shards {
 		l.shards[i].scopes = map[scopeKey]*scope{}
-		l.shards[i].counts = make([]limits.Count, len(p.rules))
+		l.shards[i].counts = make([]limits.Count, len(p.Rules))
 	}
 	return l, nil
 }
@@ -207,7 +208,7 @@ func (l *localCounts) shard(resource, client string) *localShard {
 	var h maphash.Hash
 	h.SetSeed(l.seed)
 	h.WriteString(resource)
-	if l.clientScoped {
+	if l.ClientScoped {
 		h.WriteByte(0)
 		h.WriteString(client)
 	}
@@ -222,7 +223,7 @@ func (l *localCounts) decide(resource, client string, n int, judge func(limits.V
 	sh := l.shard(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.sweep(now, l.longest)
+	sh.sweep(now, l.Longest)
 	v := sh.view(l, resource, client, now)
 	if !judge(v) {
 		return
@@ -245,7 +246,7 @@ func (l *localCounts) peek(resource, client string) limits.View {
 	v.Counts = slices.Clone(v.Counts)
 	for i := range v.Counts {
 		c := &v.Counts[i]
-		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.rules[i], *c)])
+		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.Rules[i], *c)])
 	}
 	return v
 }
@@ -269,9 +270,9 @@ func (l *localCounts) readable(rule limits.Rule, c limits.Count) int {
 // counts.
 func (sh *localShard) view(l *localCounts, resource, client string, now int64) limits.View {
 	v := limits.View{Now: now, Counts: sh.counts}
-	for i, rule := range l.rules {
+	for i, rule := range l.Rules {
 		c := l.counts[l.reads[i]]
-		v.Counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.longest)
+		v.Counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.Longest)
 		v.Counts[i].Stamp = l.stamp(c, now)
 	}
 	return v
@@ -306,13 +307,13 @@ func (sh *localShard) record(l *localCounts, c countSpec, resource, client strin
 		e.Client = client // a per-resource count keeps whose call it is, for Flush
 	}
 	if !l.capped {
-		s.trim(now, l.longest)
+		s.trim(now, l.Longest)
 		s.add(e, l.merged)
 		return
 	}
 	// As SortedSet's set of the rule: its window, then its newest
 	// Requests.
-	rule := l.rules[c.rule]
+	rule := l.Rules[c.rule]
 	s.trim(now, rule.Window)
 	s.add(e, false)
 	s.cap(rule.Requests)
@@ -332,7 +333,7 @@ func (l *localCounts) sweepNext(now int64) {
 	}
 	sh := &l.shards[turn/sweepEvery%localShards]
 	if sh.mu.TryLock() {
-		sh.sweep(now, l.longest)
+		sh.sweep(now, l.Longest)
 		sh.mu.Unlock()
 	}
 }
@@ -402,8 +403,8 @@ func (sh *localShard) drop(key scopeKey) {
 // flush forgets client's calls at resource: its scope, and its share of
 // the resource's.
 func (l *localCounts) flush(ctx context.Context, resource, client string) error {
-	if l.merged && !l.hasClientRule {
-		return errNoClientShare
+	if l.merged && !l.HasClientRule {
+		return store.ErrNoClientShare
 	}
 	if ctx.Err() != nil {
 		return batch.GivenUp(ctx, false, nil)

@@ -226,9 +226,9 @@ func comparePeek(t *testing.T, b *Bucket, call int, client string) {
 	copied := l.peek("r", client)
 	for n := range l.maxN + 1 {
 		sh.mu.Lock()
-		want := l.evaluate(sh.view(l, "r", client, l.now()), n, l.recordDenied)
+		want := l.evaluate(sh.view(l, "r", client, l.now()), n, l.RecordDenied)
 		sh.mu.Unlock()
-		if got := l.evaluate(copied, n, l.recordDenied); !reflect.DeepEqual(got, want) {
+		if got := l.evaluate(copied, n, l.RecordDenied); !reflect.DeepEqual(got, want) {
 			t.Fatalf("after call %d, weight %d: from peek's copy %+v, from the scopes %+v", call, n, got, want)
 		}
 	}

@@ -9,24 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/keys"
-	"github.com/leakybucket/leakybucket/internal/limits"
 )
-
-// parseLog reads back what NewLog wrote, whatever the names hold.
-func TestParseLog(t *testing.T) {
-	t.Parallel()
-	names := []string{"", "a", "*", "?", "[a]", `\`, ":", "a:b", "{}", "log:", "\x00", "\xff"}
-	for _, r := range names {
-		for _, c := range names {
-			k := keys.Of("p", r)
-			log := k.NewLog(c, 1_700_000_000_123, 7)
-			e, ok := parseLog(log, k.Logs())
-			if !ok || e != (limits.Entry{ID: log, Client: keys.Encode(c), At: 1_700_000_000_123, Weight: 7}) {
-				t.Fatalf("parseLog(%q) = %+v, %v", log, e, ok)
-			}
-		}
-	}
-}
 
 // Whatever the input, AllowN answers or returns an error; it never panics,
 // and with an error it writes nothing.
@@ -62,7 +45,7 @@ func FuzzAllowInput(f *testing.F) {
 		if !res.Allowed || res.Remaining != 3-n || len(held) != 1 {
 			t.Fatalf("AllowN(%q, %q, %d) = %+v with keys %q, want admitted, one log", resource, client, n, res, held)
 		}
-		if e, ok := parseLog(held[0], remoteOf(b).keysOf(resource).Logs()); !ok || e.Client != keys.Encode(client) || e.Weight != n {
+		if l, ok := keys.ParseLog(held[0], remoteOf(b).keysOf(resource).Logs()); !ok || l.Client != keys.Encode(client) || l.Weight != n {
 			t.Fatalf("log %q does not name (%q, %q, %d)", held[0], resource, client, n)
 		}
 	})

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
-
-	"github.com/leakybucket/leakybucket/internal/intervals"
 )
 
 // fixedWindows is the strategy in which a rule without a precision is a
@@ -260,21 +258,4 @@ func usedBy(rule Rule, fixed bool, calls []admitted, c admitted) int {
 		}
 	}
 	return used
-}
-
-// A call whose estimate of Redis time was still in the last fixed window
-// when Redis ran its transaction in the next was added to the last one's
-// interval: it is judged with the calls of that window, not the next's.
-func TestFixedWindowCountsAtTheEstimate(t *testing.T) {
-	rule := Rule{ScopeClient, Per(3, time.Second)}
-	y := intervals.New(0, models([]Rule{rule}))
-	var h hash
-	// The estimate is 999 (window 0, which held 3 calls before this
-	// one's); Redis ran it at 1000 (window 1, empty).
-	h.parse(y, 999, func(yield func(string, string) bool) { yield("0", "4") }, 1)
-	h.current[0] -= 1
-	c := h.count(y, 0, rule.model(), 999, 1000, 0)
-	if c.Used != 3 || c.Stamp != 0 {
-		t.Errorf("count = used %d, stamp %d; want the 3 of window 0, stamped 0", c.Used, c.Stamp)
-	}
 }

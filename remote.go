@@ -15,6 +15,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/store"
 )
 
 // remote is the backend of New: the counts in Redis, kept by a strategy's
@@ -23,26 +24,26 @@ import (
 type remote struct {
 	cfg       config
 	plan      plan
-	store     store
+	store     store.Store
 	node      func(ctx context.Context, key string) (*redis.Client, error)
-	route     *clusterRoute // nil unless a *redis.ClusterClient: see cluster.go
-	keyPrefix string        // the prefix and the tag of the strategy's key layout
+	route     *store.ClusterRoute // nil unless a *redis.ClusterClient
+	keyPrefix string              // the prefix and the tag of the strategy's key layout
 
 	clocks    clock.Set
-	batches   batch.Group[ask, Result, carried]
+	batches   batch.Group[ask, Result, store.Carried]
 	denials   denials.Cache[Result]
 	foresight *foresight.Foresight
 	breakers  outage.Breakers
 }
 
-func newRemote(cfg config, p plan, st store, node func(context.Context, string) (*redis.Client, error), route *clusterRoute) *remote {
-	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.tag(),
-		foresight: foresight.New(p.rules, p.longest)}
+func newRemote(cfg config, p plan, st store.Store, node func(context.Context, string) (*redis.Client, error), route *store.ClusterRoute) *remote {
+	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.Tag(),
+		foresight: foresight.New(p.Rules, p.Longest)}
 	r.batches.Run, r.batches.Workers = r.decideBatch, lockFreeWorkers
-	if st.locked() {
+	if st.Locked() {
 		r.batches.Workers = 1
 	}
-	r.batches.Idle = func(l *line) { l.State.flush() }
+	r.batches.Idle = func(l *line) { l.State.Flush() }
 	return r
 }
 
@@ -53,10 +54,10 @@ type ask struct {
 }
 
 // A queued call waits in its line for a batch; a line is the calls that
-// go to one place, and the take-backs its batches hand on (round.go).
+// go to one place, and the take-backs its batches hand on (store.Carried).
 type (
 	queued = batch.Call[ask, Result]
-	line   = batch.Line[ask, Result, carried]
+	line   = batch.Line[ask, Result, store.Carried]
 )
 
 // allow answers from the denial cache when it may, and else queues the
@@ -95,7 +96,7 @@ func (r *remote) clockRuns(ctx context.Context, resource string) bool {
 // per-resource, else the (resource, client)'s. The other strategies decide
 // a whole resource's calls in one MULTI/EXEC.
 func (r *remote) batchKey(resource, client string) string {
-	return r.store.line(r.keysOf(resource), client)
+	return r.store.Line(r.keysOf(resource), client)
 }
 
 // decideBatch decides a batch of calls, all to one resource: the store
@@ -105,7 +106,7 @@ func (r *remote) batchKey(resource, client string) string {
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
-	where.carry, where.busy = &l.State, l.Busy
+	where.Carry, where.Busy = &l.State, l.Busy
 	if err != nil {
 		return err
 	}
@@ -113,7 +114,7 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	for i, c := range calls {
 		requests[i] = limits.Call{Client: c.Req.client, N: c.Req.n}
 	}
-	if now, ok := where.clock.Now(); ok && r.foresees() {
+	if now, ok := where.Clock.Now(); ok && r.foresees() {
 		r.foresight.Foresee(resource, requests, now)
 	}
 	again, err := r.decideRequests(ctx, where, calls, requests)
@@ -137,14 +138,14 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 // whose lock lets no other decision count a call before it is judged, nor
 // with WithRecordDenied, under which every call counts.
 func (r *remote) foresees() bool {
-	return !r.store.locked() && !r.cfg.recordDenied
+	return !r.store.Locked() && !r.cfg.recordDenied
 }
 
 // decideRequests has the store decide calls (requests, by call), and
 // returns the calls that only looked and had room, to decide again.
-func (r *remote) decideRequests(ctx context.Context, where site, calls []*queued, requests []limits.Call) ([]int, error) {
+func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]int, error) {
 	var again []int
-	err := r.store.decide(ctx, where, requests, func(i int, v limits.View) bool {
+	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
 		if requests[i].Look && res.Allowed {
@@ -155,7 +156,7 @@ func (r *remote) decideRequests(ctx context.Context, where site, calls []*queued
 		r.foresight.Saw(c.resource, c.client, v, c.n, recorded && !requests[i].Look)
 		return recorded && !requests[i].Look
 	})
-	return again, classify(r.route.redirected(err))
+	return again, classify(r.route.Redirected(err))
 }
 
 // read reads what every rule counts for a call of weight n by client at
@@ -165,8 +166,8 @@ func (r *remote) read(ctx context.Context, resource, client string, n int) (limi
 	if err != nil {
 		return limits.View{}, err
 	}
-	v, err := r.store.peek(ctx, where, client, n)
-	return v, classify(r.route.redirected(err))
+	v, err := r.store.Peek(ctx, where, client, n)
+	return v, classify(r.route.Redirected(err))
 }
 
 // flush is Flush on Redis: the cached denials are forgotten before and
@@ -178,7 +179,7 @@ func (r *remote) flush(ctx context.Context, resource, client string) error {
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, classify(r.route.redirected(r.store.flush(ctx, where, client)))
+		return struct{}{}, classify(r.route.Redirected(r.store.Flush(ctx, where, client)))
 	})
 	r.denials.Forget(resource, &client)
 	r.foresight.Drop(resource, &client)
@@ -193,7 +194,7 @@ func (r *remote) flushAll(ctx context.Context, resource string) error {
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, classify(r.route.redirected(r.store.flushAll(ctx, where)))
+		return struct{}{}, classify(r.route.Redirected(r.store.FlushAll(ctx, where)))
 	})
 	r.denials.Forget(resource, nil)
 	r.foresight.Drop(resource, nil)
@@ -227,17 +228,17 @@ func nodeOf(rdb redis.UniversalClient) (func(context.Context, string) (*redis.Cl
 const lockFreeWorkers = 2
 
 // siteOf returns where resource's counts live.
-func (r *remote) siteOf(ctx context.Context, resource string, view *lock.View) (site, error) {
+func (r *remote) siteOf(ctx context.Context, resource string, view *lock.View) (store.Site, error) {
 	ks := r.keysOf(resource)
 	node, err := r.node(ctx, ks.Slot())
 	if err != nil {
-		return site{}, classify(err)
+		return store.Site{}, classify(err)
 	}
 	if err := r.admit(node); err != nil {
-		return site{}, err // the breaker is open: see breaker.go
+		return store.Site{}, err // the breaker is open: see breaker.go
 	}
 	refind := func(ctx context.Context) (*redis.Client, error) { return r.node(ctx, ks.Slot()) }
-	return site{node: node, keys: ks, clock: r.clocks.Of(node.Options().Addr), route: r.route, lock: view, refind: refind}, nil
+	return store.Site{Node: node, Keys: ks, Clock: r.clocks.Of(node.Options().Addr), Route: r.route, Lock: view, Refind: refind}, nil
 }
 
 // keysOf names the keys of resource.

@@ -68,15 +68,15 @@ func (p plan) evaluate(v limits.View, n int, recordDenied bool) Result {
 
 // evaluateInto is evaluate writing into res, in the room of its slices.
 func (p plan) evaluateInto(res *Result, v limits.View, n int, recordDenied bool) {
-	*res = Result{Allowed: true, Rules: roomFor(res.Rules, len(p.rules)), DeniedBy: res.DeniedBy[:0]}
-	for i, rule := range p.rules {
+	*res = Result{Allowed: true, Rules: roomFor(res.Rules, len(p.Rules)), DeniedBy: res.DeniedBy[:0]}
+	for i, rule := range p.Rules {
 		if !rule.HasRoom(v.Counts[i].Used, n) {
 			res.Allowed = false
 			res.DeniedBy = append(res.DeniedBy, p.public[i])
 		}
 	}
 	recorded := res.Allowed || recordDenied
-	for i, rule := range p.rules {
+	for i, rule := range p.Rules {
 		rr := &res.Rules[i]
 		rr.Rule = p.public[i]
 		rr.settle(rule, v.Counts[i], v, n, recorded, res.Allowed)

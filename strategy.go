@@ -1,17 +1,10 @@
 package leakybucket
 
 import (
-	"context"
 	"fmt"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/leakybucket/leakybucket/internal/clock"
-	"github.com/leakybucket/leakybucket/internal/intervals"
-	"github.com/leakybucket/leakybucket/internal/keys"
-	"github.com/leakybucket/leakybucket/internal/limits"
-	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/store"
 )
 
 // A Strategy is how a Bucket keeps its counts in Redis: Logs (the default),
@@ -36,7 +29,7 @@ type Strategy interface {
 
 	// newStore returns the store of a Bucket with these rules, or an
 	// ErrInvalidOption error if the strategy cannot keep them.
-	newStore(p plan) (store, error)
+	newStore(p plan) (store.Store, error)
 }
 
 var (
@@ -102,112 +95,24 @@ func Windows(precision time.Duration) Strategy { return windowsStrategy{precisio
 // one before.
 var FixedWindows Strategy = windowsStrategy{fixed: true}
 
-// plan is what the stores need to know of the rules and options.
+// plan is what the stores need to know of the rules and options, and the
+// rules as Results name them.
 type plan struct {
-	rules  []limits.Rule // the Bucket's, in order
-	public []Rule        // the same, as Results name them
-	// clientScoped: every rule is per-client, so a decision needs only the
-	// client's counts (and, under Logs, only the (resource, client) lock).
-	clientScoped  bool
-	hasClientRule bool
-	longest       int64 // the longest window, ms: how long a call is counted
-	recordDenied  bool
-	scanCount     int
-	lockTTL       time.Duration
-	lockWait      [2]time.Duration // see WithLockWait
+	store.Plan
+	public []Rule // the same rules as Plan.Rules, as given to New
 }
 
 func newPlan(cfg config) plan {
-	p := plan{public: cfg.rules, clientScoped: true, recordDenied: cfg.recordDenied, scanCount: cfg.scanCount,
-		lockTTL: cfg.lockTTL, lockWait: cfg.lockWait}
+	p := plan{public: cfg.rules, Plan: store.Plan{ClientScoped: true, RecordDenied: cfg.recordDenied, ScanCount: cfg.scanCount,
+		LockTTL: cfg.lockTTL, LockWait: cfg.lockWait}}
 	for _, public := range cfg.rules {
 		r := public.model()
-		p.rules = append(p.rules, r)
-		p.clientScoped = p.clientScoped && r.PerClient
-		p.hasClientRule = p.hasClientRule || r.PerClient
-		p.longest = max(p.longest, r.Window)
+		p.Rules = append(p.Rules, r)
+		p.ClientScoped = p.ClientScoped && r.PerClient
+		p.HasClientRule = p.HasClientRule || r.PerClient
+		p.Longest = max(p.Longest, r.Window)
 	}
 	return p
-}
-
-// A store keeps one strategy's counts: its Redis commands live in its own
-// file. Every method works on one resource's site, and takes clients in
-// clear text.
-type store interface {
-	// decide decides calls, in order, and records them: for each it calls
-	// judge with what every rule counted before it, and records the call if
-	// judge says so (see judgeFunc).
-	decide(ctx context.Context, at site, calls []limits.Call, judge judgeFunc) error
-	// peek returns what every rule counts for client, for a call of
-	// weight n, without writing anything.
-	peek(ctx context.Context, at site, client string, n int) (limits.View, error)
-	// flush forgets every count of client: its own, and its share of the
-	// resource's.
-	flush(ctx context.Context, at site, client string) error
-	// flushAll forgets every count of the resource.
-	flushAll(ctx context.Context, at site) error
-	// tag names the key layout: what a Bucket's counts depend on beyond
-	// the strategy (the longest window, a precision). Buckets whose tags
-	// differ never share a key, so that one never trims or expires counts
-	// that the other still needs.
-	tag() string
-	// line names the calls one batch may hold: those decided under one
-	// lock (Logs), or in one transaction of the resource's keys.
-	line(ks keys.Space, client string) string
-	// locked reports whether decisions take a lock. Then a line runs one
-	// batch at a time, and no call needs to only look (package foresight):
-	// the lock lets no other decision count a call before it is judged.
-	locked() bool
-	// counting is how the store counts, for NewLocal to count alike.
-	counting() counting
-}
-
-// counting is how a store counts calls: in the intervals of a layout
-// (Windows), or one by one, capped at each rule's Requests (SortedSet with
-// WithRecordDenied), or neither (Logs, and SortedSet otherwise).
-type counting struct {
-	layout *intervals.Layout
-	capped bool
-}
-
-// lockFree is what SortedSet and Windows share: every batch of a resource
-// is one transaction of its keys, without a lock.
-type lockFree struct{}
-
-func (lockFree) line(ks keys.Space, _ string) string { return ks.Slot() }
-func (lockFree) locked() bool                        { return false }
-
-// judgeFunc evaluates call i of a batch, given v, what every rule counted
-// before it, and reports whether the call is recorded: admitted (or
-// denied, with WithRecordDenied), and its caller still waiting. A store
-// calls it once per call, in order.
-type judgeFunc func(i int, v limits.View) (recorded bool)
-
-// site is where one resource's counts live: the node that owns them, and
-// what is known of it.
-type site struct {
-	node  *redis.Client
-	keys  keys.Space
-	clock *clock.Clock // the node's clock
-	route *clusterRoute
-	lock  *lock.View // what this process knows of the resource's lock (Logs)
-	// carry holds take-backs for the next transaction of the batch's
-	// line, while busy says calls wait in it; nil outside a batch.
-	carry *carried
-	busy  func() bool
-	// refind looks up the node that owns the keys again, after a
-	// redirect.
-	refind func(context.Context) (*redis.Client, error)
-}
-
-// conn is node as the connection of reads that carry no key: on a cluster,
-// guarded so that they fail where the node does not own the slot.
-func (s site) conn() pipeliner { return s.route.conn(s.node, s.keys) }
-
-// pipeliner is a connection: a *redis.Client, or the *redis.Tx that holds
-// the lock.
-type pipeliner interface {
-	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
 // exact checks that no rule has a precision: a strategy other than Windows
@@ -224,4 +129,74 @@ func exact(s Strategy, p plan) error {
 
 func invalidStrategy(s Strategy, format string, args ...any) error {
 	return fmt.Errorf("%w: strategy %v: %w", ErrInvalidOption, s, fmt.Errorf(format, args...))
+}
+
+// windowsStrategy is Windows(precision), or FixedWindows if fixed.
+type windowsStrategy struct {
+	precision time.Duration
+	fixed     bool
+}
+
+// String returns "windows(1s)", or "fixed windows".
+func (w windowsStrategy) String() string {
+	if w.fixed {
+		return "fixed windows"
+	}
+	return "windows(" + w.precision.String() + ")"
+}
+
+// maxWindowsRequests bounds the Requests of a rule under Windows, so that
+// no interval's HINCRBY can overflow, even with a thousand calls of the
+// largest weight not yet taken back.
+const maxWindowsRequests = 1 << 50
+
+func (w windowsStrategy) newStore(p plan) (store.Store, error) {
+	if !w.fixed && w.precision < time.Millisecond {
+		return nil, invalidStrategy(w, "%w: %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", ErrInvalidPrecision, w.precision)
+	}
+	for _, r := range p.public {
+		if r.Limit.Requests > maxWindowsRequests {
+			return nil, invalidStrategy(w, "rule %v: more than maxWindowsRequests (%d)", r, maxWindowsRequests)
+		}
+		if r.Limit.Precision != 0 || w.fixed {
+			continue // its own precision (checked by New), or a fixed window
+		}
+		if err := checkPrecision(w.precision, r.Limit.Window); err != nil {
+			return nil, invalidStrategy(w, "rule %v: %w", r, err)
+		}
+	}
+	return store.NewWindows(p.Plan, w.precision), nil
+}
+
+type sortedSetStrategy struct{}
+
+func (sortedSetStrategy) String() string { return "sorted set" }
+
+// maxSortedSetRequests bounds the Requests of a rule under SortedSet,
+// which keeps one member (about 50 bytes) per unit of weight counted: a
+// full set at this limit holds about 50 MB, and a call of weight n sends n
+// members.
+const maxSortedSetRequests = 1_000_000
+
+func (st sortedSetStrategy) newStore(p plan) (store.Store, error) {
+	if err := exact(st, p); err != nil {
+		return nil, err
+	}
+	for _, r := range p.public {
+		if r.Limit.Requests > maxSortedSetRequests {
+			return nil, invalidStrategy(st, "rule %v: more than maxSortedSetRequests (%d): it keeps a member per unit of weight", r, maxSortedSetRequests)
+		}
+	}
+	return store.NewSortedSet(p.Plan), nil
+}
+
+type logsStrategy struct{}
+
+func (logsStrategy) String() string { return "logs" }
+
+func (st logsStrategy) newStore(p plan) (store.Store, error) {
+	if err := exact(st, p); err != nil {
+		return nil, err
+	}
+	return store.NewLogs(p.Plan), nil
 }

@@ -63,6 +63,37 @@ func (k Space) NewLog(client string, at int64, n int) string {
 	return k.ClientLogs(client) + strconv.FormatInt(at, 10) + ":" + strconv.Itoa(n) + ":" + uuid.NewString()
 }
 
+// A Log is what a log's name says: the client (as Encode writes it), the
+// Redis time of the call (ms) and its weight.
+type Log struct {
+	Client string
+	At     int64
+	Weight int
+}
+
+// ParseLog reads the name of a log found under logs (a resource's Logs).
+// A key that does not have the shape of a log is not one of ours: ok is
+// false.
+func ParseLog(key, logs string) (l Log, ok bool) {
+	rest, ok := strings.CutPrefix(key, logs)
+	if !ok {
+		return Log{}, false
+	}
+	parts := strings.Split(rest, ":")
+	if len(parts) != 4 {
+		return Log{}, false
+	}
+	at, err := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil {
+		return Log{}, false
+	}
+	weight, err := strconv.Atoi(parts[2])
+	if err != nil || weight <= 0 {
+		return Log{}, false
+	}
+	return Log{Client: parts[0], At: at, Weight: weight}, true
+}
+
 // SortedSet is the prefix of the resource's sorted sets.
 func (k Space) SortedSet() string { return k.base + "zset" }
 

@@ -149,3 +149,19 @@ func FuzzKeys(f *testing.F) {
 		checkKeys(t, "p", r2, c2, r1, c1)
 	})
 }
+
+// ParseLog reads back what NewLog wrote, whatever the names hold.
+func TestParseLog(t *testing.T) {
+	t.Parallel()
+	names := []string{"", "a", "*", "?", "[a]", `\`, ":", "a:b", "{}", "log:", "\x00", "\xff"}
+	for _, r := range names {
+		for _, c := range names {
+			k := Of("p", r)
+			log := k.NewLog(c, 1_700_000_000_123, 7)
+			l, ok := ParseLog(log, k.Logs())
+			if !ok || l != (Log{Client: Encode(c), At: 1_700_000_000_123, Weight: 7}) {
+				t.Fatalf("ParseLog(%q) = %+v, %v", log, l, ok)
+			}
+		}
+	}
+}

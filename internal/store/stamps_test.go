@@ -1,4 +1,4 @@
-package leakybucket
+package store
 
 import (
 	"math/rand/v2"

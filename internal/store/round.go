@@ -1,4 +1,4 @@
-package leakybucket
+package store
 
 import (
 	"context"
@@ -25,7 +25,7 @@ type round interface {
 	// judge reads t's replies, asks judge about each call in order, and
 	// queues on back the take-back of the calls not recorded. now is Redis's
 	// time when t ran (ms), which the Results count from.
-	judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) error
+	judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error
 	// takeAll queues on back the take-back of every call, for a
 	// transaction t that ran, although its reply was lost (t.replies is
 	// nil: every caller got an error, so none may count) or ran too far
@@ -46,7 +46,7 @@ const redoAttempts = 3
 
 // decideRound decides the calls with rounds made by newRound for the
 // estimated Redis time, again if one says so (errRedo).
-func decideRound(ctx context.Context, where site, newRound func(now int64) round, judge judgeFunc) error {
+func decideRound(ctx context.Context, where Site, newRound func(now int64) round, judge Judge) error {
 	var err error
 	for range redoAttempts {
 		if err = decideOnce(ctx, where, newRound, judge); !errors.Is(err, errRedo) {
@@ -62,38 +62,38 @@ func decideRound(ctx context.Context, where site, newRound func(now int64) round
 // from the calls' stamp (Redis's clock jumped, or this process stalled
 // between stamping and sending), it takes the calls back and says redo:
 // a stamp too early would let the calls leave their windows early.
-func decideOnce(ctx context.Context, where site, newRound func(now int64) round, judge judgeFunc) error {
-	now, err := where.clock.Estimate(ctx, where.node)
+func decideOnce(ctx context.Context, where Site, newRound func(now int64) round, judge Judge) error {
+	now, err := where.Clock.Estimate(ctx, where.Node)
 	if err != nil {
 		return err
 	}
 	r := newRound(now)
-	t := txn.New(where.keys, !r.idempotent())
-	carried := where.carry.take()
+	t := txn.New(where.Keys, !r.idempotent())
+	carried := where.Carry.take()
 	for _, cmd := range carried {
 		t.Add(cmd...)
 	}
 	clock := t.Add("time")
 	r.queue(t)
 	sent := time.Now()
-	switch o, err := t.Exec(ctx, where.node); o {
+	switch o, err := t.Exec(ctx, where.Node); o {
 	case txn.NotRun:
 		handOn(where, &txn.Txn{Cmds: carried}, r.idempotent())
 		return err
 	case txn.Unknown:
-		where.clock.Reset()
+		where.Clock.Reset()
 		go settleLost(where, r, t, carried)
 		return err
 	}
-	back := txn.New(where.keys, !r.idempotent())
+	back := txn.New(where.Keys, !r.idempotent())
 	server, ok := txn.ReplyTime(t.Replies[clock])
-	if !ok || stampOff(server, now, time.Since(sent), where.clock.Pace()) {
-		where.clock.Reset()
+	if !ok || stampOff(server, now, time.Since(sent), where.Clock.Pace()) {
+		where.Clock.Reset()
 		r.takeAll(t, back)
 		takeBack(where, back, r.idempotent())
 		return fmt.Errorf("%w: Redis ran it %d ms after its stamp", errRedo, server.UnixMilli()-now)
 	}
-	where.clock.Sample(server, sent)
+	where.Clock.Sample(server, sent)
 	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
 		return err
 	}
@@ -106,12 +106,12 @@ func decideOnce(ctx context.Context, where site, newRound func(now int64) round,
 // some are guarded (which a decision cannot carry), it sends them now,
 // before the callers are answered, so that their next call counts without
 // them.
-func handOn(where site, back *txn.Txn, idempotent bool) {
-	if where.busy != nil && where.busy() && len(back.Guards) == 0 {
-		where.carry.hand(where, back.Cmds, idempotent)
+func handOn(where Site, back *txn.Txn, idempotent bool) {
+	if where.Busy != nil && where.Busy() && len(back.Guards) == 0 {
+		where.Carry.hand(where, back.Cmds, idempotent)
 		return
 	}
-	send := txn.New(where.keys, !idempotent)
+	send := txn.New(where.Keys, !idempotent)
 	send.Cmds, send.Guards = back.Cmds, back.Guards
 	takeBack(where, send, idempotent)
 }
@@ -141,9 +141,9 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 // (none of their callers was answered), or sends alone the take-backs t
 // carried if it did not. A take-back that must not run twice is lost when
 // resolve cannot tell: the calls stay counted, which is safe.
-func settleLost(where site, r round, t *txn.Txn, carried [][]any) {
-	o := t.Resolve(where.node, true)
-	back := txn.New(where.keys, !r.idempotent())
+func settleLost(where Site, r round, t *txn.Txn, carried [][]any) {
+	o := t.Resolve(where.Node, true)
+	back := txn.New(where.Keys, !r.idempotent())
 	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
 		r.takeAll(t, back)
 	}
@@ -153,16 +153,16 @@ func settleLost(where site, r round, t *txn.Txn, carried [][]any) {
 	takeBack(where, back, r.idempotent())
 }
 
-// carried is the take-backs that a line's next transaction carries.
-type carried struct {
+// Carried is the take-backs that a line's next transaction carries.
+type Carried struct {
 	mu         sync.Mutex
 	cmds       [][]any
-	where      site // where to send them alone
+	where      Site // where to send them alone
 	idempotent bool // as the round's take-backs (round.idempotent)
 }
 
 // hand adds cmds, the take-backs of a batch at where, for the next one.
-func (c *carried) hand(where site, cmds [][]any, idempotent bool) {
+func (c *Carried) hand(where Site, cmds [][]any, idempotent bool) {
 	if c == nil || len(cmds) == 0 {
 		return
 	}
@@ -172,7 +172,7 @@ func (c *carried) hand(where site, cmds [][]any, idempotent bool) {
 }
 
 // take returns the commands to carry, and forgets them.
-func (c *carried) take() [][]any {
+func (c *Carried) take() [][]any {
 	if c == nil {
 		return nil
 	}
@@ -183,13 +183,13 @@ func (c *carried) take() [][]any {
 	return cmds
 }
 
-// flush sends what is left to carry alone: the line has no batch left.
-func (c *carried) flush() {
+// Flush sends what is left to carry alone: the line has no batch left.
+func (c *Carried) Flush() {
 	c.mu.Lock()
 	where, idempotent := c.where, c.idempotent
 	c.mu.Unlock()
 	if cmds := c.take(); len(cmds) > 0 {
-		back := txn.New(where.keys, !idempotent)
+		back := txn.New(where.Keys, !idempotent)
 		back.Cmds = cmds
 		takeBack(where, back, idempotent)
 	}
@@ -206,24 +206,24 @@ const takeBackFor = 5 * time.Second
 // the calls counted: others are denied sooner, never admitted past a
 // limit. It runs detached from the callers' contexts, which may have
 // ended: a caller that gave up must not stay counted.
-func takeBack(where site, back *txn.Txn, idempotent bool) {
+func takeBack(where Site, back *txn.Txn, idempotent bool) {
 	if len(back.Cmds) == 0 && len(back.Guards) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), takeBackFor)
 	defer cancel()
-	node := where.node
+	node := where.Node
 	backoff.New(txn.ResolveFirstBackoff, txn.ResolveMaxBackoff).Retry(ctx, func() bool {
 		over, err := tryTakeBack(ctx, node, back, idempotent)
 		if over {
 			return true
 		}
-		if where.route.redirected(err) != nil && where.refind != nil {
-			if moved, err := where.refind(ctx); err == nil {
+		if where.Route.Redirected(err) != nil && where.Refind != nil {
+			if moved, err := where.Refind(ctx); err == nil {
 				node = moved
 			}
 		}
-		back = back.Again(where.keys)
+		back = back.Again(where.Keys)
 		return false
 	})
 }

@@ -1,4 +1,4 @@
-package leakybucket
+package store
 
 import (
 	"cmp"
@@ -22,41 +22,10 @@ import (
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
-// windowsStrategy is Windows(precision), or FixedWindows if fixed.
-type windowsStrategy struct {
-	precision time.Duration
-	fixed     bool
-}
-
-// String returns "windows(1s)", or "fixed windows".
-func (w windowsStrategy) String() string {
-	if w.fixed {
-		return "fixed windows"
-	}
-	return "windows(" + w.precision.String() + ")"
-}
-
-// maxWindowsRequests bounds the Requests of a rule under Windows, so that
-// no interval's HINCRBY can overflow, even with a thousand calls of the
-// largest weight not yet taken back.
-const maxWindowsRequests = 1 << 50
-
-func (w windowsStrategy) newStore(p plan) (store, error) {
-	if !w.fixed && w.precision < time.Millisecond {
-		return nil, invalidStrategy(w, "%w: %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", ErrInvalidPrecision, w.precision)
-	}
-	for _, r := range p.public {
-		if r.Limit.Requests > maxWindowsRequests {
-			return nil, invalidStrategy(w, "rule %v: more than maxWindowsRequests (%d)", r, maxWindowsRequests)
-		}
-		if r.Limit.Precision != 0 || w.fixed {
-			continue // its own precision (checked by New), or a fixed window
-		}
-		if err := checkPrecision(w.precision, r.Limit.Window); err != nil {
-			return nil, invalidStrategy(w, "rule %v: %w", r, err)
-		}
-	}
-	return windowsStore{plan: p, Layout: intervals.New(w.precision, p.rules), gens: &sync.Map{}}, nil
+// NewWindows returns the store of Windows(precision) for p: of
+// FixedWindows if precision is 0.
+func NewWindows(p Plan, precision time.Duration) Store {
+	return windowsStore{Plan: p, Layout: intervals.New(precision, p.Rules), gens: &sync.Map{}}
 }
 
 // windowsStore is the Windows strategy: precision-bucket sliding windows,
@@ -90,7 +59,7 @@ func (w windowsStrategy) newStore(p plan) (store, error) {
 // which Flush ends with the hash. A decision that wrote to an old
 // generation (its process had not seen the flush yet) is made again.
 type windowsStore struct {
-	plan
+	Plan
 	intervals.Layout
 	lockFree
 	gens *sync.Map // by resource (keys.Space.base): the latest generation seen
@@ -123,10 +92,10 @@ func (s windowsStore) saw(ks keys.Space, used string, reply any) bool {
 // generation gen: the resource's first.
 func (s windowsStore) hashes(ks keys.Space, gen, client string) []string {
 	var out []string
-	if !s.clientScoped {
+	if !s.ClientScoped {
 		out = append(out, ks.Hash(gen))
 	}
-	if s.hasClientRule {
+	if s.HasClientRule {
 		out = append(out, ks.ClientHash(gen, client))
 	}
 	return out
@@ -134,7 +103,7 @@ func (s windowsStore) hashes(ks keys.Space, gen, client string) []string {
 
 // hashOf is the index, among a call's hashes, of the one rule counts in.
 func (s windowsStore) hashOf(rule limits.Rule) int {
-	if rule.PerClient && !s.clientScoped {
+	if rule.PerClient && !s.ClientScoped {
 		return 1
 	}
 	return 0
@@ -147,8 +116,8 @@ var errStaleGeneration = fmt.Errorf("%w: the counts were flushed meanwhile", err
 // staleRetries bounds how often a read is made again after a flush.
 const staleRetries = 3
 
-func (s windowsStore) decide(ctx context.Context, where site, calls []limits.Call, judge judgeFunc) error {
-	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.keys, now, calls) }, judge)
+func (s windowsStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
+	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.Keys, now, calls) }, judge)
 }
 
 // hBatch is the round of one batch on the hashes of a resource.
@@ -195,7 +164,7 @@ func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *h
 		for i, key := range hashKeys {
 			h := b.byKey[key]
 			if h == nil {
-				h = &hash{key: key, client: s.hasClientRule && i == len(hashKeys)-1}
+				h = &hash{key: key, client: s.HasClientRule && i == len(hashKeys)-1}
 				b.byKey[key] = h
 				b.order = append(b.order, h)
 			}
@@ -252,7 +221,7 @@ const tidyAt = 16
 // judge asks judge about each call in order, and queues on back the
 // take-back of the calls not recorded, and the deletion of dead fields the
 // transaction did not delete.
-func (b *hBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) error {
+func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error {
 	if !b.saw(b.keys, b.gen, t.Replies[b.genReply]) {
 		return errStaleGeneration
 	}
@@ -264,8 +233,8 @@ func (b *hBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 	}
 	for i, c := range b.calls {
 		hashes := b.hashesOf(i)
-		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.rules))}
-		for r, rule := range b.rules {
+		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
+		for r, rule := range b.Rules {
 			h := hashes[b.hashOf(rule)]
 			v.Counts[r] = h.count(b.Layout, r, rule, b.now, now, h.admitted)
 		}
@@ -322,7 +291,7 @@ func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 		case n <= 0:
 		case h.client:
 			back.Guards = append(back.Guards, b.guardOf(h, n))
-		case !b.hasClientRule:
+		case !b.HasClientRule:
 			back.Cmds = b.subtract(back.Cmds, h, n)
 		}
 	}
@@ -513,8 +482,8 @@ func withCurrent(entries []limits.Entry, stamp int64, weight int) []limits.Entry
 
 // read reads the generation, the hashes of client and TIME on conn in one
 // round trip; once more if the generation was not the one expected.
-func (s windowsStore) read(ctx context.Context, conn pipeliner, where site, client string) (int64, []*hash, error) {
-	ks := where.keys
+func (s windowsStore) read(ctx context.Context, conn pipeliner, where Site, client string) (int64, []*hash, error) {
+	ks := where.Keys
 	for range staleRetries {
 		gen := s.gen(ks)
 		keys := s.hashes(ks, gen, client)
@@ -536,7 +505,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, where site, clie
 		if !s.saw(ks, gen, seen.Val()) {
 			continue
 		}
-		where.clock.Sample(serverTime.Val(), sent)
+		where.Clock.Sample(serverTime.Val(), sent)
 		now := serverTime.Val().UnixMilli()
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
@@ -548,22 +517,22 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, where site, clie
 	return 0, nil, errStaleGeneration
 }
 
-func (s windowsStore) peek(ctx context.Context, where site, client string, _ int) (limits.View, error) {
-	now, hashes, err := s.read(ctx, where.node, where, client)
+func (s windowsStore) Peek(ctx context.Context, where Site, client string, _ int) (limits.View, error) {
+	now, hashes, err := s.read(ctx, where.Node, where, client)
 	if err != nil {
 		return limits.View{}, err
 	}
-	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.rules))}
-	for r, rule := range s.rules {
+	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.Rules))}
+	for r, rule := range s.Rules {
 		v.Counts[r] = hashes[s.hashOf(rule)].count(s.Layout, r, rule, now, now, 0)
 	}
 	return v, nil
 }
 
-// errNoClientShare: see Bucket.Flush.
-var errNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client counts when every rule is per-resource, so Flush cannot tell a client's share: use FlushAll", errors.ErrUnsupported)
+// ErrNoClientShare: see Bucket.Flush.
+var ErrNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client counts when every rule is per-resource, so Flush cannot tell a client's share: use FlushAll", errors.ErrUnsupported)
 
-// flush takes the client's hash away, in one transaction that reads what
+// Flush takes the client's hash away, in one transaction that reads what
 // it held and deletes it, and then takes that share out of the resource's
 // hash, in a second one run exactly once (it is marked, as a take-back
 // is). It never fails because the client is busy: no WATCH. A decision of
@@ -572,28 +541,28 @@ var errNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client 
 // weight that the hash held when it was taken does nothing (see guard).
 // Between the two transactions the resource counts the share still, which
 // errs on the side of denying.
-func (s windowsStore) flush(ctx context.Context, where site, client string) error {
-	if !s.hasClientRule {
-		return errNoClientShare
+func (s windowsStore) Flush(ctx context.Context, where Site, client string) error {
+	if !s.HasClientRule {
+		return ErrNoClientShare
 	}
 	for range staleRetries {
-		gen := s.gen(where.keys)
-		keys := s.hashes(where.keys, gen, client)
-		take := txn.New(where.keys, false)
+		gen := s.gen(where.Keys)
+		keys := s.hashes(where.Keys, gen, client)
+		take := txn.New(where.Keys, false)
 		read := take.Add("hgetall", keys[len(keys)-1])
 		take.Add("del", keys[len(keys)-1])
-		seen, timeAt := take.Add("get", where.keys.Generation()), take.Add("time")
-		if _, err := take.Exec(ctx, where.node); err != nil {
+		seen, timeAt := take.Add("get", where.Keys.Generation()), take.Add("time")
+		if _, err := take.Exec(ctx, where.Node); err != nil {
 			return err
 		}
-		if !s.saw(where.keys, gen, take.Replies[seen]) {
+		if !s.saw(where.Keys, gen, take.Replies[seen]) {
 			continue // a FlushAll came first: the client's hash is another one
 		}
 		server, _ := txn.ReplyTime(take.Replies[timeAt])
 		mine := &hash{key: keys[len(keys)-1]}
 		mine.parse(s.Layout, server.UnixMilli(), txn.ReplyFields(take.Replies[read]), txn.ReplyLen(take.Replies[read]))
-		if !s.clientScoped {
-			takeBack(where, s.share(where.keys, keys[0], mine, server.UnixMilli()), false)
+		if !s.ClientScoped {
+			takeBack(where, s.share(where.Keys, keys[0], mine, server.UnixMilli()), false)
 		}
 		return nil
 	}
@@ -618,7 +587,7 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int6
 	return t
 }
 
-// flushAll starts a new generation, and deletes the hashes of the resource
+// FlushAll starts a new generation, and deletes the hashes of the resource
 // (with SCAN when a rule is per-client): a decision or take-back that
 // raced it writes to the old generation, which nothing reads. When the
 // generation's key expires, the names start again from the first
@@ -627,21 +596,21 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int6
 // was written by a call stamped before it) and those of its own generation
 // (each decision extends it to its hash's deadline, with GT). It lives no
 // longer than that.
-func (s windowsStore) flushAll(ctx context.Context, where site) error {
-	ks := []string{where.keys.Hash(s.gen(where.keys))}
-	if s.hasClientRule {
-		r := newKeyScan(where.keys.Hashes(), s.scanCount)
-		if err := r.finish(ctx, where.node); err != nil {
+func (s windowsStore) FlushAll(ctx context.Context, where Site) error {
+	ks := []string{where.Keys.Hash(s.gen(where.Keys))}
+	if s.HasClientRule {
+		r := newKeyScan(where.Keys.Hashes(), s.ScanCount)
+		if err := r.finish(ctx, where.Node); err != nil {
 			return err
 		}
 		ks = r.found
 	}
 	var bumped *redis.IntCmd
-	_, err := where.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		bumped = pipe.Incr(ctx, where.keys.Generation())
+	_, err := where.Node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+		bumped = pipe.Incr(ctx, where.Keys.Generation())
 		life := s.GenLife().Milliseconds()
-		pipe.Do(ctx, "pexpire", where.keys.Generation(), life, "nx")
-		pipe.Do(ctx, "pexpire", where.keys.Generation(), life, "gt")
+		pipe.Do(ctx, "pexpire", where.Keys.Generation(), life, "nx")
+		pipe.Do(ctx, "pexpire", where.Keys.Generation(), life, "gt")
 		if len(ks) > 0 {
 			pipe.Del(ctx, ks...)
 		}
@@ -650,11 +619,11 @@ func (s windowsStore) flushAll(ctx context.Context, where site) error {
 	if err != nil {
 		return err
 	}
-	s.gens.Store(where.keys.Slot(), strconv.FormatInt(bumped.Val(), 10))
-	return where.route.owns(ctx, where.node, where.keys)
+	s.gens.Store(where.Keys.Slot(), strconv.FormatInt(bumped.Val(), 10))
+	return where.Route.owns(ctx, where.Node, where.Keys)
 }
 
 // tag is the layout's: see layout.tag.
-func (s windowsStore) counting() counting { return counting{layout: &s.Layout} }
+func (s windowsStore) Counting() Counting { return Counting{Layout: &s.Layout} }
 
 func (s windowsStore) tag() string { return s.Layout.Tag() }

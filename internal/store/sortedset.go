@@ -1,4 +1,4 @@
-package leakybucket
+package store
 
 import (
 	"context"
@@ -17,38 +17,18 @@ import (
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
-type sortedSetStrategy struct{}
-
-func (sortedSetStrategy) String() string { return "sorted set" }
-
-// maxSortedSetRequests bounds the Requests of a rule under SortedSet,
-// which keeps one member (about 50 bytes) per unit of weight counted: a
-// full set at this limit holds about 50 MB, and a call of weight n sends n
-// members.
-const maxSortedSetRequests = 1_000_000
-
-func (st sortedSetStrategy) newStore(p plan) (store, error) {
-	if err := exact(st, p); err != nil {
-		return nil, err
-	}
-	s := sortedSetStore{plan: p, setOf: make([]int, len(p.rules))}
-	for i, r := range p.public {
-		if r.Limit.Requests > maxSortedSetRequests {
-			return nil, invalidStrategy(st, "rule %v: more than maxSortedSetRequests (%d): it keeps a member per unit of weight", r, maxSortedSetRequests)
-		}
-		spec := setSpec{scope: r.Scope, window: r.Limit.windowMillis(), limit: r.Limit.Requests}
-		s.setOf[i] = -1
-		for j, known := range s.sets {
-			if known == spec {
-				s.setOf[i] = j
-			}
-		}
+// NewSortedSet returns the store of SortedSet for p.
+func NewSortedSet(p Plan) Store {
+	s := sortedSetStore{Plan: p, setOf: make([]int, len(p.Rules))}
+	for i, r := range p.Rules {
+		spec := setSpec{perClient: r.PerClient, window: r.Window, limit: r.Requests}
+		s.setOf[i] = slices.Index(s.sets, spec)
 		if s.setOf[i] < 0 {
 			s.setOf[i] = len(s.sets)
 			s.sets = append(s.sets, spec)
 		}
 	}
-	return s, nil
+	return s
 }
 
 // sortedSetStore is the SortedSet strategy: a sliding log per rule, capped
@@ -78,7 +58,7 @@ func (st sortedSetStrategy) newStore(p plan) (store, error) {
 // With WithRecordDenied every call is kept and the cap drops the oldest
 // instead: the newest Requests attempts decide, as all of them would.
 type sortedSetStore struct {
-	plan
+	Plan
 	lockFree
 	sets  []setSpec // the distinct (scope, window, limit) of the rules
 	setOf []int     // by rule: its set
@@ -86,9 +66,9 @@ type sortedSetStore struct {
 
 // setSpec is what one set counts: rules with the same one share it.
 type setSpec struct {
-	scope  Scope
-	window int64 // ms
-	limit  int
+	perClient bool
+	window    int64 // ms
+	limit     int
 }
 
 // pending is the score of a member not yet decided: above any time, so
@@ -97,7 +77,7 @@ const pendingScore = "4503599627370496" // 2^52, exact in a float64
 
 func (s sortedSetStore) key(ks keys.Space, spec setSpec, client string) string {
 	key := ks.SortedSet() + ":" + strconv.FormatInt(spec.window, 10) + ":" + strconv.Itoa(spec.limit)
-	if spec.scope == ScopeClient {
+	if spec.perClient {
 		key += ":" + keys.Encode(client)
 	}
 	return key
@@ -107,7 +87,7 @@ func (s sortedSetStore) key(ks keys.Space, spec setSpec, client string) string {
 // of a per-resource set, for Flush, as memberPrefix names it.
 func member(spec setSpec, client, id string, unit int) string {
 	m := id + ":" + strconv.Itoa(unit)
-	if spec.scope == ScopeResource {
+	if !spec.perClient {
 		m = memberPrefix(client) + m
 	}
 	return m
@@ -133,8 +113,8 @@ func memberPrefix(client string) string {
 	return "~" + base64.RawURLEncoding.EncodeToString(sum[:16]) + ":"
 }
 
-func (s sortedSetStore) decide(ctx context.Context, where site, calls []limits.Call, judge judgeFunc) error {
-	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.keys, now, calls) }, judge)
+func (s sortedSetStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
+	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.Keys, now, calls) }, judge)
 }
 
 // zBatch is the round of one batch on the sets of a resource.
@@ -175,8 +155,8 @@ func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) 
 	for i, c := range calls {
 		id := strconv.FormatUint(rand.Uint64(), 36)
 		shared := map[int]*zWrite{} // rules with one set write once
-		b.of[i] = make([]*zWrite, len(s.rules))
-		for r := range s.rules {
+		b.of[i] = make([]*zWrite, len(s.Rules))
+		for r := range s.Rules {
 			w := shared[s.setOf[r]]
 			if w == nil {
 				w = b.write(byKey, ks, s.sets[s.setOf[r]], c, id)
@@ -199,7 +179,7 @@ func (b *zBatch) write(byKey map[string]*zSet, ks keys.Space, spec setSpec, c li
 		b.sets = append(b.sets, set)
 	}
 	set.read = max(set.read, c.N)
-	if b.recordDenied {
+	if b.RecordDenied {
 		set.read = min(set.read+c.N, spec.limit) // what the cap may drop, and the oldest left
 	}
 	w := &zWrite{set: set, evicted: -1}
@@ -228,7 +208,7 @@ func (b *zBatch) queue(t *txn.Txn) {
 				continue // a call that only looks
 			}
 			limit := w.set.spec.limit
-			if b.recordDenied {
+			if b.RecordDenied {
 				t.Add(append([]any{"zadd", w.set.key}, scored(b.now, w.members)...)...)
 				w.evicted = t.Add("zremrangebyrank", w.set.key, 0, -limit-1)
 				continue
@@ -270,7 +250,7 @@ func scored(score any, members []any) []any {
 
 // judge asks judge about each call in order, given what its sets held, and
 // queues the removal of the members of the calls not recorded.
-func (b *zBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) error {
+func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error {
 	for _, set := range b.sets {
 		set.start(t.Replies)
 	}
@@ -282,9 +262,9 @@ func (b *zBatch) judge(t *txn.Txn, judge judgeFunc, back *txn.Txn, now int64) er
 	stamp := min(b.now, now)
 	restamp := now-b.now > maxEarly
 	for i, c := range b.calls {
-		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.rules))}
+		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
 		for r, w := range b.of[i] {
-			v.Counts[r] = w.count(t.Replies, c.N, b.recordDenied)
+			v.Counts[r] = w.count(t.Replies, c.N, b.RecordDenied)
 			v.Counts[r].Stamp = stamp
 		}
 		recorded := judge(i, v)
@@ -336,10 +316,10 @@ func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due
 			continue // it only looked
 		}
 		evicted := int(txn.ReplyInt(t.Replies[w.evicted]))
-		w.set.after(w, evicted, stamp, b.recordDenied)
+		w.set.after(w, evicted, stamp, b.RecordDenied)
 		// Without WithRecordDenied the cap removed the newest members,
 		// which are the call's: all of them, for a call that did not fit.
-		if !recorded && (b.recordDenied || evicted < len(w.members)) {
+		if !recorded && (b.RecordDenied || evicted < len(w.members)) {
 			due.undo[w.set] = append(due.undo[w.set], w.members...)
 		}
 	}
@@ -399,16 +379,16 @@ func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
 	set.newest = max(set.newest, now)
 }
 
-// peek counts without writing: ZCOUNT of the live members, the oldest n
+// Peek counts without writing: ZCOUNT of the live members, the oldest n
 // and the newest, per set, at the estimated Redis time. With
 // WithRecordDenied a denied call counts too, so RetryAfter may wait for
 // the oldest 2n to leave: those are read.
-func (s sortedSetStore) peek(ctx context.Context, where site, client string, n int) (limits.View, error) {
-	now, err := where.clock.Estimate(ctx, where.node)
+func (s sortedSetStore) Peek(ctx context.Context, where Site, client string, n int) (limits.View, error) {
+	now, err := where.Clock.Estimate(ctx, where.Node)
 	if err != nil {
 		return limits.View{}, err
 	}
-	if s.recordDenied {
+	if s.RecordDenied {
 		n *= 2
 	}
 	type reads struct {
@@ -417,9 +397,9 @@ func (s sortedSetStore) peek(ctx context.Context, where site, client string, n i
 		latest *redis.ZSliceCmd
 	}
 	sets := make([]reads, len(s.sets))
-	_, err = where.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	_, err = where.Node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for i, spec := range s.sets {
-			key, from := s.key(where.keys, spec, client), "("+strconv.FormatInt(now-spec.window, 10)
+			key, from := s.key(where.Keys, spec, client), "("+strconv.FormatInt(now-spec.window, 10)
 			sets[i].live = pipe.ZCount(ctx, key, from, "+inf")
 			sets[i].oldest = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: "+inf", Count: int64(n)})
 			sets[i].latest = pipe.ZRangeWithScores(ctx, key, -1, -1)
@@ -429,8 +409,8 @@ func (s sortedSetStore) peek(ctx context.Context, where site, client string, n i
 	if err != nil {
 		return limits.View{}, err
 	}
-	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.rules))}
-	for r := range s.rules {
+	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.Rules))}
+	for r := range s.Rules {
 		set := sets[s.setOf[r]]
 		c := limits.Count{Stamp: now, Used: int(set.live.Val())}
 		for _, z := range set.oldest.Val() {
@@ -444,15 +424,15 @@ func (s sortedSetStore) peek(ctx context.Context, where site, client string, n i
 	return v, nil
 }
 
-// flush deletes the client's own sets, and removes its members from the
-// resource's: a decision made meanwhile is kept, as if after the flush.
-func (s sortedSetStore) flush(ctx context.Context, where site, client string) error {
+// Flush deletes the client's own sets, and removes its members from the
+// resource's: a decision made meanwhile is kept, as if after the Flush.
+func (s sortedSetStore) Flush(ctx context.Context, where Site, client string) error {
 	var own []string
 	shared := map[string]*redis.StringSliceCmd{}
-	_, err := where.node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	_, err := where.Node.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for _, spec := range s.sets {
-			key := s.key(where.keys, spec, client)
-			if spec.scope == ScopeClient {
+			key := s.key(where.Keys, spec, client)
+			if spec.perClient {
 				own = append(own, key)
 			} else {
 				shared[key] = pipe.ZRange(ctx, key, 0, -1)
@@ -465,7 +445,7 @@ func (s sortedSetStore) flush(ctx context.Context, where site, client string) er
 	}
 	// A long name's members written before the digest carry it whole.
 	mine, before := memberPrefix(client), keys.Encode(client)+":"
-	_, err = where.node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+	_, err = where.Node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
 		if len(own) > 0 {
 			pipe.Del(ctx, own...)
 		}
@@ -485,21 +465,21 @@ func (s sortedSetStore) flush(ctx context.Context, where site, client string) er
 	return err
 }
 
-// flushAll deletes every set of the resource: one DEL of the resource's
+// FlushAll deletes every set of the resource: one DEL of the resource's
 // sets, or, when a rule is per-client, of every set SCAN finds.
-func (s sortedSetStore) flushAll(ctx context.Context, where site) error {
-	if s.hasClientRule {
-		return deleteUnder(ctx, where, where.keys.SortedSet()+":", s.scanCount)
+func (s sortedSetStore) FlushAll(ctx context.Context, where Site) error {
+	if s.HasClientRule {
+		return deleteUnder(ctx, where, where.Keys.SortedSet()+":", s.ScanCount)
 	}
 	ks := make([]string, len(s.sets))
 	for i, spec := range s.sets {
-		ks[i] = s.key(where.keys, spec, "")
+		ks[i] = s.key(where.Keys, spec, "")
 	}
-	return where.node.Del(ctx, ks...).Err()
+	return where.Node.Del(ctx, ks...).Err()
 }
 
 // tag is the longest window: the sets' own keys carry each rule's window
 // and limit.
-func (s sortedSetStore) counting() counting { return counting{capped: s.recordDenied} }
+func (s sortedSetStore) Counting() Counting { return Counting{Capped: s.RecordDenied} }
 
-func (s sortedSetStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }
+func (s sortedSetStore) Tag() string { return "w" + strconv.FormatInt(s.Longest, 10) }

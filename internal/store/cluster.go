@@ -1,4 +1,4 @@
-package leakybucket
+package store
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // every keyed command until the map is refreshed, and answers SCAN and TIME,
 // which carry no key, from a database that no longer holds the slot's keys.
 //
-// clusterRoute closes both gaps:
+// ClusterRoute closes both gaps:
 //
 //   - redirected asks the ClusterClient to reload its map when a call was
 //     answered MOVED, so that later calls go to the new owner within a
@@ -43,23 +43,23 @@ import (
 // So a decision during a migration either completes on the slot's owner or
 // writes nothing and returns an error; it never counts from half the keys.
 //
-// A nil *clusterRoute (any other client) does nothing.
-type clusterRoute struct {
+// A nil *ClusterRoute (any other client) does nothing.
+type ClusterRoute struct {
 	cc *redis.ClusterClient
 }
 
-// clusterRouteOf returns the route of rdb: nil unless it is a cluster client.
-func clusterRouteOf(rdb redis.UniversalClient) *clusterRoute {
+// RouteOf returns the route of rdb: nil unless it is a cluster client.
+func RouteOf(rdb redis.UniversalClient) *ClusterRoute {
 	if cc, ok := rdb.(*redis.ClusterClient); ok && cc != nil {
-		return &clusterRoute{cc: cc}
+		return &ClusterRoute{cc: cc}
 	}
 	return nil
 }
 
-// redirected returns err, after asking the cluster client to reload its slot
+// Redirected returns err, after asking the cluster client to reload its slot
 // map (in the background) if err is a MOVED redirect. An ASK needs no
 // reload: the slot is being migrated and its owner has not changed yet.
-func (c *clusterRoute) redirected(err error) error {
+func (c *ClusterRoute) Redirected(err error) error {
 	if c == nil || err == nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func (c *clusterRoute) redirected(err error) error {
 
 // conn returns node as the connection of a read of keys' resource: on a
 // cluster, one whose every pipeline also checks that node owns the slot.
-func (c *clusterRoute) conn(node *redis.Client, ks keys.Space) pipeliner {
+func (c *ClusterRoute) conn(node *redis.Client, ks keys.Space) pipeliner {
 	if c == nil {
 		return node
 	}
@@ -80,7 +80,7 @@ func (c *clusterRoute) conn(node *redis.Client, ks keys.Space) pipeliner {
 
 // owns returns nil if node owns keys' slot, and is not migrating it away;
 // else the MOVED or ASK error (or the error of the round trip).
-func (c *clusterRoute) owns(ctx context.Context, node *redis.Client, ks keys.Space) error {
+func (c *ClusterRoute) owns(ctx context.Context, node *redis.Client, ks keys.Space) error {
 	if c == nil {
 		return nil
 	}

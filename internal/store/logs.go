@@ -1,9 +1,8 @@
-package leakybucket
+package store
 
 import (
 	"context"
 	"strconv"
-	"strings"
 
 	"github.com/redis/go-redis/v9"
 
@@ -13,47 +12,24 @@ import (
 	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
-// parseLog reads a key found under logs (the resource's log prefix). A key
-// that does not have the shape of a log is not one of ours and is skipped.
+// parseLog reads a key found under logs (the resource's log prefix) as the
+// call it counts; ok is false for a key that is not a log.
 func parseLog(key, logs string) (limits.Entry, bool) {
-	rest, ok := strings.CutPrefix(key, logs)
-	if !ok {
-		return limits.Entry{}, false
-	}
-	parts := strings.Split(rest, ":")
-	if len(parts) != 4 {
-		return limits.Entry{}, false
-	}
-	at, err := strconv.ParseInt(parts[1], 10, 64)
-	if err != nil {
-		return limits.Entry{}, false
-	}
-	weight, err := strconv.Atoi(parts[2])
-	if err != nil || weight <= 0 {
-		return limits.Entry{}, false
-	}
-	return limits.Entry{ID: key, Client: parts[0], At: at, Weight: weight}, true
+	l, ok := keys.ParseLog(key, logs)
+	return limits.Entry{ID: key, Client: l.Client, At: l.At, Weight: l.Weight}, ok
 }
 
-type logsStrategy struct{}
-
-func (logsStrategy) String() string { return "logs" }
-
-func (st logsStrategy) newStore(p plan) (store, error) {
-	if err := exact(st, p); err != nil {
-		return nil, err
-	}
-	return logsStore{p}, nil
-}
+// NewLogs returns the store of Logs for p.
+func NewLogs(p Plan) Store { return logsStore{p} }
 
 // logsStore is the Logs strategy: one key per batch of calls of a client,
 // counted with SCAN under the lock (package lock).
-type logsStore struct{ plan }
+type logsStore struct{ Plan }
 
 // lockKey names the lock of client's decisions at a resource: the
 // resource's when a rule is per-resource, else the (resource, client)'s.
-func lockKey(ks keys.Space, p plan, client string) string {
-	if p.clientScoped {
+func lockKey(ks keys.Space, p Plan, client string) string {
+	if p.ClientScoped {
 		return ks.ClientLock(client)
 	}
 	return ks.ResourceLock()
@@ -63,82 +39,82 @@ func lockKey(ks keys.Space, p plan, client string) string {
 // whole resource's.
 func (s logsStore) read(ks keys.Space, client string) *logScan {
 	prefix := ks.Logs()
-	if s.clientScoped {
+	if s.ClientScoped {
 		prefix = ks.ClientLogs(client)
 	}
 	return &logScan{
 		logs:  ks.Logs(),
 		match: keys.MatchPrefix(prefix),
-		count: int64(s.scanCount),
+		count: int64(s.ScanCount),
 		seen:  map[string]struct{}{},
 		t:     newTally(),
 	}
 }
 
-// decide takes the lock, reads the logs, judges the calls in order (each
+// Decide takes the lock, reads the logs, judges the calls in order (each
 // seeing the ones recorded before it), and writes one log per client,
 // carrying the weight of all its recorded calls, in the EXEC that
 // releases the lock.
-func (s logsStore) decide(ctx context.Context, where site, calls []limits.Call, judge judgeFunc) error {
+func (s logsStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
 	client := calls[0].Client // every call's, when every rule is per-client
-	return s.underLock(ctx, where, lockKey(where.keys, s.plan, client), s.read(where.keys, client), func(pipe redis.Pipeliner, t *tally) {
+	return s.underLock(ctx, where, lockKey(where.Keys, s.Plan, client), s.read(where.Keys, client), func(pipe redis.Pipeliner, t *tally) {
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
-			if judge(i, t.view(s.rules, c.Client, t.now)) {
+			if judge(i, t.view(s.Rules, c.Client, t.now)) {
 				t.add(c.Client, limits.Entry{At: t.now, Weight: c.N})
 				weights[c.Client] = limits.AddCapped(weights[c.Client], c.N)
 			}
 		}
 		for client, weight := range weights {
-			pipe.Do(ctx, "set", where.keys.NewLog(client, t.now, weight), "", "pxat", t.now+s.longest)
+			pipe.Do(ctx, "set", where.Keys.NewLog(client, t.now, weight), "", "pxat", t.now+s.Longest)
 		}
 	})
 }
 
-// peek scans without the lock: one round trip when the SCAN fits in one
+// Peek scans without the lock: one round trip when the SCAN fits in one
 // page.
-func (s logsStore) peek(ctx context.Context, where site, client string, _ int) (limits.View, error) {
-	r := s.read(where.keys, client)
+func (s logsStore) Peek(ctx context.Context, where Site, client string, _ int) (limits.View, error) {
+	r := s.read(where.Keys, client)
 	if err := r.finish(ctx, where.conn()); err != nil {
 		return limits.View{}, err
 	}
 	r.t.sort()
-	return r.t.view(s.rules, client, r.t.now), nil
+	return r.t.view(s.Rules, client, r.t.now), nil
 }
 
-// flush deletes the client's logs under the lock.
-func (s logsStore) flush(ctx context.Context, where site, client string) error {
-	return s.underLock(ctx, where, lockKey(where.keys, s.plan, client), s.read(where.keys, client), func(pipe redis.Pipeliner, t *tally) {
+// Flush deletes the client's logs under the lock.
+func (s logsStore) Flush(ctx context.Context, where Site, client string) error {
+	return s.underLock(ctx, where, lockKey(where.Keys, s.Plan, client), s.read(where.Keys, client), func(pipe redis.Pipeliner, t *tally) {
 		if ids := ids(t.of(client)); len(ids) > 0 {
 			pipe.Del(ctx, ids...)
 		}
 	})
 }
 
-// flushAll deletes every log of the resource: under the resource's lock
+// FlushAll deletes every log of the resource: under the resource's lock
 // when a rule is per-resource, so that no decision or Flush runs halfway
 // through; when every rule is per-client there is no such lock.
-func (s logsStore) flushAll(ctx context.Context, where site) error {
-	if s.clientScoped {
-		return deleteUnder(ctx, where, where.keys.Logs(), s.scanCount)
+func (s logsStore) FlushAll(ctx context.Context, where Site) error {
+	if s.ClientScoped {
+		return deleteUnder(ctx, where, where.Keys.Logs(), s.ScanCount)
 	}
-	r := newKeyScan(where.keys.Logs(), s.scanCount)
-	return s.underLock(ctx, where, where.keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
+	r := newKeyScan(where.Keys.Logs(), s.ScanCount)
+	return s.underLock(ctx, where, where.Keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
 		if len(r.found) > 0 {
 			pipe.Del(ctx, r.found...)
 		}
 	})
 }
 
-// line is the lock's: the calls of one lock are decided together.
-func (s logsStore) line(ks keys.Space, client string) string { return lockKey(ks, s.plan, client) }
+// Line is the lock's: the calls of one lock are decided together.
+func (s logsStore) Line(ks keys.Space, client string) string { return lockKey(ks, s.Plan, client) }
 
-func (logsStore) locked() bool { return true }
+func (logsStore) Locked() bool { return true }
 
-func (logsStore) counting() counting { return counting{} }
+func (logsStore) Counting() Counting { return Counting{} }
 
-func (s logsStore) tag() string { return "w" + strconv.FormatInt(s.longest, 10) }
+func (s logsStore) Tag() string { return "w" + strconv.FormatInt(s.Longest, 10) }
 
 // logScan counts the logs under one prefix with SCAN MATCH. SCAN walks the
 // whole database COUNT keys at a time and may return a key twice, so it runs
@@ -218,16 +194,16 @@ func ids(entries []limits.Entry) []string {
 
 // underLock runs a read-then-write of the logs under the lock key (see
 // package lock): r's reads, then write's commands with the release.
-func (s logsStore) underLock(ctx context.Context, where site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
-	view := where.lock
+func (s logsStore) underLock(ctx context.Context, where Site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
+	view := where.Lock
 	if view == nil {
 		view = &lock.View{}
 	}
-	o := lock.Options{TTL: s.lockTTL, Clock: where.clock}
-	if s.lockWait[0] > 0 {
-		o.Retry = backoff.Jittered(s.lockWait[0], s.lockWait[1])
+	o := lock.Options{TTL: s.LockTTL, Clock: where.Clock}
+	if s.LockWait[0] > 0 {
+		o.Retry = backoff.Jittered(s.LockWait[0], s.LockWait[1])
 	}
-	return lock.Run(ctx, where.node, key, o, view, section{r: r, write: write})
+	return lock.Run(ctx, where.Node, key, o, view, section{r: r, write: write})
 }
 
 // section is a read-then-write of the logs, as the lock runs it.
@@ -312,15 +288,15 @@ func (s *keyScan) tally() *tally { return &s.t }
 // deleteUnder deletes every key under prefix, found with SCAN (keyScan),
 // and then checks that the node still owns the slot (on a cluster, a SCAN
 // of a node that lost it finds nothing).
-func deleteUnder(ctx context.Context, where site, prefix string, count int) error {
+func deleteUnder(ctx context.Context, where Site, prefix string, count int) error {
 	r := newKeyScan(prefix, count)
-	if err := r.finish(ctx, where.node); err != nil {
+	if err := r.finish(ctx, where.Node); err != nil {
 		return err
 	}
 	if len(r.found) > 0 {
-		if err := where.node.Del(ctx, r.found...).Err(); err != nil {
+		if err := where.Node.Del(ctx, r.found...).Err(); err != nil {
 			return err
 		}
 	}
-	return where.route.owns(ctx, where.node, where.keys)
+	return where.Route.owns(ctx, where.Node, where.Keys)
 }

@@ -1,0 +1,113 @@
+// Package store keeps the counts of a Bucket's strategies in Redis:
+// SortedSet and Windows decide a batch in one MULTI/EXEC without a lock
+// (round.go), Logs under the script-free lock (package lock). Each store
+// says what the batcher needs of it (Store); none knows of the others'
+// keys, and the root package chooses one by the Bucket's strategy.
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/intervals"
+	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/limits"
+	"github.com/leakybucket/leakybucket/internal/lock"
+)
+
+// A Plan is what the stores need to know of a Bucket's rules and options.
+type Plan struct {
+	Rules []limits.Rule // the Bucket's, in order
+	// ClientScoped: every rule is per-client, so a decision needs only the
+	// client's counts (and, under Logs, only the (resource, client) lock).
+	ClientScoped  bool
+	HasClientRule bool
+	Longest       int64 // the longest window, ms: how long a call is counted
+	RecordDenied  bool
+	ScanCount     int
+	LockTTL       time.Duration
+	LockWait      [2]time.Duration // the first and longest wait for the lock
+}
+
+// A Store keeps one strategy's counts: its Redis commands live in its own
+// file. Every method works on one resource's site, and takes clients in
+// clear text.
+type Store interface {
+	// Decide decides calls, in order, and records them: for each it calls
+	// judge with what every rule counted before it, and records the call if
+	// judge says so (see judgeFunc).
+	Decide(ctx context.Context, at Site, calls []limits.Call, judge Judge) error
+	// Peek returns what every rule counts for client, for a call of
+	// weight n, without writing anything.
+	Peek(ctx context.Context, at Site, client string, n int) (limits.View, error)
+	// Flush forgets every count of client: its own, and its share of the
+	// resource's.
+	Flush(ctx context.Context, at Site, client string) error
+	// FlushAll forgets every count of the resource.
+	FlushAll(ctx context.Context, at Site) error
+	// Tag names the key layout: what a Bucket's counts depend on beyond
+	// the strategy (the longest window, a precision). Buckets whose tags
+	// differ never share a key, so that one never trims or expires counts
+	// that the other still needs.
+	Tag() string
+	// Line names the calls one batch may hold: those decided under one
+	// lock (Logs), or in one transaction of the resource's keys.
+	Line(ks keys.Space, client string) string
+	// Locked reports whether decisions take a lock. Then a line runs one
+	// batch at a time, and no call needs to only look (package foresight):
+	// the lock lets no other decision count a call before it is judged.
+	Locked() bool
+	// Counting is how the store counts, for NewLocal to count alike.
+	Counting() Counting
+}
+
+// Counting is how a store counts calls: in the intervals of a layout
+// (Windows), or one by one, capped at each rule's Requests (SortedSet with
+// WithRecordDenied), or neither (Logs, and SortedSet otherwise).
+type Counting struct {
+	Layout *intervals.Layout
+	Capped bool
+}
+
+// lockFree is what SortedSet and Windows share: every batch of a resource
+// is one transaction of its keys, without a lock.
+type lockFree struct{}
+
+func (lockFree) Line(ks keys.Space, _ string) string { return ks.Slot() }
+func (lockFree) Locked() bool                        { return false }
+
+// Judge evaluates call i of a batch, given v, what every rule counted
+// before it, and reports whether the call is recorded: admitted (or
+// denied, with WithRecordDenied), and its caller still waiting. A store
+// calls it once per call, in order.
+type Judge func(i int, v limits.View) (recorded bool)
+
+// Site is where one resource's counts live: the node that owns them, and
+// what is known of it.
+type Site struct {
+	Node  *redis.Client
+	Keys  keys.Space
+	Clock *clock.Clock // the node's clock
+	Route *ClusterRoute
+	Lock  *lock.View // what this process knows of the resource's lock (Logs)
+	// Carry holds take-backs for the next transaction of the batch's
+	// line, while busy says calls wait in it; nil outside a batch.
+	Carry *Carried
+	Busy  func() bool
+	// Refind looks up the node that owns the keys again, after a
+	// redirect.
+	Refind func(context.Context) (*redis.Client, error)
+}
+
+// conn is node as the connection of reads that carry no key: on a cluster,
+// guarded so that they fail where the node does not own the slot.
+func (s Site) conn() pipeliner { return s.Route.conn(s.Node, s.Keys) }
+
+// pipeliner is a connection: a *redis.Client, or the *redis.Tx that holds
+// the lock.
+type pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
