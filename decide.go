@@ -17,7 +17,8 @@ import (
 // answers the caller; the store then records the admitted calls (or
 // keeps them, and takes the denied ones back). Each strategy's Redis
 // commands live in its own file: logs.go, sortedset.go, windows.go. In
-// process (local.go), the call is decided under one shard's lock.
+// process (local.go), the call is decided under one shard's lock of the
+// counts (package local), judged as on Redis.
 
 // Allow is shorthand for AllowN(ctx, resource, client, 1).
 func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, error) {
