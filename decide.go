@@ -16,7 +16,8 @@ import (
 // rule counts before each call and asks judge, which evaluates the rules
 // (result.go) and answers the caller; the store then records the admitted
 // calls (or keeps them, and takes the denied ones back). In process
-// (local.go), the call is decided under one shard's lock.
+// (local.go), the call is decided under one shard's lock of the counts
+// (package local), judged as on Redis.
 
 // Allow is shorthand for AllowN(ctx, resource, client, 1).
 func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, error) {

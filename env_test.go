@@ -109,7 +109,7 @@ func (e *env) keys(t *testing.T) []string {
 	var all []string
 	if e.local != nil {
 		for _, b := range *e.local {
-			all = append(all, localOf(b).keys()...)
+			all = append(all, localOf(b).counts.Keys()...)
 		}
 		return all
 	}

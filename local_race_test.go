@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -179,57 +178,5 @@ func (a *adversary) checkUsage(t *testing.T, resource, client string, want int64
 	}
 	if !a.recordDenied && int64(rules[i].Used) != want {
 		t.Errorf("%s, %s: %v counts %d, %d admitted", resource, client, rules[i].Rule, rules[i].Used, want)
-	}
-}
-
-// peek copies only the oldest calls evaluate can read, not a whole
-// window: PeekN of every weight it accepts, and Usage, answer from the
-// copy as from the scopes themselves, with every strategy, after random
-// calls that fill and overfill the rules (denied calls counted too, with
-// WithRecordDenied).
-func TestLocalPeekCopiesEnough(t *testing.T) {
-	for _, s := range append(strategies, FixedWindows) {
-		for _, recordDenied := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%v/recordDenied=%v", s, recordDenied), func(t *testing.T) {
-				synctest.Test(t, func(t *testing.T) {
-					// Under FixedWindows, one sliding rule beside the fixed ones.
-					precision := min(exactFor(s), 50*ms)
-					opts := []Option{WithStrategy(s), PerResource(Per(12, 1500*ms)), PerClient(Per(5, 300*ms).WithPrecision(precision)), PerClient(Per(4, 100*ms))}
-					if recordDenied {
-						opts = append(opts, WithRecordDenied())
-					}
-					b, err := NewLocal(opts...)
-					if err != nil {
-						t.Fatal(err)
-					}
-					rng := rand.New(rand.NewPCG(uint64(len(s.String())), 5))
-					for i := range 400 {
-						time.Sleep(time.Duration(rng.IntN(20)) * ms)
-						client := "c" + strconv.Itoa(rng.IntN(3))
-						if _, err := b.AllowN(context.Background(), "r", client, 1+rng.IntN(4)); err != nil {
-							t.Fatal(err)
-						}
-						comparePeek(t, b, i, client)
-					}
-				})
-			})
-		}
-	}
-}
-
-// comparePeek fails if a Result evaluated on peek's copy differs from
-// one evaluated on the scopes themselves, for any weight.
-func comparePeek(t *testing.T, b *Bucket, call int, client string) {
-	t.Helper()
-	l := localOf(b)
-	sh := l.shard("r", client)
-	copied := l.peek("r", client)
-	for n := range l.maxN + 1 {
-		sh.mu.Lock()
-		want := l.evaluate(sh.view(l, "r", client, l.now()), n, l.RecordDenied)
-		sh.mu.Unlock()
-		if got := l.evaluate(copied, n, l.RecordDenied); !reflect.DeepEqual(got, want) {
-			t.Fatalf("after call %d, weight %d: from peek's copy %+v, from the scopes %+v", call, n, got, want)
-		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"reflect"
 	"runtime"
@@ -14,7 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/leakybucket/leakybucket/internal/limits"
+	"github.com/leakybucket/leakybucket/internal/local"
 )
 
 // A local Bucket admits exactly the limit to 256 goroutines calling at
@@ -115,16 +114,16 @@ func TestLocalMemoryBounded(t *testing.T) {
 				t.Fatalf("client %d: %+v, %v", i, res, err)
 			}
 		}
-		if n := len(localOf(b).keys()); n != clients+1 {
+		if n := len(localOf(b).counts.Keys()); n != clients+1 {
 			t.Fatalf("%d scopes held after %d clients, want %d", n, clients, clients+1)
 		}
 		time.Sleep(time.Minute)
-		for i := range sweepEvery * localShards {
+		for i := range local.SweepCycle {
 			if _, err := b.Allow(ctx, "other", strconv.Itoa(i%1000)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if n := len(localOf(b).keys()); n > 1000+1 {
+		if n := len(localOf(b).counts.Keys()); n > 1000+1 {
 			t.Errorf("%d scopes held a window after the million, want at most the 1001 used since", n)
 		}
 	})
@@ -259,30 +258,4 @@ func heapAlloc() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
-}
-
-// A scope whose calls waver around a steady number, here irregularly and
-// by a fifth either way over about two windows, allocates nothing once its
-// room fits them: neither growing it (add) nor giving it back (dropped)
-// leaves the calls at the edge of the other's threshold. (Giving it back
-// at a quarter full to twice the calls, and growing it twice, allocated 26
-// times in 20 windows.)
-func TestScopeSteadyAllocatesNothing(t *testing.T) {
-	const window = 1000 // ms
-	s := &scope{}
-	now := int64(0)
-	windows := func(n int) {
-		for range n * window {
-			now++
-			rate := 0.2 * (1 + 0.2*math.Sin(float64(now)/300)) // calls a ms
-			if math.Mod(float64(now)*rate, 1) < rate {
-				s.trim(now, window)
-				s.add(limits.Entry{At: now, Weight: 1}, false)
-			}
-		}
-	}
-	windows(3)
-	if allocs := testing.AllocsPerRun(1, func() { windows(20) }); allocs != 0 {
-		t.Errorf("%.0f allocations over 20 windows of 160-240 calls, want none", allocs)
-	}
 }

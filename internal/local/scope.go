@@ -1,4 +1,4 @@
-package leakybucket
+package local
 
 import (
 	"cmp"
@@ -9,12 +9,12 @@ import (
 	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
-// scope is the calls of one scope of a local Bucket (see localCounts),
-// oldest first: entries[head:], the older ones trimmed. cums[i] is the
-// weight of the calls up to entries[i] since the scope was made, so that
-// what a rule counts is one binary search and a subtraction however many
-// calls its window holds (the weights are capped at math.MaxInt, where
-// they are summed again instead).
+// scope is the calls of one scope (see Counts), oldest first:
+// entries[head:], the older ones trimmed. cums[i] is the weight of the
+// calls up to entries[i] since the scope was made, so that what a rule
+// counts is one binary search and a subtraction however many calls its
+// window holds (the weights are capped at math.MaxInt, where they are
+// summed again instead).
 type scope struct {
 	key     scopeKey
 	entries []limits.Entry
@@ -24,7 +24,7 @@ type scope struct {
 	// oldest is entries[head].at, when head < len(entries): trim looks
 	// here, not at an entry far from the newest, most likely out of cache.
 	oldest  int64
-	written int64 // the stamp of the newest call, ms: see localShard.sweep
+	written int64 // the stamp of the newest call, ms: see shard.sweep
 
 	prev, next *scope // in the shard's list, by written
 }

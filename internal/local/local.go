@@ -1,0 +1,425 @@
+// Package local keeps the counts of a Bucket made by NewLocal in this
+// process's memory: per scope (a resource's, for its per-resource rules,
+// and each (resource, client)'s, for the per-client ones), the calls of
+// the longest window, oldest first, as the Redis strategies hold them. It
+// records calls, reads what each rule counts and forgets calls; judging a
+// call by its counts, and the errors a Bucket returns, are the caller's.
+//
+// The scopes are spread over shards, one lock each. A scope no rule
+// counts any more is freed by a later call, and the room of a shard's map
+// or of a scope's calls is given back once they hold a quarter of it: no
+// goroutine runs in the background.
+package local
+
+import (
+	"hash/maphash"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/intervals"
+	"github.com/leakybucket/leakybucket/internal/limits"
+)
+
+// Config is what Counts need to know of a Bucket's rules and strategy.
+type Config struct {
+	Rules []limits.Rule // in the Bucket's order, which a View's counts follow
+	// Capped: SortedSet with WithRecordDenied keeps the newest Requests
+	// attempts of each rule, so each rule has a count of its own, capped
+	// at them.
+	Capped bool
+	// Layout is the lanes of Windows' rules (package intervals), nil under
+	// the other strategies: Windows keeps one count per interval of each
+	// lane, not a call's client, so a per-resource count loses whose calls
+	// it holds.
+	Layout *intervals.Layout
+	// ClientScoped: every rule is per-client, so a call's counts are all
+	// its client's, and its client picks its shard too.
+	ClientScoped  bool
+	HasClientRule bool
+	Longest       int64 // the longest window of the rules, ms: how long a call is counted
+	MaxN          int   // the smallest Requests of the rules: no call weighs more
+}
+
+// shardCount is how many locks the scopes are spread over: enough that
+// the cores of a large host rarely wait for each other.
+const shardCount = 256
+
+// Counts are the counts of one Bucket, by scope. Every method may be
+// called from any goroutine against any other.
+type Counts struct {
+	rules        []limits.Rule
+	clientScoped bool
+	longest      int64
+	capped       bool
+	// merged: counted per interval of layout's lanes (Config.Layout).
+	merged bool
+	layout intervals.Layout
+	// reach is how far past a call's time its stamps can be (Windows
+	// stamps a call at the end of its interval): a scope's written is the
+	// call's time plus reach, at least every stamp it holds, and grows in
+	// the order of the calls.
+	reach int64
+	// counts are the counts a call is recorded in, and reads the one each
+	// rule reads.
+	counts []countSpec
+	reads  []int
+	maxN   int
+	start  time.Time
+	seed   maphash.Seed
+	turns  atomic.Uint64 // decisions made: see sweepNext
+	shards [shardCount]shard
+}
+
+// shard is one lock's share of the scopes. Its scopes are also in a list
+// by their last write, oldest first, so that the idle ones are found
+// without a walk of the map.
+type shard struct {
+	mu     sync.Mutex
+	scopes map[scopeKey]*scope
+	peak   int // the most scopes held since the map was made: see shrink
+	oldest *scope
+	newest *scope
+	counts []limits.Count // scratch for a view, under mu
+	_      [64]byte
+}
+
+// scopeKey names a scope: the resource's (client ""), or a client's; and
+// part says which of its counts: when capped, which caps each rule's
+// count, the rule's (its index + 1); under a layout, a lane's (its index).
+type scopeKey struct {
+	resource, client string
+	part             int
+}
+
+// countSpec is one count a call is recorded in: per resource or per
+// client, which part, and the rule whose window and Requests cap it (see
+// capped).
+type countSpec struct {
+	perClient bool
+	part      int
+	rule      int
+}
+
+// key is the key of the count c of client at resource.
+func (c countSpec) key(resource, client string) scopeKey {
+	if !c.perClient {
+		client = ""
+	}
+	return scopeKey{resource: resource, client: client, part: c.part}
+}
+
+// New returns empty counts of cfg's rules. The caller has checked the
+// rules: there is at least one.
+func New(cfg Config) *Counts {
+	l := &Counts{rules: cfg.Rules, clientScoped: cfg.ClientScoped, longest: cfg.Longest, capped: cfg.Capped,
+		maxN: cfg.MaxN, start: time.Now(), seed: maphash.MakeSeed()}
+	if cfg.Layout != nil {
+		l.layout, l.merged = *cfg.Layout, true
+		for _, lane := range l.layout.Lanes {
+			if !lane.Fixed {
+				l.reach = max(l.reach, lane.Span-1)
+			}
+		}
+	}
+	l.listCounts(cfg.HasClientRule)
+	for i := range l.shards {
+		l.shards[i].scopes = map[scopeKey]*scope{}
+		l.shards[i].counts = make([]limits.Count, len(cfg.Rules))
+	}
+	return l
+}
+
+// listCounts lists the counts a call is recorded in, and the one each rule
+// reads: as the Redis strategies keep them. Under a layout, with a
+// per-client rule, a client's counts hold every lane, as its hash holds
+// every span, so that Flush can take its share out of the resource's.
+func (l *Counts) listCounts(hasClientRule bool) {
+	add := func(c countSpec) int {
+		if i := slices.IndexFunc(l.counts, func(have countSpec) bool { return have.perClient == c.perClient && have.part == c.part }); i >= 0 {
+			return i
+		}
+		l.counts = append(l.counts, c)
+		return len(l.counts) - 1
+	}
+	for i, rule := range l.rules {
+		c := countSpec{perClient: rule.PerClient, rule: i}
+		switch {
+		case l.capped:
+			c.part = i + 1
+		case l.merged:
+			c.part = l.layout.OfRule[i]
+		}
+		l.reads = append(l.reads, add(c))
+		if l.merged && hasClientRule {
+			add(countSpec{perClient: true, part: c.part, rule: i})
+		}
+	}
+}
+
+// now is the time in ms since the Unix epoch, on the monotonic clock from
+// the wall time the counts were made at: it never goes back.
+func (l *Counts) now() int64 {
+	return (l.start.UnixNano() + time.Since(l.start).Nanoseconds()) / int64(time.Millisecond)
+}
+
+// shardOf returns the shard of a call's scopes: the resource's when a
+// rule is per-resource, so that one lock covers the call.
+func (l *Counts) shardOf(resource, client string) *shard {
+	var h maphash.Hash
+	h.SetSeed(l.seed)
+	h.WriteString(resource)
+	if l.clientScoped {
+		h.WriteByte(0)
+		h.WriteString(client)
+	}
+	return &l.shards[h.Sum64()%shardCount]
+}
+
+// Decide decides a call of weight n by client to resource: judge gets
+// what each rule counts before the call, under the lock of the call's
+// shard, and the call is recorded in every count if judge says so. The
+// View is judge's only while it runs: its counts are reused, and point
+// into the calls that later calls change.
+func (l *Counts) Decide(resource, client string, n int, judge func(limits.View) bool) {
+	now := l.now()
+	l.sweepNext(now)
+	sh := l.shardOf(resource, client)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.sweep(now, l.longest)
+	v := sh.view(l, resource, client, now)
+	if !judge(v) {
+		return
+	}
+	for _, c := range l.counts {
+		sh.record(l, c, resource, client, n, now)
+	}
+}
+
+// Peek returns what a call by client to resource would count now. The
+// caller evaluates the view after the lock is let go, while other calls
+// append to, merge, cap and rewrite the scopes' entries: so the view holds
+// copies, of the counts (sh.counts is reused under mu) and of as many of
+// each count's oldest calls as a judge can read (see readable).
+func (l *Counts) Peek(resource, client string) limits.View {
+	sh := l.shardOf(resource, client)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	v := sh.view(l, resource, client, l.now())
+	v.Counts = slices.Clone(v.Counts)
+	for i := range v.Counts {
+		c := &v.Counts[i]
+		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.rules[i], *c)])
+	}
+	return v
+}
+
+// readable is how many of c's oldest calls UntilRoom can read for a call of
+// weight up to maxN (the most a Bucket lets through), counted too if it is
+// denied and recorded: those whose weight brings c's count, with the
+// call's, down to room for it. Not the whole window, which may hold a
+// million calls of a rule with room to spare. Every call of c.Oldest
+// counts (count and CountOf search past the others).
+func (l *Counts) readable(rule limits.Rule, c limits.Count) int {
+	over := limits.AddCapped(limits.AddCapped(c.Used, l.maxN), l.maxN) - rule.Requests
+	i := 0
+	for left := 0; i < len(c.Oldest) && left < over; i++ {
+		left = limits.AddCapped(left, c.Oldest[i].Weight)
+	}
+	return i
+}
+
+// view is what each rule counts for a call by client now, in sh's scratch
+// counts.
+func (sh *shard) view(l *Counts, resource, client string, now int64) limits.View {
+	v := limits.View{Now: now, Counts: sh.counts}
+	for i, rule := range l.rules {
+		c := l.counts[l.reads[i]]
+		v.Counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.longest)
+		v.Counts[i].Stamp = l.stamp(c, now)
+	}
+	return v
+}
+
+// stamp is when a call made at now starts to leave the windows of count
+// c, less each window: now, or under a layout its interval's stamp in c's
+// lane.
+func (l *Counts) stamp(c countSpec, now int64) int64 {
+	if l.merged {
+		return l.layout.Lanes[c.part].Stamp(now)
+	}
+	return now
+}
+
+// record adds a call of weight n by client at now to count c, made if need
+// be, and moves its scope to the newest end of the list.
+func (sh *shard) record(l *Counts, c countSpec, resource, client string, n int, now int64) {
+	key := c.key(resource, client)
+	s := sh.scopes[key]
+	if s == nil {
+		s = &scope{key: key}
+		sh.scopes[key] = s
+		sh.peak = max(sh.peak, len(sh.scopes))
+	} else {
+		sh.unlink(s)
+	}
+	s.written = now + l.reach // the scope is idle once its newest call left every window
+	sh.link(s)
+	e := limits.Entry{At: l.stamp(c, now), Weight: n}
+	if !l.merged && key.client == "" {
+		e.Client = client // a per-resource count keeps whose call it is, for Flush
+	}
+	if !l.capped {
+		s.trim(now, l.longest)
+		s.add(e, l.merged)
+		return
+	}
+	// As SortedSet's set of the rule: its window, then its newest
+	// Requests.
+	rule := l.rules[c.rule]
+	s.trim(now, rule.Window)
+	s.add(e, false)
+	s.cap(rule.Requests)
+}
+
+// sweepEvery is how many decisions make one sweep of another shard: the
+// shards are swept in turn, so that a shard nobody calls any more is
+// freed too, within SweepCycle decisions.
+const sweepEvery = 8
+
+// SweepCycle is how many decisions sweep every shard in turn: a scope
+// nobody calls any more is freed within that many decisions, to any key,
+// after its calls left every window (unless its shard's lock is busy
+// when its turn comes).
+const SweepCycle = sweepEvery * shardCount
+
+// sweepNext sweeps the next shard in turn every sweepEvery calls, unless
+// its lock is busy.
+func (l *Counts) sweepNext(now int64) {
+	turn := l.turns.Add(1)
+	if turn%sweepEvery != 0 {
+		return
+	}
+	sh := &l.shards[turn/sweepEvery%shardCount]
+	if sh.mu.TryLock() {
+		sh.sweep(now, l.longest)
+		sh.mu.Unlock()
+	}
+}
+
+// sweep frees the scopes that no window counts any more at now.
+func (sh *shard) sweep(now, longest int64) {
+	for s := sh.oldest; s != nil && s.written+longest <= now; s = sh.oldest {
+		sh.unlink(s)
+		delete(sh.scopes, s.key)
+	}
+	sh.shrink()
+}
+
+// mapFloor is the peak under which a shard's map is kept however few
+// scopes it holds: a few kB a shard, not worth a copy.
+const mapFloor = 64
+
+// shrink moves the scopes into a new map when they are under a quarter of
+// the most the map held. A Go map never gives back the room of its peak:
+// without this, a million clients seen once would hold tens of MB as long
+// as the Bucket lives, while the README promises that memory follows the
+// keys used within the longest window. The copy moves under a quarter of
+// the peak, after over three quarters of it were deleted: O(1) a scope.
+func (sh *shard) shrink() {
+	if sh.peak <= mapFloor || len(sh.scopes)*4 >= sh.peak {
+		return
+	}
+	scopes := make(map[scopeKey]*scope, len(sh.scopes))
+	for key, s := range sh.scopes {
+		scopes[key] = s
+	}
+	sh.scopes, sh.peak = scopes, len(scopes)
+}
+
+func (sh *shard) link(s *scope) {
+	s.prev, s.next = sh.newest, nil
+	if sh.newest != nil {
+		sh.newest.next = s
+	} else {
+		sh.oldest = s
+	}
+	sh.newest = s
+}
+
+func (sh *shard) unlink(s *scope) {
+	if s.prev != nil {
+		s.prev.next = s.next
+	} else {
+		sh.oldest = s.next
+	}
+	if s.next != nil {
+		s.next.prev = s.prev
+	} else {
+		sh.newest = s.prev
+	}
+	s.prev, s.next = nil, nil
+}
+
+// drop deletes the scope of key.
+func (sh *shard) drop(key scopeKey) {
+	if s := sh.scopes[key]; s != nil {
+		sh.unlink(s)
+		delete(sh.scopes, key)
+	}
+}
+
+// Flush forgets client's calls at resource: its scopes, and its share of
+// the resource's. Under a layout the resource's counts know a client's
+// share only from its own counts, which a per-client rule makes: without
+// one, the caller must refuse the Flush.
+func (l *Counts) Flush(resource, client string) {
+	sh := l.shardOf(resource, client)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for _, c := range l.counts {
+		if s := sh.scopes[c.key(resource, client)]; s != nil && !c.perClient {
+			// Under a layout, the client's count of the same lane.
+			mine := sh.scopes[countSpec{perClient: true, part: c.part}.key(resource, client)]
+			s.takeShare(client, mine, l.merged)
+		}
+	}
+	for _, c := range l.counts {
+		if c.perClient {
+			sh.drop(c.key(resource, client))
+		}
+	}
+}
+
+// FlushAll forgets every call at resource.
+func (l *Counts) FlushAll(resource string) {
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for key := range sh.scopes {
+			if key.resource == resource {
+				sh.drop(key)
+			}
+		}
+		sh.shrink()
+		sh.mu.Unlock()
+	}
+}
+
+// Keys names the scopes held, as "resource" or "resource client": what
+// tests list in place of Redis keys.
+func (l *Counts) Keys() []string {
+	var out []string
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for key := range sh.scopes {
+			out = append(out, strings.TrimSpace(key.resource+" "+key.client))
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}

@@ -1,0 +1,127 @@
+package local
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/intervals"
+	"github.com/leakybucket/leakybucket/internal/limits"
+)
+
+// peekRules are a per-resource rule and two per-client ones, of which
+// the 300 ms one counts in 50 ms intervals under FixedWindows: there, a
+// sliding lane beside the fixed ones.
+func peekRules(precision int64) []limits.Rule {
+	return []limits.Rule{
+		{Requests: 12, Window: 1500},
+		{PerClient: true, Requests: 5, Window: 300, Precision: precision},
+		{PerClient: true, Requests: 4, Window: 100},
+	}
+}
+
+// peekConfig is the Config of rules counted as a strategy counts them:
+// plain (Logs, and SortedSet without WithRecordDenied), capped (SortedSet
+// with it), or in the intervals of a layout (Windows, FixedWindows).
+func peekConfig(rules []limits.Rule, capped bool, layout *intervals.Layout) Config {
+	cfg := Config{Rules: rules, Capped: capped, Layout: layout, MaxN: rules[0].Requests}
+	for _, r := range rules {
+		cfg.HasClientRule = cfg.HasClientRule || r.PerClient
+		cfg.Longest = max(cfg.Longest, r.Window)
+		cfg.MaxN = min(cfg.MaxN, r.Requests)
+	}
+	return cfg
+}
+
+// Peek copies only the oldest calls a judge can read, not a whole window:
+// a Result judged from the copy, for every weight a Bucket accepts,
+// admitted or denied and recorded, is the one judged from the scopes
+// themselves, in every way of counting, after random calls that fill and
+// overfill the rules (denied calls counted too, with recordDenied).
+func TestPeekCopiesEnough(t *testing.T) {
+	windows := intervals.New(time.Millisecond, peekRules(0))
+	fixed := intervals.New(0, peekRules(50))
+	modes := []struct {
+		name         string
+		cfg          Config
+		recordDenied []bool
+	}{
+		{"plain", peekConfig(peekRules(0), false, nil), []bool{false, true}},
+		{"capped", peekConfig(peekRules(0), true, nil), []bool{true}},
+		{"windows", peekConfig(peekRules(0), false, &windows), []bool{false, true}},
+		{"fixed windows", peekConfig(peekRules(50), false, &fixed), []bool{false, true}},
+	}
+	for i, m := range modes {
+		for _, recordDenied := range m.recordDenied {
+			t.Run(fmt.Sprintf("%s/recordDenied=%v", m.name, recordDenied), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					randomPeeks(t, New(m.cfg), recordDenied, uint64(i))
+				})
+			})
+		}
+	}
+}
+
+// randomPeeks makes 400 random calls on l, admitted when every rule has
+// room (and recorded anyway if recordDenied), and compares Peek with the
+// scopes after each.
+func randomPeeks(t *testing.T, l *Counts, recordDenied bool, seed uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, 5))
+	for i := range 400 {
+		time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
+		client, n := fmt.Sprintf("c%d", rng.IntN(3)), 1+rng.IntN(4)
+		l.Decide("r", client, n, func(v limits.View) bool {
+			allowed := true
+			for r, rule := range l.rules {
+				allowed = allowed && rule.HasRoom(v.Counts[r].Used, n)
+			}
+			return allowed || recordDenied
+		})
+		comparePeek(t, l, i, client)
+	}
+}
+
+// comparePeek fails if Peek's copy answers otherwise than the scopes
+// themselves, read under the shard's lock: in what a Result says of each
+// rule (Used, Newest, Stamp, the time), and in how long until a call of
+// any weight fits, denied, or denied and recorded (counted itself, as a
+// Result counts it).
+func comparePeek(t *testing.T, l *Counts, call int, client string) {
+	t.Helper()
+	copied := l.Peek("r", client)
+	sh := l.shardOf("r", client)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	live := sh.view(l, "r", client, l.now())
+	if copied.Now != live.Now {
+		t.Fatalf("after call %d: peek's copy at %d, the scopes at %d", call, copied.Now, live.Now)
+	}
+	for i, rule := range l.rules {
+		got, want := copied.Counts[i], live.Counts[i]
+		if got.Used != want.Used || got.Newest != want.Newest || got.Stamp != want.Stamp {
+			t.Fatalf("after call %d, rule %d: peek's copy counts %d, newest %d, stamp %d; the scopes %d, %d, %d",
+				call, i, got.Used, got.Newest, got.Stamp, want.Used, want.Newest, want.Stamp)
+		}
+		for n := range l.maxN + 1 {
+			for _, recorded := range []bool{false, true} {
+				if g, w := untilRoom(rule, live.Now, got, n, recorded), untilRoom(rule, live.Now, want, n, recorded); g != w {
+					t.Fatalf("after call %d, rule %d, weight %d, recorded %v: room in %d ms from peek's copy, in %d ms from the scopes",
+						call, i, n, recorded, g, w)
+				}
+			}
+		}
+	}
+}
+
+// untilRoom is how long until a call of weight n fits rule, given c: a
+// denied call's RetryAfter, with the call counted too if recorded.
+func untilRoom(rule limits.Rule, now int64, c limits.Count, n int, recorded bool) int64 {
+	if recorded {
+		c.Oldest = append(c.Oldest[:len(c.Oldest):len(c.Oldest)], limits.Entry{At: c.Stamp, Weight: n})
+		c.Used = limits.AddCapped(c.Used, n)
+	}
+	return rule.UntilRoom(c.Oldest, now, c.Used, n)
+}
