@@ -1,8 +1,9 @@
-// Package store keeps the counts of a Bucket's strategies in Redis:
-// SortedSet and Windows decide a batch in one MULTI/EXEC without a lock
-// (round.go), Logs under the script-free lock (package lock). Each store
-// says what the batcher needs of it (Store); none knows of the others'
-// keys, and the root package chooses one by the Bucket's strategy.
+// Package store keeps the counts of a Bucket's strategies in Redis.
+// SortedSet and Windows decide a batch in one MULTI/EXEC without a lock,
+// and take back in a second one the weight written for calls then denied;
+// Logs decides under the script-free lock (package lock). Each store says
+// what the batcher needs of it (Store), and the root package chooses one
+// by the Bucket's strategy.
 package store
 
 import (
@@ -38,14 +39,14 @@ type Plan struct {
 type Store interface {
 	// Decide decides calls, in order, and records them: for each it calls
 	// judge with what every rule counted before it, and records the call if
-	// judge says so (see judgeFunc).
-	Decide(ctx context.Context, at Site, calls []limits.Call, judge Judge) error
+	// judge says so (see Judge).
+	Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error
 	// Peek returns what every rule counts for client, for a call of
 	// weight n, without writing anything.
-	Peek(ctx context.Context, at Site, client string, n int) (limits.View, error)
+	Peek(ctx context.Context, where Site, client string, n int) (limits.View, error)
 	// Flush forgets every count of client: its own, and its share of the
 	// resource's.
-	Flush(ctx context.Context, at Site, client string) error
+	Flush(ctx context.Context, where Site, client string) error
 	// FlushAll forgets every count of the resource.
 	FlushAll(ctx context.Context, at Site) error
 	// Tag names the key layout: what a Bucket's counts depend on beyond
