@@ -21,7 +21,11 @@ import (
 // denied), of a real Redis, each with a prefix of this test's own.
 func servers(t *testing.T) map[string]*redis.Client {
 	t.Helper()
-	out := map[string]*redis.Client{"miniredis": redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})}
+	m := miniredis.RunT(t)
+	// miniredis keeps a TTL relative to its clock, and PEXPIRETIME adds it
+	// to the time: a clock that stands still reads the same deadline.
+	m.SetTime(time.Now())
+	out := map[string]*redis.Client{"miniredis": redis.NewClient(&redis.Options{Addr: m.Addr()})}
 	if addr := os.Getenv("LEAKYBUCKET_REDIS_ADDR"); addr != "" {
 		out["redis"] = redis.NewClient(&redis.Options{Addr: addr})
 	}
