@@ -14,11 +14,9 @@ import (
 // across every process that uses the same Redis and prefix. Make one with
 // New; it is safe for concurrent use.
 type Bucket struct {
-	cfg           config
-	plan          plan
-	hasClientRule bool
-	maxN          int // the smallest Requests of the rules
-	counts        backend
+	cfg    config
+	plan   plan
+	counts backend
 }
 
 // A backend keeps a Bucket's counts and decides its calls: in Redis
@@ -78,11 +76,7 @@ func configure(opts []Option) (config, plan, error) {
 // newBucket returns a Bucket of cfg's rules, with no counts yet: New
 // keeps them in Redis, NewLocal in memory.
 func newBucket(cfg config, p plan) *Bucket {
-	b := &Bucket{cfg: cfg, plan: p, hasClientRule: p.HasClientRule, maxN: cfg.rules[0].Limit.Requests}
-	for _, r := range cfg.rules {
-		b.maxN = min(b.maxN, r.Limit.Requests)
-	}
-	return b
+	return &Bucket{cfg: cfg, plan: p}
 }
 
 // check refuses bad input before anything is sent.
@@ -90,12 +84,12 @@ func (b *Bucket) check(resource, client string, n int) error {
 	switch {
 	case resource == "":
 		return ErrEmptyResource
-	case client == "" && b.hasClientRule:
+	case client == "" && b.plan.HasClientRule:
 		return ErrEmptyClient
 	case n <= 0:
 		return fmt.Errorf("%w: n = %d, want at least 1", ErrInvalidWeight, n)
-	case n > b.maxN:
-		return fmt.Errorf("%w: n = %d exceeds the %d requests of a rule, so it could never be admitted", ErrInvalidWeight, n, b.maxN)
+	case n > b.plan.maxN:
+		return fmt.Errorf("%w: n = %d exceeds the %d requests of a rule, so it could never be admitted", ErrInvalidWeight, n, b.plan.maxN)
 	}
 	return nil
 }

@@ -59,12 +59,8 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 		return nil, err
 	}
 	c := st.Counting()
-	maxN := p.Rules[0].Requests
-	for _, r := range p.Rules {
-		maxN = min(maxN, r.Requests)
-	}
 	counts := local.New(local.Config{Rules: p.Rules, Capped: c.Capped, Layout: c.Layout,
-		ClientScoped: p.ClientScoped, HasClientRule: p.HasClientRule, Longest: p.Longest, MaxN: maxN})
+		ClientScoped: p.ClientScoped, HasClientRule: p.HasClientRule, Longest: p.Longest, MaxN: p.maxN})
 	return &localCounts{plan: p, counts: counts, noClientShare: c.Layout != nil && !p.HasClientRule}, nil
 }
 

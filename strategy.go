@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/leakybucket/leakybucket/internal/store"
@@ -100,17 +101,19 @@ var FixedWindows Strategy = windowsStrategy{fixed: true}
 type plan struct {
 	store.Plan
 	public []Rule // the same rules as Plan.Rules, as given to New
+	maxN   int    // the smallest Requests of the rules: no call may weigh more
 }
 
 func newPlan(cfg config) plan {
 	p := plan{public: cfg.rules, Plan: store.Plan{ClientScoped: true, RecordDenied: cfg.recordDenied, ScanCount: cfg.scanCount,
-		LockTTL: cfg.lockTTL, LockWait: cfg.lockWait}}
+		LockTTL: cfg.lockTTL, LockWait: cfg.lockWait}, maxN: math.MaxInt}
 	for _, public := range cfg.rules {
 		r := public.model()
 		p.Rules = append(p.Rules, r)
 		p.ClientScoped = p.ClientScoped && r.PerClient
 		p.HasClientRule = p.HasClientRule || r.PerClient
 		p.Longest = max(p.Longest, r.Window)
+		p.maxN = min(p.maxN, r.Requests)
 	}
 	return p
 }
