@@ -26,7 +26,9 @@
 //
 // A denied request gets 429 Too Many Requests with Retry-After in whole
 // seconds, rounded up (never 0), and a text body, or with
-// WithProblemDetails the draft's problem+json. WithLegacyHeaders adds the
+// WithProblemDetails the draft's problem+json. A request whose cost
+// (WithCost) is above a policy's quota can never pass: it gets 429 with
+// the fields as they stand and no Retry-After. WithLegacyHeaders adds the
 // older RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset fields of
 // draft -06, which many clients still read.
 //
@@ -72,8 +74,8 @@ var (
 	// without fallback found no header, or RemoteAddr holds no IP address).
 	ErrNoKey = errors.New("httplimit: the request has no key")
 
-	// ErrCost: the WithCost function gave a weight below 1, or above the
-	// Requests of a rule, so that the request could never be admitted.
+	// ErrCost: the WithCost function gave a weight below 1, a bug of the
+	// server's (a cost above a quota is denied: see WithCost).
 	ErrCost = errors.New("httplimit: invalid request cost")
 
 	// ErrNoPattern: the middleware was made without a resource and the
@@ -100,11 +102,11 @@ var (
 // the client named by the KeyFunc, and cost is 1 or WithCost's.
 //
 // An admitted request is served by the next handler with the RateLimit
-// fields set; a denied one gets Retry-After and the denied handler; one
-// that could not be decided is served (WithFailOpen) or answered by the
-// error handler (503 by default); one skipped (WithSkip) is served as it
-// came. The next handler and the denied handler find the Result with
-// ResultFrom.
+// fields set; a denied one gets Retry-After (unless it can never pass) and
+// the denied handler; one that could not be decided is served
+// (WithFailOpen) or answered by the error handler (503 by default); one
+// skipped (WithSkip) is served as it came. The next handler and the
+// denied handler find the Result with ResultFrom.
 func New(limiter *leakybucket.Bucket, resource string, opts ...Option) (func(http.Handler) http.Handler, error) {
 	if limiter == nil {
 		return nil, fmt.Errorf("%w: nil Bucket", ErrInvalidOption)
@@ -200,7 +202,8 @@ type decided struct {
 // ResultFrom returns the limiter's Result for the request whose context
 // is ctx, as the middleware decided it, and whether there is one: not in a
 // request served open after an error, nor one skipped, nor outside the
-// middleware.
+// middleware. For a request whose cost is above a quota its RetryAfter is
+// leakybucket.Never.
 func ResultFrom(ctx context.Context) (leakybucket.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(decided)
 	return d.res, ok
@@ -235,7 +238,9 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	req.policies.write(w.Header(), res, m.legacy)
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, decided{res, req.policies.denied(res)}))
 	if !res.Allowed {
-		w.Header().Set(headerRetryAfter, strconv.FormatInt(retryAfter(res), 10))
+		if res.RetryAfter != leakybucket.Never {
+			w.Header().Set(headerRetryAfter, strconv.FormatInt(retryAfter(res), 10))
+		}
 		m.denied.ServeHTTP(w, r)
 		return
 	}
@@ -287,14 +292,10 @@ func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, 
 }
 
 // failed handles a limiter error by the failure policy. A client that went
-// away is not answered, nor its error reported. A weight the Bucket can
-// never admit is refused whatever the policy.
+// away is not answered, nor its error reported.
 func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case r.Context().Err() != nil:
-		return
-	case errors.Is(err, leakybucket.ErrInvalidWeight):
-		m.onError(w, r, fmt.Errorf("%w: %w", ErrCost, err))
 		return
 	case !m.failOpen:
 		m.onError(w, r, err)
@@ -306,8 +307,17 @@ func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Re
 }
 
 // tooManyRequests is the default denied handler.
-func tooManyRequests(w http.ResponseWriter, _ *http.Request) {
-	http.Error(w, "429 too many requests: retry after "+w.Header().Get(headerRetryAfter)+" s", http.StatusTooManyRequests)
+func tooManyRequests(w http.ResponseWriter, r *http.Request) {
+	http.Error(w, "429 too many requests: "+denial(w, r), http.StatusTooManyRequests)
+}
+
+// denial says why a request was denied, and when to come back: after
+// Retry-After, or never for a request that costs more than a quota.
+func denial(w http.ResponseWriter, r *http.Request) string {
+	if res, ok := ResultFrom(r.Context()); ok && res.RetryAfter == leakybucket.Never {
+		return "the request costs more than the quota: it can never be served"
+	}
+	return "retry after " + w.Header().Get(headerRetryAfter) + " s"
 }
 
 // refuse is the default error handler.
