@@ -30,9 +30,10 @@ func costPaths(r *http.Request) int {
 }
 
 // A cost above the client's quota of 10 can never pass: 429 with the
-// fields as they stand and no Retry-After, the problem saying why. On
-// miniredis, whose clock stands still, and on the real Redis.
-func TestCostAboveQuota(t *testing.T) {
+// fields as they stand and no Retry-After, the problem saying why; a cost
+// of 0 is served uncounted with the fields as they stand. On miniredis,
+// whose clock stands still, and on the real Redis.
+func TestCostAboveQuotaAndFree(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		rdb, _ := miniClient(t)
 		costSteps(t, rdb, "httplimit", false)
@@ -62,16 +63,18 @@ func costSteps(t *testing.T, rdb *redis.Client, prefix string, realClock bool) {
 		detail   string   // of the problem, on a denial
 		violated []string // the policies the problem names
 	}{
+		{"/free", response{200, `"per-resource-60s";r=100, "per-client-60s";r=10`, "", "10", "10", "0"}, "", nil},
 		{"/export", response{200, `"per-resource-60s";r=96;t=60, "per-client-60s";r=6;t=60`, "", "10", "6", "60"}, "", nil},
 		// Never: each policy's r as it stands, no t (the resource had room,
 		// the client's quota can never hold 11), no Retry-After; -06's
 		// trio names the client's policy, its quota back in 60 s.
 		{"/huge", response{429, `"per-resource-60s";r=96, "per-client-60s";r=6`, "", "10", "6", "60"}, never, []string{"per-client-60s"}},
+		{"/free", response{200, `"per-resource-60s";r=96;t=60, "per-client-60s";r=6;t=60`, "", "10", "6", "60"}, "", nil},
 		{"/export", response{200, `"per-resource-60s";r=92;t=60, "per-client-60s";r=2;t=60`, "", "10", "2", "60"}, "", nil},
 		// Full for now, not for ever: Retry-After as usual.
 		{"/big", response{429, `"per-resource-60s";r=92, "per-client-60s";r=2;t=60`, "60", "10", "2", "60"}, "retry after 60 s", []string{"per-client-60s"}},
 		{"/huge", response{429, `"per-resource-60s";r=92, "per-client-60s";r=2`, "", "10", "2", "60"}, never, []string{"per-client-60s"}},
-		// The denied requests not counted.
+		// Neither the free requests nor the denied ones counted.
 		{"/lookup", response{200, `"per-resource-60s";r=91;t=60, "per-client-60s";r=1;t=60`, "", "10", "1", "60"}, "", nil},
 	} {
 		r := httptest.NewRequest(http.MethodGet, s.path, nil)
@@ -145,5 +148,36 @@ func TestCostAboveQuotaText(t *testing.T) {
 	// Fields, for other servers: no Retry-After when it can never pass.
 	if _, rateLimit, retry := Fields(seen); rateLimit != `"per-client-60s";r=10` || retry != "" {
 		t.Errorf("Fields = %q, %q; want r=10 and no Retry-After", rateLimit, retry)
+	}
+}
+
+// A request of cost 0 is only read for: if the read fails it is served
+// all the same, without fields, whatever the failure policy; a failure
+// open reports the error.
+func TestFreeWhenRedisDown(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: closedAddr(t), MaxRetries: -1})
+	defer rdb.Close()
+	b := bucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(10)))
+	var reported []error
+	for _, opts := range [][]Option{
+		{WithCost(costPaths)},
+		{WithCost(costPaths), WithFailOpen(func(_ *http.Request, err error) { reported = append(reported, err) })},
+	} {
+		h := handler(t, b, opts...)
+		r := httptest.NewRequest(http.MethodGet, "/free", nil)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if got := responseOf(w); got != (response{status: 200}) || w.Body.String() != "ok" {
+			t.Errorf("cost 0, Redis down, %d options: %v %q; want served, no field", len(opts), got, w.Body)
+		}
+		r = httptest.NewRequest(http.MethodGet, "/lookup", nil)
+		w = httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if want := map[int]int{1: 503, 2: 200}[len(opts)]; w.Code != want {
+			t.Errorf("cost 1, Redis down, %d options: %d, want %d", len(opts), w.Code, want)
+		}
+	}
+	if len(reported) != 2 {
+		t.Errorf("failing open reported %d errors, want the cost-0 read's and the decision's", len(reported))
 	}
 }

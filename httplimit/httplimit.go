@@ -74,8 +74,9 @@ var (
 	// without fallback found no header, or RemoteAddr holds no IP address).
 	ErrNoKey = errors.New("httplimit: the request has no key")
 
-	// ErrCost: the WithCost function gave a weight below 1, a bug of the
-	// server's (a cost above a quota is denied: see WithCost).
+	// ErrCost: the WithCost function gave a negative weight, a bug of the
+	// server's (a cost of 0 is served uncounted, and one above a quota is
+	// denied: see WithCost).
 	ErrCost = errors.New("httplimit: invalid request cost")
 
 	// ErrNoPattern: the middleware was made without a resource and the
@@ -105,7 +106,8 @@ var (
 // fields set; a denied one gets Retry-After (unless it can never pass) and
 // the denied handler; one that could not be decided is served
 // (WithFailOpen) or answered by the error handler (503 by default); one
-// skipped (WithSkip) is served as it came. The next handler and the
+// skipped (WithSkip) is served as it came; one of cost 0 is served
+// uncounted, with the fields as they stand. The next handler and the
 // denied handler find the Result with ResultFrom.
 func New(limiter *leakybucket.Bucket, resource string, opts ...Option) (func(http.Handler) http.Handler, error) {
 	if limiter == nil {
@@ -202,8 +204,10 @@ type decided struct {
 // ResultFrom returns the limiter's Result for the request whose context
 // is ctx, as the middleware decided it, and whether there is one: not in a
 // request served open after an error, nor one skipped, nor outside the
-// middleware. For a request whose cost is above a quota its RetryAfter is
-// leakybucket.Never.
+// middleware. For a request of cost 0 it is what every rule counts, the
+// request not counted: Allowed, with each rule's Used, Remaining and
+// ResetAfter as they stand. For one whose cost is above a quota its
+// RetryAfter is leakybucket.Never.
 func ResultFrom(ctx context.Context) (leakybucket.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(decided)
 	return d.res, ok
@@ -232,7 +236,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	}
 	res, err := m.decide(r.Context(), req)
 	if err != nil {
-		m.failed(next, w, r, err)
+		m.failed(next, w, r, req, err)
 		return
 	}
 	req.policies.write(w.Header(), res, m.legacy)
@@ -261,8 +265,8 @@ func (m *middleware) prepare(r *http.Request) (call, error) {
 		return req, err
 	}
 	if m.cost != nil {
-		if req.n = m.cost(r); req.n < 1 {
-			return req, fmt.Errorf("%w: %d, want at least 1", ErrCost, req.n)
+		if req.n = m.cost(r); req.n < 0 {
+			return req, fmt.Errorf("%w: %d, want 0 or more", ErrCost, req.n)
 		}
 	}
 	req.limiter, req.policies, err = m.pick(r)
@@ -281,23 +285,46 @@ func (m *middleware) clientKey(r *http.Request) (string, error) {
 	return groupIPv6(key, m.ipv6Bits), nil
 }
 
-// decide asks the limiter, within the decision's deadline.
+// decide asks the limiter, within the decision's deadline: AllowN, or for
+// a request of cost 0, which counts nowhere, what every rule counts now
+// (Usage, one read), as an admitted Result.
 func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, error) {
 	if m.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.timeout)
 		defer cancel()
 	}
+	if req.n == 0 {
+		rules, err := req.limiter.Usage(ctx, req.resource, req.key)
+		return asTheyStand(rules), err
+	}
 	return req.limiter.AllowN(ctx, req.resource, req.key, req.n)
 }
 
+// asTheyStand is the Result of a call of weight 0 given what each rule
+// counts: admitted, since nothing is asked of any rule, with every rule's
+// room and reset as they are.
+func asTheyStand(rules []leakybucket.RuleResult) leakybucket.Result {
+	res := leakybucket.Result{Allowed: true, Rules: rules}
+	for i := range rules {
+		rules[i].RetryAfter = 0 // Usage's is for a call of weight 1
+		if i == 0 || rules[i].Remaining < res.Remaining {
+			res.Remaining = rules[i].Remaining
+		}
+		res.ResetAfter = max(res.ResetAfter, rules[i].ResetAfter)
+	}
+	return res
+}
+
 // failed handles a limiter error by the failure policy. A client that went
-// away is not answered, nor its error reported.
-func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Request, err error) {
+// away is not answered, nor its error reported. A request of cost 0, which
+// the limiter only reads for, is served whatever the policy, without
+// fields: the error goes to WithFailOpen's report, if any.
+func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Request, req call, err error) {
 	switch {
 	case r.Context().Err() != nil:
 		return
-	case !m.failOpen:
+	case !m.failOpen && req.n > 0:
 		m.onError(w, r, err)
 		return
 	case m.report != nil:

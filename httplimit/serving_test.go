@@ -31,8 +31,9 @@ func TestSkip(t *testing.T) {
 }
 
 // A request weighs what WithCost says. A cost above the quota can never
-// pass: 429 with the fields as they stand and no Retry-After. A cost
-// below 1 is the server's bug: refused, whatever the failure policy.
+// pass: 429 with the fields as they stand and no Retry-After. A cost of 0
+// is served uncounted, with the fields as they stand. A negative cost is
+// the server's bug: refused, whatever the failure policy.
 func TestCost(t *testing.T) {
 	rdb, _ := miniClient(t)
 	b := bucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(10)))
@@ -46,11 +47,12 @@ func TestCost(t *testing.T) {
 		{"/export", response{status: 200, rateLimit: `"per-client-60s";r=2;t=60`}},
 		{"/export", response{status: 429, rateLimit: `"per-client-60s";r=2;t=60`, retryAfter: "60"}},
 		{"/lookup", response{status: 200, rateLimit: `"per-client-60s";r=1;t=60`}},
-		{"/free", response{status: 500}},
+		// Served, counted nowhere: the fields as they stand.
+		{"/free", response{status: 200, rateLimit: `"per-client-60s";r=1;t=60`}},
 		// Never: what remains, no t, no Retry-After.
 		{"/huge", response{status: 429, rateLimit: `"per-client-60s";r=1`}},
 		{"/negative", response{status: 500}},
-		// /huge not counted.
+		// Neither /free nor /huge counted.
 		{"/lookup", response{status: 200, rateLimit: `"per-client-60s";r=0;t=60`}},
 	} {
 		r := httptest.NewRequest(http.MethodGet, s.path, nil)
