@@ -26,7 +26,7 @@ type config struct {
 	noisy      noisySpec
 	abuser     abuserSpec
 	procs      procsSpec
-	steady     steadySpec
+	steady     []steadySpec
 	memory     memorySpec
 	costLimits []int  // of the SortedSet cost table
 	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
@@ -64,6 +64,9 @@ type measures struct {
 	Trips     float64 // per decision
 	Errors    int64
 	FirstErr  string
+	// CPU time per decision, in µs, where the cell measured it (else 0):
+	// the bench process's and the server's.
+	ClientCPU, ServerCPU float64
 }
 
 // measure computes a cell's measures from what its load returned.
@@ -73,7 +76,9 @@ func measure(got loadResult) measures {
 		Decisions: got.Decisions, Errors: got.Errors, FirstErr: got.FirstErr,
 		Rate: float64(got.Decisions) / got.Elapsed.Seconds(),
 		P50:  percentile(lat, 50), P99: percentile(lat, 99),
-		Trips: float64(got.Trips) / float64(max(got.Decisions, 1)),
+		Trips:     float64(got.Trips) / float64(max(got.Decisions, 1)),
+		ClientCPU: perDecision(got.CPU.Client, got.Decisions),
+		ServerCPU: perDecision(got.CPU.Server, got.Decisions),
 	}
 }
 
@@ -97,6 +102,7 @@ type side struct {
 	admin  *redis.Client // empties the database between cells
 	client *redis.Client // the limiters'
 	trips  *trips        // counts the round trips of client and of more()
+	meter  cpuMeter      // the CPU time of its cells
 }
 
 const poolSize = 128
@@ -104,6 +110,7 @@ const poolSize = 128
 func newSide(srv *server) *side {
 	s := &side{srv: srv, admin: srv.client(4), trips: &trips{}}
 	s.client = s.more()
+	s.meter.admin = s.admin
 	return s
 }
 
@@ -245,8 +252,9 @@ func (r *runner) throughput(ctx context.Context, res *results) error {
 				if err != nil {
 					return fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
 				}
-				fmt.Fprintf(r.log, "bench: %-40s %9d/%s  %-33s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
-					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips, row.Check, time.Since(t0).Seconds())
+				fmt.Fprintf(r.log, "bench: %-40s %9d/%s  %-33s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  CPU client %s, Redis %s  %s (%.1fs)\n",
+					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips,
+					micros(row.ClientCPU), micros(row.ServerCPU), row.Check, time.Since(t0).Seconds())
 				res.rows = append(res.rows, row)
 			}
 		}
@@ -274,7 +282,7 @@ func (r *runner) cell(ctx context.Context, w workload, limit int, im impl) (row,
 	if err != nil {
 		return row{}, err
 	}
-	res := load{w: w, lims: []limiter{lim}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout}.run(ctx)
+	res := load{w: w, lims: []limiter{lim}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout, cpu: &s.meter}.run(ctx)
 	if err := ctx.Err(); err != nil {
 		return row{}, err
 	}
@@ -308,6 +316,9 @@ func prepare(ctx context.Context, s *side, im impl, limit int, window time.Durat
 // checkSent checks that a decision was made, and that nothing was sent to
 // the scripting-denied server that it would refuse.
 func checkSent(im impl, res loadResult) error {
+	if res.cpuErr != nil {
+		return res.cpuErr
+	}
 	if res.Decisions == 0 {
 		return errors.New("no decision was made")
 	}

@@ -64,7 +64,11 @@ func quickRows() map[string][]string {
 	want := map[string][]string{
 		"SortedSet cost": {"| 10/min | 10 |", "| 1 000/min | 1 000 |", "| 10 000/min | 10 000 |"},
 		"Targets":        {"targets met."},
-		"Steady state":   {"| " + sortedSetName + " | " + phaseNames[phaseSteady] + " |", "| " + windowsName + " | " + phaseNames[phaseSteady] + " |"},
+	}
+	for _, s := range quickSteady {
+		for _, name := range []string{sortedSetName, windowsName} {
+			want["Steady state"] = append(want["Steady state"], "| "+name+" | "+s.Window.String()+" | "+phaseNames[phaseSteady]+" |")
+		}
 	}
 	for _, a := range abuserImpls() {
 		want["Abuser"] = append(want["Abuser"], "| "+a.name+" | "+a.how+" |")

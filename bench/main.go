@@ -195,6 +195,9 @@ func run(ctx context.Context, cfg config, stdout, log io.Writer) error {
 		lib.version, lib.addr, peers.addr)
 	r := newRunner(cfg, lib, peers, log)
 	defer r.close()
+	if err := r.measureIdle(ctx); err != nil {
+		return err
+	}
 
 	res, err := r.run(ctx)
 	if err != nil {

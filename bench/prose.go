@@ -30,21 +30,6 @@ func whereTheTimeGoes(cfg config, res results) string {
 	return b.String()
 }
 
-// steadyProse says what the steady table shows against the throughput
-// table's fresh cells.
-func steadyProse(b *strings.Builder, rows []steadyRow) {
-	var parts []string
-	for _, r := range rows {
-		f, s := r.Phases[phaseFirst], r.Phases[phaseSteady]
-		parts = append(parts, fmt.Sprintf("%s %.2fx redis_rate in the first pair of cells, on an empty database, and %.2fx (pairs %.2f–%.2fx) once a window of state was there",
-			r.Impl, f.Ratio(), s.Ratio(), s.RatioMin, s.RatioMax))
-	}
-	fmt.Fprintf(b, "- **In a steady state** (the distinct-clients workload alternating with redis_rate, as a service runs it): %s. "+
-		"The throughput table's cells start on an empty database and last a few seconds of the window, so each client's set or hash holds a few calls; "+
-		"after a window it holds the window's, and each decision's transaction (Windows: HGETALL of every interval the client was called in; SortedSet: a trim of the calls that leave the window) and Redis's memory grow with it, while redis_rate keeps one small key per client.\n",
-		strings.Join(parts, "; "))
-}
-
 // cells are the rows of impls (all, if none is named) that keep keeps.
 func cells(rows []row, keep func(row) bool, impls ...string) []row {
 	return filter(rows, func(r row) bool { return keep(r) && (len(impls) == 0 || slices.Contains(impls, r.Impl)) })

@@ -58,12 +58,12 @@ func errorsCell(n int64, first string) string {
 // table is the markdown table of every row.
 func table(rows []row, window time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| workload | limit | implementation | decisions | decisions/s | p50 | p99 | round trips / decision | vs redis_rate | vs floor | admitted: most per key / allowed | errors | check |\n")
-	fmt.Fprintf(&b, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
+	fmt.Fprintf(&b, "| workload | limit | implementation | decisions | decisions/s | p50 | p99 | round trips / decision | client CPU / decision | Redis CPU / decision | vs redis_rate | vs floor | admitted: most per key / allowed | errors | check |\n")
+	fmt.Fprintf(&b, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %s/%s | %s | %s | %s | %v | %v | %.2f | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s/%s | %s | %s | %s | %v | %v | %.2f | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Workload.Name, thousands(int64(r.Limit)), shortDur(window), r.Impl, thousands(r.Decisions), rate(r.Rate),
-			round(r.P50), round(r.P99), r.Trips, ratio(rows, r, redisRateName), ratio(rows, r, floorName),
+			round(r.P50), round(r.P99), r.Trips, micros(r.ClientCPU), micros(r.ServerCPU), ratio(rows, r, redisRateName), ratio(rows, r, floorName),
 			admitted(r), errorsCell(r.Errors, r.FirstErr), r.Check)
 	}
 	return b.String()
@@ -191,6 +191,7 @@ func header(b *strings.Builder, cfg config, run runInfo) {
   - **ulule/limiter** (github.com/ulule/limiter/v3, its go-redis store): a fixed window, one counter per key raised by INCRBY and set to expire by the window's first call, in one EVALSHA per decision.
   - **naive**: a github.com/bsm/redislock Lock (Lua obtain and release) around SCAN MATCH of the key's logs and SET PX of a new one, waiting with the library's default lock retry; [naive.go](naive.go).
   - **floor**: one pipelined SET per decision, admitting everything, on the library's server: what one round trip costs at the same concurrency.
+- CPU per decision (throughput and steady tables) is each side's CPU time over the cell's decisions: the bench process's (getrusage, user + system) and that of the server the implementation runs on (INFO cpu, used_cpu_user + used_cpu_sys), read just before and after the cell, cells running one at a time, less what each spends idle (measured for a second before the first table). The client's includes the harness's own work per call (a context with a deadline, the clock read twice, a tally), the same for every row.
 - Round trips are counted with a go-redis hook (a pipeline or a MULTI/EXEC is one), errors included; the same hook counts script commands, which must be none on the library's server. p50 and p99 are the latency of one call, by nearest rank.
 
 `)

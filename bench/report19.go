@@ -24,37 +24,6 @@ func section(b *strings.Builder, heading, method, table string) {
 	fmt.Fprintf(b, "## %s\n\n%s\n\n%s\n", heading, method, table)
 }
 
-// steadyTableMD is the steady table: one row per strategy and phase.
-func steadyTableMD(rows []steadyRow) string {
-	var b strings.Builder
-	b.WriteString("| strategy | phase | pairs | decisions/s | redis_rate's | vs redis_rate | one pair's ratio | p99 | redis_rate's p99 | round trips / decision | errors |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
-	for _, r := range rows {
-		for i, p := range r.Phases {
-			if p.Pairs == 0 {
-				continue
-			}
-			fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %.2fx | %.2f–%.2fx | %v | %v | %.2f | %s |\n",
-				r.Impl, phaseNames[i], p.Pairs, rate(p.Ours.Rate), rate(p.Peer.Rate), p.Ratio(), p.RatioMin, p.RatioMax,
-				round(p.Ours.P99), round(p.Peer.P99), p.Ours.Trips, errorsCell(p.Ours.Errors+p.Peer.Errors, p.Ours.FirstErr+p.Peer.FirstErr))
-		}
-	}
-	return b.String()
-}
-
-func steadySection(b *strings.Builder, rows []steadyRow) {
-	s := rows[0].Spec
-	section(b, "Steady state: the distinct-clients workload as a service runs it", fmt.Sprintf("The throughput table starts every cell on an empty database and runs it for a few seconds of a one-%s window, so each client's keys hold only those seconds of calls. "+
-		"A service that has run for a window holds a whole window of them: SortedSet's set per client and Windows' hash per client (a field for every %v interval the client was called in, all read by HGETALL) are that much bigger, and so is every transaction that reads them. "+
-		"Here, as an independent harness measured it, %s (called round-robin), %s/%s, a pool of %d connections, run in cells of %v that alternate one strategy with redis_rate, on databases emptied only before the first cell, for %v past one window. "+
-		"Phases are by when a pair of cells starts; the targets are judged on the steady phase. Each strategy's keys hold the calls of its own cells, half of the time, as in the harness. Logs (under 2 000 decisions/s on distinct clients, no target there) is not run.",
-		windowName(s.Window), windowsPrecision, s.workload().Name, thousands(int64(s.Limit)), shortDur(s.Window), poolSize, s.Cell, s.Steady), steadyTableMD(rows))
-	for _, r := range rows {
-		fmt.Fprintf(b, "At the end of %s's run the library's database held %s keys and its server %s (used_memory).\n", r.Impl, thousands(r.Keys), megabytes(r.Memory))
-	}
-	b.WriteString("\n")
-}
-
 // abuserTableMD is the abuser table.
 func abuserTableMD(rows []abuserRow) string {
 	return markdownTable("| implementation | rules | polite admitted | polite p50 | polite p99 | abuser calls | abuser calls/s | abuser round trips / call | abuser admitted | errors | check |\n"+

@@ -30,26 +30,6 @@ func targets(cfg config, res results) []target {
 	return append(out, inProcessTargets(res.inProcess)...)
 }
 
-// steadyTargets are issue 11's targets on distinct keys, judged on the
-// steady phase of the steady table: what users get.
-func steadyTargets(rows []steadyRow) []target {
-	var out []target
-	for _, r := range rows {
-		p := r.Phases[phaseSteady]
-		if p.Pairs == 0 {
-			continue
-		}
-		least := 1.0
-		if r.Impl == windowsName {
-			least = 1.2
-		}
-		where := fmt.Sprintf("steady state, %s, %s/%s, %v cells alternating", r.Spec.workload().Name, thousands(int64(r.Spec.Limit)), shortDur(r.Spec.Window), r.Spec.Cell)
-		ours, peer := row{Impl: r.Impl, measures: p.Ours}, row{measures: p.Peer}
-		out = append(out, rateTarget(ours, peer, least, where), p99Target(ours, peer, where))
-	}
-	return out
-}
-
 // abuserTargets (issue 19): beside a client past its own limit, >= 95% of
 // the polite calls admitted, for this library's strategies.
 func abuserTargets(rows []abuserRow) []target {
@@ -134,19 +114,29 @@ func findCell(rows []row, w workload, limit int, impl string) (row, bool) {
 }
 
 func rateTarget(r, rr row, least float64, where string) target {
-	x := r.Rate / rr.Rate
-	return target{
-		Target: fmt.Sprintf("decisions/s >= %.1fx redis_rate", least), Impl: r.Impl, Where: where,
-		Measured: fmt.Sprintf("%.2fx (%s vs %s)", x, rate(r.Rate), rate(rr.Rate)), Met: x >= least,
-	}
+	return ratioTarget(fmt.Sprintf("decisions/s >= %.1fx redis_rate", least), r.Impl, where,
+		r.Rate/rr.Rate, least, true, fmt.Sprintf("%s vs %s", rate(r.Rate), rate(rr.Rate)))
 }
 
 func p99Target(r, rr row, where string) target {
-	x := float64(r.P99) / float64(rr.P99)
-	return target{
-		Target: "p99 <= 1.5x redis_rate's", Impl: r.Impl, Where: where,
-		Measured: fmt.Sprintf("%.2fx (%v vs %v)", x, round(r.P99), round(rr.P99)), Met: x <= 1.5,
+	return ratioTarget("p99 <= 1.5x redis_rate's", r.Impl, where,
+		float64(r.P99)/float64(rr.P99), 1.5, false, fmt.Sprintf("%v vs %v", round(r.P99), round(rr.P99)))
+}
+
+// ratioTarget is a target on x, a ratio to redis_rate's figure: at least
+// bound, or (atLeast false) at most. Measured is x and detail, and for a
+// miss, by how much it missed.
+func ratioTarget(name, impl, where string, x, bound float64, atLeast bool, detail string) target {
+	t := target{Target: name, Impl: impl, Where: where, Measured: fmt.Sprintf("%.2fx (%s)", x, detail)}
+	switch {
+	case atLeast && x >= bound, !atLeast && x <= bound:
+		t.Met = true
+	case atLeast:
+		t.Measured += fmt.Sprintf("; missed by %.2fx, %.0f%% short of %.1fx", bound-x, 100*(1-x/bound), bound)
+	default:
+		t.Measured += fmt.Sprintf("; missed by %.2fx, %.0f%% over %.1fx", x-bound, 100*(x/bound-1), bound)
 	}
+	return t
 }
 
 // hammerTargets: never more than the limit in any second, and at least
