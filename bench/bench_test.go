@@ -75,6 +75,8 @@ func quickRows() map[string][]string {
 	}
 	for _, im := range procsImpls() {
 		want["Processes"] = append(want["Processes"], "| "+im.name+" | 4 processes x 16 goroutines, 2s |")
+	}
+	for _, im := range memoryImpls() {
 		want["Memory"] = append(want["Memory"], "| "+im.name+" | ")
 	}
 	for _, im := range inProcessImpls(quickInProcess) {
@@ -105,6 +107,9 @@ func TestBounds(t *testing.T) {
 	}
 	if got := gcraBound(1000, time.Minute, 6*time.Second); got != 1101 {
 		t.Errorf("gcraBound = %d, want 1000 + 100 + 1", got)
+	}
+	if got := fixedWindowsBound(10, time.Minute, 4*time.Second); got != 20 {
+		t.Errorf("fixedWindowsBound within one window = %d, want 20 (a span may straddle two fixed windows)", got)
 	}
 }
 

@@ -91,7 +91,7 @@ func implementations() []impl {
 			},
 		})
 	}
-	return append(all,
+	all = append(all,
 		impl{
 			name: redisRateName, scripting: true, bound: gcraBound,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
@@ -108,6 +108,9 @@ func implementations() []impl {
 				return ululeLimiter{ulule.New(store, ulule.Rate{Period: window, Limit: int64(limit)})}, nil
 			},
 		},
+	)
+	all = append(all, noLuaPeers()...)
+	return append(all,
 		impl{
 			name: naiveName, scripting: true, bound: windowBound, exact: true,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {

@@ -60,7 +60,7 @@ func (r *runner) memoryAll(ctx context.Context, res *results) error {
 			m.client.Close()
 		}
 	}()
-	for i, im := range r.impls(func(im impl) bool { return im.ours || im.name == redisRateName || im.name == ululeName }) {
+	for i, im := range filter(memoryImpls(), func(im impl) bool { return r.cfg.impl.MatchString(im.name) }) {
 		m := &memoryRow{Impl: im.name, Spec: spec, db: 1 + i}
 		rows = append(rows, m)
 		if err := r.fillMemory(ctx, im, m); err != nil {
@@ -218,4 +218,10 @@ func usedMemory(ctx context.Context, admin *redis.Client) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no used_memory in INFO memory")
+}
+
+// memoryImpls are the implementations of the memory table: this library's
+// strategies and the Lua peers with a limit per key.
+func memoryImpls() []impl {
+	return filter(implementations(), func(im impl) bool { return im.ours || im.name == redisRateName || im.name == ululeName })
 }

@@ -125,10 +125,12 @@ func runChild(ctx context.Context, spec string, out io.Writer) error {
 }
 
 // procsImpls are the implementations of the table: this library's
-// strategies and the peers with AllowN (their one rule is the table's).
+// strategies and the peers with AllowN (their one rule is the table's),
+// among them httprate-redis, whose read then write is where processes
+// part from one another.
 func procsImpls() []impl {
 	return filter(implementations(), func(im impl) bool {
-		return im.ours || im.name == redisRateName || im.name == ululeName
+		return im.ours || im.name == redisRateName || im.name == ululeName || im.name == httprateName
 	})
 }
 
