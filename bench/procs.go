@@ -234,7 +234,7 @@ func procsSection(b *strings.Builder, rows []procsRow) {
 	p := rows[0].Spec
 	section(b, "Processes on one key", fmt.Sprintf("%d OS processes (this program, started %d times by the benchmark with the job in an environment variable), each with one limiter on a go-redis client of its own, call one key from %d goroutines each, weights 1, 2, 3 in turn, flat out for %v from one start time, under `PerClient(Per(%d, %v))` (redis_rate: burst = rate = %d per %v; ulule/limiter: its fixed window), on an empty database. "+
 		"The most possible is %d per disjoint %v window in the %v: %d (calls under way at the end are answered after it, so a share can pass 100%%). \"Most in any\" counts the weight of the admitted calls whose whole span from call to reply lies in one span of that length, over every such span (the processes share the machine's clock); as in the hammer, the check uses %v, Redis time being whole milliseconds. "+
-		"GCRA and a fixed window may admit up to twice their limit across a boundary, so only this library's sliding windows are checked per span, and redis_rate's share may pass 100%%.",
+		"GCRA and a fixed window may admit up to twice their limit across a boundary, and so may httprate-redis's estimate over fixed windows of the clock (whose read, then write, also lets two processes take the same last room), so only this library's sliding windows are checked per span, and the others' share may pass 100%%: each is checked against its own bound in all.",
 		p.Procs, p.Procs, p.Goroutines, p.Duration, p.Limit, p.Window, p.Limit, p.Window, p.Limit, p.Window, p.Duration, p.mostPossible(), p.checkSpan()), procsTableMD(rows))
 }
 
