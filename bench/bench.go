@@ -64,15 +64,15 @@ type measures struct {
 	Trips     float64 // per decision
 	Errors    int64
 	FirstErr  string
-	// CPU time per decision, in µs, where the cell measured it (else 0):
-	// the bench process's and the server's.
+	// CPU time per decision, in µs, where the cell measured it (else
+	// -1): the bench process's and the server's.
 	ClientCPU, ServerCPU float64
 }
 
 // measure computes a cell's measures from what its load returned.
 func measure(got loadResult) measures {
 	lat := sortedDurations(got.Latencies)
-	return measures{
+	m := measures{
 		Decisions: got.Decisions, Errors: got.Errors, FirstErr: got.FirstErr,
 		Rate: float64(got.Decisions) / got.Elapsed.Seconds(),
 		P50:  percentile(lat, 50), P99: percentile(lat, 99),
@@ -80,6 +80,10 @@ func measure(got loadResult) measures {
 		ClientCPU: perDecision(got.CPU.Client, got.Decisions),
 		ServerCPU: perDecision(got.CPU.Server, got.Decisions),
 	}
+	if !got.measured {
+		m.ClientCPU, m.ServerCPU = -1, -1
+	}
+	return m
 }
 
 // row is one cell: a workload, a limit, an implementation.

@@ -150,9 +150,11 @@ func perDecision(d time.Duration, n int64) float64 {
 	return float64(d) / float64(time.Microsecond) / float64(max(n, 1))
 }
 
-// micros formats µs per decision.
+// micros formats µs per decision; "–" where it was not measured. A cell
+// whose calls cost less than the idle share (the denial cache answering
+// in process) shows 0.0.
 func micros(x float64) string {
-	if x == 0 {
+	if x < 0 {
 		return "–"
 	}
 	return fmt.Sprintf("%.1f µs", x)

@@ -123,6 +123,7 @@ func (a *steadyAcc) add(ours, peer loadResult) {
 func (r *loadResult) addCell(c loadResult) {
 	r.Decisions, r.Elapsed, r.Trips, r.Errors = r.Decisions+c.Decisions, r.Elapsed+c.Elapsed, r.Trips+c.Trips, r.Errors+c.Errors
 	r.CPU.Client, r.CPU.Server = r.CPU.Client+c.CPU.Client, r.CPU.Server+c.CPU.Server
+	r.measured = r.measured || c.measured
 	r.Latencies = append(r.Latencies, c.Latencies...)
 	if r.FirstErr == "" {
 		r.FirstErr = c.FirstErr
@@ -215,7 +216,7 @@ func steadyTableMD(rows []steadyRow) string {
 
 // cpuVs is "17.6 vs 14.6 µs (1.20x)".
 func cpuVs(ours, peer float64) string {
-	if ours == 0 || peer == 0 {
+	if ours < 0 || peer <= 0 {
 		return "–"
 	}
 	return fmt.Sprintf("%.1f vs %.1f µs (%.2fx)", ours, peer, ours/peer)

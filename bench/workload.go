@@ -55,6 +55,7 @@ type loadResult struct {
 	Spans     []interval // of each admitted call, with load.spans
 	Units     int64      // the weight admitted, all keys
 	CPU       cpuUse     // with load.cpu
+	measured  bool       // CPU is measured (load.cpu was set)
 	cpuErr    error      // reading the CPU times failed
 }
 
@@ -162,6 +163,7 @@ func (l load) run(ctx context.Context) loadResult {
 	}
 	if l.cpu != nil && cpuErr == nil {
 		r.CPU, r.cpuErr = l.cpu.since(ctx, mark)
+		r.measured = true
 	}
 	r.collect(t, per)
 	return r
