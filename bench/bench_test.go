@@ -151,3 +151,20 @@ func TestHammerIdeal(t *testing.T) {
 		t.Errorf("ideal of 50/s over 4.5s = %d, want 250 (50 in each of 5 started seconds)", got)
 	}
 }
+
+// A peer whose design lets it pass its bound is reported, not failed; any
+// other limiter that passes its bound fails the run.
+func TestOverAdmitted(t *testing.T) {
+	for _, im := range implementations() {
+		check, violation := im.overAdmitted("3 > 2")
+		if violation == (im.overAdmits != "") || !strings.HasSuffix(check, "3 > 2") {
+			t.Errorf("%s: overAdmitted = %q, %v", im.name, check, violation)
+		}
+		if violation != strings.Contains(check, "OVER") {
+			t.Errorf("%s: %q: the quick test looks for OVER to find a failure", im.name, check)
+		}
+		if im.ours && !violation {
+			t.Errorf("%s passes its bound without failing the run", im.name)
+		}
+	}
+}

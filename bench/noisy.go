@@ -167,11 +167,9 @@ func summariseNoisy(im impl, n noisySpec, noisy loadResult, others []pacedResult
 	out.P50, out.P99 = percentile(sorted, 50), percentile(sorted, 99)
 	switch {
 	case out.NoisyAdmitted > out.NoisyBound:
-		out.Violation = true
-		out.Check = fmt.Sprintf("OVER-ADMITTED: the noisy client got %d > %d", out.NoisyAdmitted, out.NoisyBound)
+		out.Check, out.Violation = im.overAdmitted(fmt.Sprintf("the noisy client got %d > %d", out.NoisyAdmitted, out.NoisyBound))
 	case len(over) > 0:
-		out.Violation = true
-		out.Check = "OVER-ADMITTED: " + over[0]
+		out.Check, out.Violation = im.overAdmitted(over[0])
 	default:
 		out.Check = "ok"
 	}

@@ -212,7 +212,7 @@ func summariseProcs(im impl, spec procsSpec, reports []childReport) (procsRow, e
 		MostInWindow: mostWithin(all.Spans, spec.Window), MostInCheck: mostWithin(all.Spans, spec.checkSpan())}
 	out.Check = "ok"
 	if bound := im.bound(spec.Limit, spec.Window, all.Elapsed); out.Units > bound {
-		out.Violation, out.Check = true, fmt.Sprintf("OVER-ADMITTED: %d in %v, more than %d", out.Units, all.Elapsed.Round(time.Millisecond), bound)
+		out.Check, out.Violation = im.overAdmitted(fmt.Sprintf("%d in %v, more than %d", out.Units, all.Elapsed.Round(time.Millisecond), bound))
 	} else if im.ours && out.MostInCheck > int64(spec.Limit) {
 		out.Violation, out.Check = true, fmt.Sprintf("OVER-ADMITTED: %d sent and answered within %v", out.MostInCheck, spec.checkSpan())
 	}

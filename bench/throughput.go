@@ -106,8 +106,7 @@ func (out *row) checkAdmissions(im impl, window time.Duration, res loadResult) {
 	}
 	switch {
 	case len(over) > 0:
-		out.Violation = true
-		out.Check = fmt.Sprintf("OVER-ADMITTED at %d keys, e.g. %s", len(over), over[0])
+		out.Check, out.Violation = im.overAdmitted(fmt.Sprintf("at %d keys, e.g. %s", len(over), over[0]))
 	case len(under) > 0:
 		out.Check = fmt.Sprintf("ok, but under-admitted at %d keys, e.g. %s", len(under), under[0])
 	case exact:
