@@ -253,14 +253,16 @@ func abuserTableMD(rows []abuserRow) string {
 	})
 }
 
+// abuserSection is the abuser table and its method.
 func abuserSection(b *strings.Builder, rows []abuserRow) {
 	a := rows[0].Spec
-	section(b, "A client past its own limit beside polite ones", fmt.Sprintf("A client at its own limit, under `PerResource(Per(%d, %v))` + `PerClient(Per(%d, %v))`. One client first makes the %d calls its own limit admits, then calls flat out from %d Buckets x %d goroutines, each Bucket on a go-redis client of its own; "+
+	method := fmt.Sprintf("A client at its own limit, under `PerResource(Per(%d, %v))` + `PerClient(Per(%d, %v))`. One client first makes the %d calls its own limit admits, then calls flat out from %d Buckets x %d goroutines, each Bucket on a go-redis client of its own; "+
 		"meanwhile a third Bucket sends one call every %v, each from a client never seen before, %d calls. The resource never holds more than the abuser's %d and the polite calls of one window (%d), so every polite call should pass. "+
 		"The abuser's round trips are counted on its Buckets' clients only, per call it made while the polite calls ran; its admissions after the first %d are checked against its limit. "+
 		"redis_rate and ulule/limiter have one rule per limiter: they run their natural equivalent, two limiters, the client's key checked first and the resource's (one key for every client) only for a call the client's admitted; a call the resource's then denies has used its client's room, which this library's all-or-nothing rules do not do.",
 		a.ResourceLimit, a.Window, a.ClientLimit, a.Window, a.ClientLimit, a.Buckets, a.Goroutines, a.Pace, a.Polite, a.ClientLimit,
-		int(a.Window/a.Pace), a.ClientLimit), abuserTableMD(rows))
+		int(a.Window/a.Pace), a.ClientLimit)
+	section(b, "A client past its own limit beside polite ones", method, abuserTableMD(rows))
 }
 
 // abuserTargets (issue 19): beside a client past its own limit, >= 95% of

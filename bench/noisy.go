@@ -198,28 +198,22 @@ func noisyTargets(rows []noisyRow) []target {
 
 // noisyTableMD is the noisy-neighbour table.
 func noisyTableMD(rows []noisyRow) string {
-	var b strings.Builder
-	b.WriteString("| implementation | noisy client: decisions/s | noisy: admitted / allowed | others: calls | served | of their calls | denied | late | errors | others' p50 | others' p99 | check |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n")
-	for _, n := range rows {
-		fmt.Fprintf(&b, "| %s | %s | %d / %d | %d | %d | %.1f%% | %d | %d | %s | %v | %v | %s |\n",
+	return markdownTable("| implementation | noisy client: decisions/s | noisy: admitted / allowed | others: calls | served | of their calls | denied | late | errors | others' p50 | others' p99 | check |\n"+
+		"|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n", rows, func(n noisyRow) string {
+		return fmt.Sprintf("| %s | %s | %d / %d | %d | %d | %.1f%% | %d | %d | %s | %v | %v | %s |\n",
 			n.Impl, rate(n.NoisyRate), n.NoisyAdmitted, n.NoisyBound, n.Calls, n.Served, n.servedPct(), n.Denied, n.Late,
 			errorsCell(n.Errors, n.FirstErr), round(n.P50), round(n.P99), n.Check)
-	}
-	return b.String()
+	})
 }
 
 // noisySection is the noisy-neighbour table and its method.
 func noisySection(b *strings.Builder, rows []noisyRow) {
 	n := rows[0].Spec
-	b.WriteString("## Noisy neighbour\n\n")
-	fmt.Fprintf(b, "One limiter per implementation, shared by every client of one resource as one service process would share it, under `PerClient(Per(%d, %v))`. "+
+	method := fmt.Sprintf("One limiter per implementation, shared by every client of one resource as one service process would share it, under `PerClient(Per(%d, %v))`. "+
 		"For %v, one client calls flat out from %d goroutines, far past its limit, while %d other clients call once every %v each (%d calls a second, under the limit), spread over the %v. "+
-		"A call of theirs is served if it is admitted, without error, before the client's next call is due (its context's deadline is %v); late calls answered after it, or failed for it (go-redis does not stop a command when its context ends, unless told to). "+
-		"The noisy client's admissions, and every other client's, are checked against the limit per started window.\n\n",
+		"A call of theirs is served if it is admitted, without error, before the client's next call is due (its context's deadline is %v); late calls answered after it, or failed for it (go-redis does not stop a command when its context ends, unless told to). The noisy client's admissions, and every other client's, are checked against the limit per started window.",
 		n.Limit, n.Window, n.Duration, n.Noisy, n.Others, n.Pace, int(time.Second/n.Pace), n.Pace, n.Pace)
-	b.WriteString(noisyTableMD(rows))
-	b.WriteString("\n")
+	section(b, "Noisy neighbour", method, noisyTableMD(rows))
 }
 
 func noisyProse(b *strings.Builder, rows []noisyRow) {
