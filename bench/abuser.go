@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -240,4 +241,44 @@ func (a *abuserRow) check(bound func(int, time.Duration, time.Duration) int64, e
 		return
 	}
 	a.Check = "ok"
+}
+
+// abuserTableMD is the abuser table.
+func abuserTableMD(rows []abuserRow) string {
+	return markdownTable("| implementation | rules | polite admitted | polite p50 | polite p99 | abuser calls | abuser calls/s | abuser round trips / call | abuser admitted | errors | check |\n"+
+		"|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|\n", rows, func(a abuserRow) string {
+		return fmt.Sprintf("| %s | %s | %d of %d | %v | %v | %s | %s | %.3f | %d | %s | %s |\n",
+			a.Impl, a.How, a.Admitted, a.Spec.Polite, round(a.P50), round(a.P99), thousands(a.AbuserCalls), rate(a.AbuserRate),
+			a.AbuserTrips, a.AbuserAdmitted, errorsCell(a.Errors, a.FirstErr), a.Check)
+	})
+}
+
+// abuserSection is the abuser table and its method.
+func abuserSection(b *strings.Builder, rows []abuserRow) {
+	a := rows[0].Spec
+	method := fmt.Sprintf("A client at its own limit, under `PerResource(Per(%d, %v))` + `PerClient(Per(%d, %v))`. One client first makes the %d calls its own limit admits, then calls flat out from %d Buckets x %d goroutines, each Bucket on a go-redis client of its own; "+
+		"meanwhile a third Bucket sends one call every %v, each from a client never seen before, %d calls. The resource never holds more than the abuser's %d and the polite calls of one window (%d), so every polite call should pass. "+
+		"The abuser's round trips are counted on its Buckets' clients only, per call it made while the polite calls ran; its admissions after the first %d are checked against its limit. "+
+		"redis_rate and ulule/limiter have one rule per limiter: they run their natural equivalent, two limiters, the client's key checked first and the resource's (one key for every client) only for a call the client's admitted; a call the resource's then denies has used its client's room, which this library's all-or-nothing rules do not do.",
+		a.ResourceLimit, a.Window, a.ClientLimit, a.Window, a.ClientLimit, a.Buckets, a.Goroutines, a.Pace, a.Polite, a.ClientLimit,
+		int(a.Window/a.Pace), a.ClientLimit)
+	section(b, "A client past its own limit beside polite ones", method, abuserTableMD(rows))
+}
+
+// abuserTargets (issue 19): beside a client past its own limit, >= 95% of
+// the polite calls admitted, for this library's strategies.
+func abuserTargets(rows []abuserRow) []target {
+	var out []target
+	for _, a := range rows {
+		if !isOurs(a.Impl) {
+			continue
+		}
+		least := (95*a.Spec.Polite + 99) / 100
+		out = append(out, target{
+			Target: fmt.Sprintf("polite calls admitted >= %d of %d", least, a.Spec.Polite), Impl: a.Impl,
+			Where:    fmt.Sprintf("abuser at its own limit, %d Buckets x %d goroutines; a call every %v from a fresh client", a.Spec.Buckets, a.Spec.Goroutines, a.Spec.Pace),
+			Measured: fmt.Sprintf("%d of %d (abuser: %.3f round trips per call)", a.Admitted, a.Spec.Polite, a.AbuserTrips), Met: a.Admitted >= int64(least),
+		})
+	}
+	return out
 }

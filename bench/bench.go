@@ -26,7 +26,7 @@ type config struct {
 	noisy      noisySpec
 	abuser     abuserSpec
 	procs      procsSpec
-	steady     steadySpec
+	steady     []steadySpec
 	memory     memorySpec
 	costLimits []int  // of the SortedSet cost table
 	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
@@ -64,17 +64,26 @@ type measures struct {
 	Trips     float64 // per decision
 	Errors    int64
 	FirstErr  string
+	// CPU time per decision, in µs, where the cell measured it (else
+	// -1): the bench process's and the server's.
+	ClientCPU, ServerCPU float64
 }
 
 // measure computes a cell's measures from what its load returned.
 func measure(got loadResult) measures {
 	lat := sortedDurations(got.Latencies)
-	return measures{
+	m := measures{
 		Decisions: got.Decisions, Errors: got.Errors, FirstErr: got.FirstErr,
 		Rate: float64(got.Decisions) / got.Elapsed.Seconds(),
 		P50:  percentile(lat, 50), P99: percentile(lat, 99),
-		Trips: float64(got.Trips) / float64(max(got.Decisions, 1)),
+		Trips:     float64(got.Trips) / float64(max(got.Decisions, 1)),
+		ClientCPU: perDecision(got.CPU.Client, got.Decisions),
+		ServerCPU: perDecision(got.CPU.Server, got.Decisions),
 	}
+	if !got.measured {
+		m.ClientCPU, m.ServerCPU = -1, -1
+	}
+	return m
 }
 
 // row is one cell: a workload, a limit, an implementation.
@@ -97,6 +106,7 @@ type side struct {
 	admin  *redis.Client // empties the database between cells
 	client *redis.Client // the limiters'
 	trips  *trips        // counts the round trips of client and of more()
+	meter  cpuMeter      // the CPU time of its cells
 }
 
 const poolSize = 128
@@ -104,6 +114,7 @@ const poolSize = 128
 func newSide(srv *server) *side {
 	s := &side{srv: srv, admin: srv.client(4), trips: &trips{}}
 	s.client = s.more()
+	s.meter.admin = s.admin
 	return s
 }
 
@@ -229,31 +240,6 @@ func all(impl) bool       { return true }
 func ours(im impl) bool   { return im.ours }
 func limits(im impl) bool { return im.bound != nil }
 
-// throughput measures every cell of the throughput table, in order.
-func (r *runner) throughput(ctx context.Context, res *results) error {
-	for _, w := range r.cfg.workloads {
-		if err := w.checkDistinct(); err != nil {
-			return err
-		}
-		for _, limit := range r.cfg.limits {
-			for _, im := range r.impls(all) {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				t0 := time.Now()
-				row, err := r.cell(ctx, w, limit, im)
-				if err != nil {
-					return fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
-				}
-				fmt.Fprintf(r.log, "bench: %-40s %9d/%s  %-33s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %s (%.1fs)\n",
-					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips, row.Check, time.Since(t0).Seconds())
-				res.rows = append(res.rows, row)
-			}
-		}
-	}
-	return nil
-}
-
 // warmPool opens n connections in the client's pool, so that no cell pays
 // for dialling.
 func warmPool(ctx context.Context, rdb *redis.Client, n int) error {
@@ -264,28 +250,6 @@ func warmPool(ctx context.Context, rdb *redis.Client, n int) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// cell measures one implementation on one workload and limit, on an empty
-// database.
-func (r *runner) cell(ctx context.Context, w workload, limit int, im impl) (row, error) {
-	s := r.sideOf(im)
-	lim, err := prepare(ctx, s, im, limit, r.cfg.window, w.Goroutines)
-	if err != nil {
-		return row{}, err
-	}
-	res := load{w: w, lims: []limiter{lim}, tr: s.trips, d: r.cfg.cell, timeout: r.cfg.timeout}.run(ctx)
-	if err := ctx.Err(); err != nil {
-		return row{}, err
-	}
-	if err := checkSent(im, res); err != nil {
-		return row{}, err
-	}
-	out := summarise(w, limit, im, r.cfg.window, res)
-	if im.bound == nil {
-		out.Check, err = checkFloor(ctx, s, res)
-	}
-	return out, err
 }
 
 // prepare makes im's limiter on s's client, warms the pool for goroutines
@@ -308,6 +272,9 @@ func prepare(ctx context.Context, s *side, im impl, limit int, window time.Durat
 // checkSent checks that a decision was made, and that nothing was sent to
 // the scripting-denied server that it would refuse.
 func checkSent(im impl, res loadResult) error {
+	if res.cpuErr != nil {
+		return res.cpuErr
+	}
 	if res.Decisions == 0 {
 		return errors.New("no decision was made")
 	}
@@ -315,65 +282,6 @@ func checkSent(im impl, res loadResult) error {
 		return fmt.Errorf("%d script commands were sent to the scripting-denied server", res.Scripts)
 	}
 	return nil
-}
-
-// checkFloor checks that the floor wrote one key per distinct key it was
-// given: that the workload's keys are distinct in Redis too.
-func checkFloor(ctx context.Context, s *side, res loadResult) (string, error) {
-	n, err := s.admin.DBSize(ctx).Result()
-	if err != nil {
-		return "", err
-	}
-	touched := int64(0)
-	for _, d := range res.Decided {
-		if d > 0 {
-			touched++
-		}
-	}
-	if n != touched {
-		return "", fmt.Errorf("the floor called %d distinct keys, but the database holds %d keys: keys collide", touched, n)
-	}
-	return fmt.Sprintf("%d distinct keys written", touched), nil
-}
-
-// summarise computes a row and checks the admissions against the limit.
-func summarise(w workload, limit int, im impl, window time.Duration, res loadResult) row {
-	out := row{Workload: w, Limit: limit, Impl: im.name, measures: measure(res)}
-	for _, a := range res.Admitted {
-		out.MaxAdmitted = max(out.MaxAdmitted, a)
-		out.TotalAdmitted += a
-	}
-	if im.bound != nil {
-		out.Bound = im.bound(limit, window, res.Elapsed)
-		out.checkAdmissions(im, window, res)
-	}
-	return out
-}
-
-// checkAdmissions compares each key's admissions with the bound, and for
-// an exact limiter within one window with min(calls, limit).
-func (out *row) checkAdmissions(im impl, window time.Duration, res loadResult) {
-	w, exact := out.Workload, im.exact && res.Elapsed < window
-	var over, under []string
-	for k, a := range res.Admitted {
-		if a > out.Bound {
-			over = append(over, fmt.Sprintf("%s/%s admitted %d > %d", w.Resource, w.client(k), a, out.Bound))
-		}
-		if want := min(res.Decided[k], int64(out.Limit)); exact && a < want {
-			under = append(under, fmt.Sprintf("%s/%s admitted %d of the %d it asked within the limit", w.Resource, w.client(k), a, want))
-		}
-	}
-	switch {
-	case len(over) > 0:
-		out.Violation = true
-		out.Check = fmt.Sprintf("OVER-ADMITTED at %d keys, e.g. %s", len(over), over[0])
-	case len(under) > 0:
-		out.Check = fmt.Sprintf("ok, but under-admitted at %d keys, e.g. %s", len(under), under[0])
-	case exact:
-		out.Check = "ok, exact"
-	default:
-		out.Check = "ok"
-	}
 }
 
 func round(d time.Duration) time.Duration {

@@ -64,13 +64,19 @@ func quickRows() map[string][]string {
 	want := map[string][]string{
 		"SortedSet cost": {"| 10/min | 10 |", "| 1 000/min | 1 000 |", "| 10 000/min | 10 000 |"},
 		"Targets":        {"targets met."},
-		"Steady state":   {"| " + sortedSetName + " | " + phaseNames[phaseSteady] + " |", "| " + windowsName + " | " + phaseNames[phaseSteady] + " |"},
+	}
+	for _, s := range quickSteady {
+		for _, name := range []string{sortedSetName, windowsName} {
+			want["Steady state"] = append(want["Steady state"], "| "+name+" | "+s.Window.String()+" | "+phaseNames[phaseSteady]+" |")
+		}
 	}
 	for _, a := range abuserImpls() {
 		want["Abuser"] = append(want["Abuser"], "| "+a.name+" | "+a.how+" |")
 	}
 	for _, im := range procsImpls() {
 		want["Processes"] = append(want["Processes"], "| "+im.name+" | 4 processes x 16 goroutines, 2s |")
+	}
+	for _, im := range memoryImpls() {
 		want["Memory"] = append(want["Memory"], "| "+im.name+" | ")
 	}
 	for _, im := range inProcessImpls(quickInProcess) {
@@ -101,6 +107,9 @@ func TestBounds(t *testing.T) {
 	}
 	if got := gcraBound(1000, time.Minute, 6*time.Second); got != 1101 {
 		t.Errorf("gcraBound = %d, want 1000 + 100 + 1", got)
+	}
+	if got := fixedWindowsBound(10, time.Minute, 4*time.Second); got != 20 {
+		t.Errorf("fixedWindowsBound within one window = %d, want 20 (a span may straddle two fixed windows)", got)
 	}
 }
 
@@ -140,5 +149,22 @@ func TestMostWithin(t *testing.T) {
 func TestHammerIdeal(t *testing.T) {
 	if got := fullHammer.ideal(); got != 250 {
 		t.Errorf("ideal of 50/s over 4.5s = %d, want 250 (50 in each of 5 started seconds)", got)
+	}
+}
+
+// A peer whose design lets it pass its bound is reported, not failed; any
+// other limiter that passes its bound fails the run.
+func TestOverAdmitted(t *testing.T) {
+	for _, im := range implementations() {
+		check, violation := im.overAdmitted("3 > 2")
+		if violation == (im.overAdmits != "") || !strings.HasSuffix(check, "3 > 2") {
+			t.Errorf("%s: overAdmitted = %q, %v", im.name, check, violation)
+		}
+		if violation != strings.Contains(check, "OVER") {
+			t.Errorf("%s: %q: the quick test looks for OVER to find a failure", im.name, check)
+		}
+		if im.ours && !violation {
+			t.Errorf("%s passes its bound without failing the run", im.name)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -138,4 +139,65 @@ func summariseHammer(im impl, h hammerSpec, got loadResult) hammerRow {
 		out.Check = "ok"
 	}
 	return out
+}
+
+// hammerTargets: never more than the limit in any second, and at least
+// 80% of the ideal.
+func hammerTargets(rows []hammerRow) []target {
+	var out []target
+	for _, h := range rows {
+		where := fmt.Sprintf("hammer, %d Buckets x %d goroutines, %d/s, %v", h.Spec.Buckets, h.Spec.Goroutines, h.Spec.Limit, h.Spec.Duration)
+		out = append(out, target{
+			Target: fmt.Sprintf("never more than %d in any second", h.Spec.Limit), Impl: h.Impl, Where: where,
+			Measured: fmt.Sprintf("at most %d in any %v (%d in any %v)", h.MostInCheck, h.Spec.checkSpan(), h.MostInWindow, h.Spec.Window),
+			Met:      h.MostInCheck <= int64(h.Spec.Limit),
+		}, target{
+			Target: "admitted >= 80% of the ideal", Impl: h.Impl, Where: where,
+			Measured: fmt.Sprintf("%.0f%% (%d of %d)", h.ofIdeal(), h.Admitted, h.Ideal), Met: h.ofIdeal() >= 80,
+		})
+	}
+	return out
+}
+
+// hammerTableMD is the hammer table.
+func hammerTableMD(rows []hammerRow) string {
+	var b strings.Builder
+	s := rows[0].Spec
+	fmt.Fprintf(&b, "| strategy | callers | limit | decisions/s | p50 | p99 | round trips / decision | admitted | ideal | of the ideal | most in any %v | most in any %v (checked) | errors | check |\n",
+		s.Window, s.checkSpan())
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
+	for _, h := range rows {
+		fmt.Fprintf(&b, "| %s | %d Buckets x %d goroutines, %v | %d/%s | %s | %v | %v | %.2f | %d | %d | %.0f%% | %d | %d | %s | %s |\n",
+			h.Impl, h.Spec.Buckets, h.Spec.Goroutines, h.Spec.Duration, h.Spec.Limit, shortDur(h.Spec.Window),
+			rate(h.Rate), round(h.P50), round(h.P99), h.Trips, h.Admitted, h.Ideal, h.ofIdeal(), h.MostInWindow, h.MostInCheck,
+			errorsCell(h.Errors, h.FirstErr), h.Check)
+	}
+	return b.String()
+}
+
+// hammerSection is the hammer table and its method.
+func hammerSection(b *strings.Builder, rows []hammerRow) {
+	h := rows[0].Spec
+	b.WriteString("## Hammer\n\n")
+	fmt.Fprintf(b, "%d Buckets of one strategy, each on a client of its own as separate processes would be, call one key with %d goroutines each (%d callers), flat out for %v, under `PerClient(Per(%d, %v))`. ",
+		h.Buckets, h.Goroutines, h.Buckets*h.Goroutines, h.Duration, h.Limit, h.Window)
+	fmt.Fprintf(b, "The ideal is the most a limiter can admit in %v without ever admitting more than %d in one %v: %d at once in each of the %d windows the run starts, %d. ",
+		h.Duration, h.Limit, h.Window, h.Limit, h.ideal()/int64(h.Limit), h.ideal())
+	fmt.Fprintf(b, "\"Most in any %v\" counts the admitted calls that were both sent and answered within one span of that length, so each was decided inside it, over every such span. "+
+		"The check uses spans of %v: Redis time, which the limiter reads, is kept in whole milliseconds, so two calls decided 999.1 ms apart may carry times 1 000 ms apart and rightly fall in two windows; more than %d in any %v span, or more than %d per started window in all, is an over-admission and fails the run.\n\n",
+		h.Window, h.checkSpan(), h.Limit, h.checkSpan(), h.Limit)
+	b.WriteString(hammerTableMD(rows))
+	b.WriteString("\n")
+}
+
+func hammerProse(b *strings.Builder, rows []hammerRow) {
+	h := rows[0].Spec
+	var pct, most, most1s, p99 []float64
+	for _, r := range rows {
+		pct, most, most1s, p99 = append(pct, r.ofIdeal()), append(most, float64(r.MostInCheck)), append(most1s, float64(r.MostInWindow)), append(p99, float64(r.P99))
+	}
+	count := func(x float64) string { return fmt.Sprintf("%.0f", x) }
+	fmt.Fprintf(b, "- **Under the hammer** the %d Buckets batch their own %d callers each; their transactions (Logs: their lock) meet in Redis. "+
+		"The strategies admitted %s%% of the ideal %d, never more than %s calls in any %v (%s in any %v, the difference being Redis time's whole milliseconds), with a p99 of %s.\n",
+		h.Buckets, h.Goroutines, spanOf(pct, count), h.ideal(), spanOf(most, count), h.checkSpan(), spanOf(most1s, count), h.Window, spanOf(p99, latency))
 }

@@ -1,17 +1,22 @@
 // Command bench measures this library against go-redis/redis_rate,
-// ulule/limiter, a naive redislock-based form of its design and the cost of
-// one round trip, and writes the tables of issue 11: throughput on many keys
-// and on a hot key, the hammer, the noisy neighbour, SortedSet's cost by
-// limit, and the targets. From the repository root:
+// ulule/limiter, the script-free peers a user picks when Lua is off
+// (go-chi/httprate-redis, rolling-rate-limiter's sliding log), a naive
+// redislock-based form of its design and the cost of one round trip, and
+// writes its tables: throughput on many keys and on a hot key, with the
+// CPU a decision costs each side; the steady state at two windows; the
+// hammer, the noisy neighbour, an abuser, processes on one key,
+// SortedSet's cost by limit, Redis memory per client, the in-process
+// limiter, and the targets. From the repository root:
 //
-//	cd bench && go run .            # the full run, about 3 minutes; writes BENCHMARKS.md and benchmarks.png
-//	cd bench && go run . -quick     # a smoke run of seconds; writes nothing unless -out is given
+//	cd bench && go run .            # the full run, about 10 minutes; writes BENCHMARKS.md and benchmarks.png
+//	cd bench && go run . -quick     # a smoke run of about a minute; writes nothing unless -out is given
 //
 // It needs redis-server (Debian's package, which it installs with apt-get
 // when missing), and starts two on free loopback ports with no
 // persistence: one whose default user is denied scripting, for this
-// library, and one that allows it, for the Lua peers. Both are stopped when
-// the program ends, also on failure or Ctrl-C.
+// library and the script-free peers, and one that allows it, for the Lua
+// peers. Both are stopped when the program ends, also on failure or
+// Ctrl-C.
 package main
 
 import (
@@ -195,6 +200,9 @@ func run(ctx context.Context, cfg config, stdout, log io.Writer) error {
 		lib.version, lib.addr, peers.addr)
 	r := newRunner(cfg, lib, peers, log)
 	defer r.close()
+	if err := r.measureIdle(ctx); err != nil {
+		return err
+	}
 
 	res, err := r.run(ctx)
 	if err != nil {

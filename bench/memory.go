@@ -60,7 +60,7 @@ func (r *runner) memoryAll(ctx context.Context, res *results) error {
 			m.client.Close()
 		}
 	}()
-	for i, im := range r.impls(func(im impl) bool { return im.ours || im.name == redisRateName || im.name == ululeName }) {
+	for i, im := range filter(memoryImpls(), func(im impl) bool { return r.cfg.impl.MatchString(im.name) }) {
 		m := &memoryRow{Impl: im.name, Spec: spec, db: 1 + i}
 		rows = append(rows, m)
 		if err := r.fillMemory(ctx, im, m); err != nil {
@@ -218,4 +218,49 @@ func usedMemory(ctx context.Context, admin *redis.Client) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no used_memory in INFO memory")
+}
+
+// memoryImpls are the implementations of the memory table: this library's
+// strategies and the Lua peers with a limit per key.
+func memoryImpls() []impl {
+	return filter(implementations(), func(im impl) bool { return im.ours || im.name == redisRateName || im.name == ululeName })
+}
+
+// memoryTableMD is the memory table.
+func memoryTableMD(rows []memoryRow) string {
+	return markdownTable("| implementation | keys | keys / client | used_memory / client | PTTL after the calls | keys without expiry | empty (DBSIZE 0) after the last call | of which after the window | errors |\n"+
+		"|---|---:|---:|---:|---:|---:|---:|---:|---|\n", rows, func(m memoryRow) string {
+		return fmt.Sprintf("| %s | %s | %.2f | %.0f B | %s | %d | %s | %s | %s |\n",
+			m.Impl, thousands(m.Keys), float64(m.Keys)/float64(m.Spec.Clients), m.perClient(), ttlSpan(m), m.NoTTL, m.gone(), m.pastWindow(), errorsCell(m.Errors, m.FirstErr))
+	})
+}
+
+func ttlSpan(m memoryRow) string {
+	if m.MinTTL < 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%v–%v", m.MinTTL.Round(10*time.Millisecond), m.MaxTTL.Round(10*time.Millisecond))
+}
+
+func (m memoryRow) gone() string {
+	if m.Gone == 0 {
+		return fmt.Sprintf("not within %v: %s keys left", m.Spec.Bound, thousands(m.Left))
+	}
+	return m.Gone.Round(10 * time.Millisecond).String()
+}
+
+func (m memoryRow) pastWindow() string {
+	if m.Gone == 0 {
+		return fmt.Sprintf("> %v", m.Spec.Bound-m.Spec.Window)
+	}
+	return max(m.Gone-m.Spec.Window, 0).Round(10 * time.Millisecond).String()
+}
+
+func memorySection(b *strings.Builder, rows []memoryRow) {
+	m := rows[0].Spec
+	section(b, "Redis memory per limited client, and how long it stays", fmt.Sprintf("%s clients of one resource make %d calls each (%s calls from %d goroutines, about a second or less) under `PerClient(Per(%d, %v))`, each implementation in a logical database of its own on its server (this library's, scripting denied; the peers'). "+
+		"used_memory / client is the server's used_memory (INFO memory) after the calls less before them, over the clients: it includes Redis's own overhead per key, and is noisy by a few bytes per client (client buffers). "+
+		"PTTL is read from every key right after the calls. Then each database's DBSIZE is polled every %v, on the real clock, until it is 0 (Redis has expired every key) or %v after the last call: \"after the window\" is that time less the window, how long an idle client outlives its limit in Redis. "+
+		"The figures are whatever the code measured does: a change to key expiry shows here on the next run.",
+		thousands(int64(m.Clients)), m.Calls, thousands(int64(m.Clients*m.Calls)), m.Goroutines, m.Limit, m.Window, m.Poll, m.Bound), memoryTableMD(rows))
 }

@@ -54,6 +54,9 @@ type loadResult struct {
 	Latencies []int64    // ns, one per decision
 	Spans     []interval // of each admitted call, with load.spans
 	Units     int64      // the weight admitted, all keys
+	CPU       cpuUse     // with load.cpu
+	measured  bool       // CPU is measured (load.cpu was set)
+	cpuErr    error      // reading the CPU times failed
 }
 
 // An interval is when a call was sent and when its answer came, since the
@@ -80,6 +83,9 @@ type load struct {
 	// start, if set, is when the calls begin: the load waits for it (the
 	// processes of one load share it). Else at once.
 	start time.Time
+	// cpu, if set, measures the CPU time the calls take, this process's
+	// and the server's.
+	cpu *cpuMeter
 }
 
 // tally is what the goroutines of a load share.
@@ -132,6 +138,11 @@ func allowNWithin(ctx context.Context, lim limiter, timeout time.Duration, resou
 func (l load) run(ctx context.Context) loadResult {
 	t := &tally{admitted: make([]atomic.Int64, l.w.Keys), decided: make([]atomic.Int64, l.w.Keys)}
 	per := make([]callerResult, l.w.Goroutines)
+	var mark cpuMark
+	var cpuErr error
+	if l.cpu != nil {
+		mark, cpuErr = l.cpu.mark(ctx)
+	}
 	trips0, scripts0 := l.tr.n.Load(), l.tr.scripts.Load()
 	t0 := time.Now()
 	if !l.start.IsZero() {
@@ -148,6 +159,11 @@ func (l load) run(ctx context.Context) loadResult {
 		Elapsed: time.Since(t0),
 		Trips:   l.tr.n.Load() - trips0,
 		Scripts: l.tr.scripts.Load() - scripts0,
+		cpuErr:  cpuErr,
+	}
+	if l.cpu != nil && cpuErr == nil {
+		r.CPU, r.cpuErr = l.cpu.since(ctx, mark)
+		r.measured = true
 	}
 	r.collect(t, per)
 	return r
