@@ -37,6 +37,9 @@ type Txn struct {
 	Cmds    [][]any
 	Guards  []Guard // commands that apply only while a hash is what it was
 	Replies []any   // after the EXEC, by command
+	// Urgent: a take-back to send at once, never to carry on a later
+	// transaction: a call it takes back is decided again right after.
+	Urgent bool
 }
 
 // A Guard holds take-backs of weight written to a Windows client's hash:
