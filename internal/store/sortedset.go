@@ -141,6 +141,7 @@ type zBatch struct {
 // what it holds as the calls are judged in order.
 type zSet struct {
 	key  string
+	arg  any // key, boxed once for the set's commands
 	spec setSpec
 	// read is how many oldest members to read: none when every call of
 	// the batch on the set was sent Far (limits.Call), whose Results, if
@@ -192,7 +193,7 @@ func (b *zBatch) write(byKey map[string]*zSet, prefix string, spec setSpec, c li
 	key := spec.keyOf(prefix, c.Client)
 	set := byKey[key]
 	if set == nil {
-		set = &zSet{key: key, spec: spec}
+		set = &zSet{key: key, arg: key, spec: spec}
 		byKey[key] = set
 		b.sets = append(b.sets, set)
 	}
@@ -214,44 +215,51 @@ func (b *zBatch) write(byKey map[string]*zSet, prefix string, spec setSpec, c li
 	return w
 }
 
-// queue adds the batch's commands: see sortedSetStore.
+// queue adds the batch's commands: see sortedSetStore. Each argument is
+// boxed once (a key serves about eight commands).
 func (b *zBatch) queue(t *txn.Txn) {
+	now := any(b.now)
 	for _, set := range b.sets {
-		t.Add("zremrangebyscore", set.key, "-inf", b.now-set.spec.window)
-		set.card = t.Add("zcard", set.key)
+		t.Add("zremrangebyscore", set.arg, "-inf", b.now-set.spec.window)
+		set.card = t.Add("zcard", set.arg)
 		if set.read > 0 {
-			set.first = t.Add("zrange", set.key, 0, set.read-1, "withscores")
+			set.first = t.Add("zrange", set.arg, 0, set.read-1, "withscores")
 		}
-		set.latest = t.Add("zrange", set.key, -1, -1, "withscores")
+		set.latest = t.Add("zrange", set.arg, -1, -1, "withscores")
 	}
 	for i := range b.calls {
 		for _, w := range b.writes[i] {
-			if len(w.members) == 0 {
-				continue // a call that only looks
+			if len(w.members) > 0 { // else a call that only looks
+				b.queueWrite(t, w, now)
 			}
-			limit := w.set.spec.limit
-			if b.RecordDenied {
-				t.Add(zadd(w.set.key, b.now, w.members)...)
-				w.evicted = t.Add("zremrangebyrank", w.set.key, 0, -limit-1)
-				continue
-			}
-			t.Add(zadd(w.set.key, pendingScore, w.members)...)
-			w.evicted = t.Add("zremrangebyrank", w.set.key, limit, -1)
-			t.Add(zadd(w.set.key, b.now, w.members, "xx")...)
 		}
 	}
 	for _, set := range b.sets {
 		if set.written {
-			for _, cmd := range txn.ExtendTo(set.key, b.now+set.spec.window+clock.LagLimit.Milliseconds()) {
+			for _, cmd := range txn.ExtendTo(set.arg, b.now+set.spec.window+clock.LagLimit.Milliseconds()) {
 				t.Add(cmd...)
 			}
 		}
 	}
 }
 
+// queueWrite adds the commands of one call's write: its members, and the
+// cap.
+func (b *zBatch) queueWrite(t *txn.Txn, w *zWrite, now any) {
+	set := w.set
+	if b.RecordDenied {
+		t.Add(zadd(set.arg, now, w.members)...)
+		w.evicted = t.Add("zremrangebyrank", set.arg, 0, -set.spec.limit-1)
+		return
+	}
+	t.Add(zadd(set.arg, pendingScore, w.members)...)
+	w.evicted = t.Add("zremrangebyrank", set.arg, set.spec.limit, -1)
+	t.Add(zadd(set.arg, now, w.members, "xx")...)
+}
+
 // zadd returns ZADD key flags... score member ... for members, all
 // scored with score, in one slice.
-func zadd(key string, score any, members []any, flags ...any) []any {
+func zadd(key, score any, members []any, flags ...any) []any {
 	out := make([]any, 0, 2+len(flags)+2*len(members))
 	out = append(out, "zadd", key)
 	out = append(out, flags...)
