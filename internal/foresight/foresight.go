@@ -13,6 +13,10 @@
 // decided again at once, writing. So weight is written only for calls that
 // every rule showed room for, and a client past its own limit writes none.
 //
+// A call that every rule showed room for with a margin beside it is sent
+// Far (limits.Call): its store may leave out the reads only a denial
+// needs, and decides it again, on a full read, if it is denied after all.
+//
 // What foresight saw can only be too full where it is stale (counts fall
 // only by flushes and take-backs, which the second round catches), or too
 // empty (other processes admitted since): then a call is written that the

@@ -38,7 +38,10 @@ func NewSortedSet(p Plan) Store {
 // package clock). Per batch and set, the transaction:
 //
 //  1. trims the members that have left the window (ZREMRANGEBYSCORE),
-//     and reads what is left: ZCARD, the oldest members and the newest;
+//     and reads what is left: ZCARD, the newest member, and the oldest
+//     ones unless every call of the batch on the set was sent Far (only
+//     a denial's RetryAfter needs them: a Far call the counts deny is
+//     decided again, see limits.View.Short);
 //  2. for each call, in order: adds its members with a score above any
 //     time (ZADD pending), removes whatever is now past the cap
 //     (ZREMRANGEBYRANK Requests -1: only pending members can be there, as
@@ -222,9 +225,11 @@ func (b *zBatch) queue(t *txn.Txn) {
 	for _, set := range b.sets {
 		t.Add("zremrangebyscore", set.arg, "-inf", b.now-set.spec.window)
 		set.card = t.Add("zcard", set.arg)
-		if set.read > 0 {
-			set.first = t.Add("zrange", set.arg, 0, set.read-1, "withscores")
+		if set.read == 0 {
+			set.latest = t.Add("zrange", set.arg, "+inf", b.notBefore(), "byscore", "rev", "limit", 0, 1, "withscores")
+			continue
 		}
+		set.first = t.Add("zrange", set.arg, 0, set.read-1, "withscores")
 		set.latest = t.Add("zrange", set.arg, -1, -1, "withscores")
 	}
 	for i := range b.calls {
@@ -241,6 +246,19 @@ func (b *zBatch) queue(t *txn.Txn) {
 			}
 		}
 	}
+}
+
+// notBefore is the bound of the newest member a set whose calls are all
+// Far reads: only one scored after it, which is rare (another process's
+// stamp can trail this batch's only by a round trip or so). The newest
+// member then counts for ResetAfter; else the newest counted is the
+// call's own stamp once it is recorded, as every member is scored at most
+// the bound, and the bound at most the stamp the Results count from: a
+// transaction that Redis ran more than clock.Jump before its stamp is
+// made again (stampOff), so stamp = min(b.now, TIME) >= b.now - Jump.
+// A Far call that is not recorded is decided again, on a full read.
+func (b *zBatch) notBefore() string {
+	return "(" + strconv.FormatInt(b.now-clock.Jump.Milliseconds(), 10)
 }
 
 // queueWrite adds the commands of one call's write: its members, and the
