@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -51,16 +50,24 @@ type farEvent struct {
 
 // farLog gathers the events of a run.
 type farLog struct {
-	seq    atomic.Int64
 	mu     sync.Mutex
+	seq    int64
 	events []farEvent
 	errs   []error
 }
 
+// next takes a number of the counter.
+func (l *farLog) next() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	return l.seq
+}
+
 func (l *farLog) call(b *Bucket, resource, client string, n int) {
-	start := l.seq.Add(1)
+	start := l.next()
 	res, err := allowBounded(b, 10*time.Second, resource, client, n)
-	end := l.seq.Add(1)
+	end := l.next()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -71,14 +78,14 @@ func (l *farLog) call(b *Bucket, resource, client string, n int) {
 }
 
 func (l *farLog) flush(b *Bucket, resource, client string) {
-	start := l.seq.Add(1)
+	start := l.next()
 	var err error
 	if client == "" {
 		err = b.FlushAll(context.Background(), resource)
 	} else {
 		err = b.Flush(context.Background(), resource, client)
 	}
-	end := l.seq.Add(1)
+	end := l.next()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
@@ -110,7 +117,7 @@ func (l *farLog) check(t *testing.T) {
 			bounds = append(bounds, e.start, e.end)
 		}
 	}
-	bounds = append(bounds, l.seq.Load()+1)
+	bounds = append(bounds, l.next())
 	slices.Sort(bounds)
 	for i := 0; i+1 < len(bounds); i += 2 {
 		from, to := bounds[i], bounds[i+1]
@@ -132,8 +139,18 @@ func (l *farLog) check(t *testing.T) {
 	}
 }
 
-// farTxns counts the decisions sent without reading any oldest member.
-type farTxns struct{ lean, full atomic.Int64 }
+// farTxns counts the decisions sent without reading any oldest member
+// (lean), and those that read some (full).
+type farTxns struct {
+	mu         sync.Mutex
+	lean, full int
+}
+
+func (f *farTxns) counts() (lean, full int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lean, f.full
+}
 
 func (f *farTxns) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (f *farTxns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -151,12 +168,14 @@ func (f *farTxns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 				oldest = oldest || len(args) > 2 && fmt.Sprint(args[2]) == "0"
 			}
 		}
+		f.mu.Lock()
 		switch {
 		case writes && oldest:
-			f.full.Add(1)
+			f.full++
 		case writes:
-			f.lean.Add(1)
+			f.lean++
 		}
+		f.mu.Unlock()
 		return next(ctx, cmds)
 	}
 }
@@ -203,10 +222,11 @@ func TestSortedSetFarPathAdversary(t *testing.T) {
 				t.Errorf("the hammer alone was admitted %d units, want exactly %d", n, farClient)
 			}
 		}
-		if txns.lean.Load() == 0 {
-			t.Errorf("no decision was sent lean (%d full): the fast path was not tried", txns.full.Load())
+		lean, full := txns.counts()
+		if lean == 0 {
+			t.Errorf("no decision was sent lean (%d full): the fast path was not tried", full)
 		}
-		t.Logf("decisions sent lean: %d, full: %d", txns.lean.Load(), txns.full.Load())
+		t.Logf("decisions sent lean: %d, full: %d", lean, full)
 	})
 }
 
