@@ -291,3 +291,36 @@ func settle(e *env) {
 	}
 	synctest.Wait()
 }
+
+// TestSortedSetFarDeniedDecidedAgain: a call this Bucket saw far from its
+// limit, which another Bucket filled meanwhile, is denied with the Result
+// a full read gives (RetryAfter counts from the oldest member, which the
+// lean read did not fetch), in two round trips, and leaves nothing
+// counted.
+func TestSortedSetFarDeniedDecidedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newMiniEnv(t, SortedSet)
+		rule := PerClient(Per(10, time.Minute))
+		seer, filler := e.bucket(t, rule), e.bucket(t, rule)
+		mustAdmit(t, seer, "r", "c", 1) // seen: 1 of 10, far
+		time.Sleep(10 * time.Second)
+		mustAdmit(t, filler, "r", "c", 9) // full, unseen by seer
+		time.Sleep(5 * time.Second)
+		var res Result
+		var err error
+		trips := e.trips.count(func() { res, err = allowBounded(seer, time.Second, "r", "c", 1) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Result{Allowed: false, Remaining: 0, RetryAfter: 45 * time.Second, ResetAfter: 55 * time.Second}
+		if res.Allowed != want.Allowed || res.Remaining != want.Remaining || res.RetryAfter != want.RetryAfter || res.ResetAfter != want.ResetAfter {
+			t.Errorf("the far call after the fill: %+v, want %+v", res, want)
+		}
+		if trips != 2 {
+			t.Errorf("%d round trips, want 2: the lean decision, then the full one", trips)
+		}
+		if used := usedNow(t, filler, "r", "c", 0); used != 10 {
+			t.Errorf("the rule counts %d after the denial, want 10", used)
+		}
+	})
+}
