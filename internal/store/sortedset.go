@@ -307,10 +307,7 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 		if recorded && restamp {
 			due.late = due.note(due.late, b.writes[i])
 		}
-		// A call read Short and not recorded is decided again at once: its
-		// take-back must run before, not ride on a later transaction, or
-		// the new decision would count the call's own members.
-		back.Urgent = back.Urgent || v.Short && !recorded
+		back.Urgent = back.Urgent || b.decidedAgain(v, i, recorded)
 	}
 	for _, set := range b.sets {
 		if members := due.undo[set]; len(members) > 0 {
@@ -321,6 +318,23 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 		}
 	}
 	return nil
+}
+
+// decidedAgain reports whether call i, read as v and recorded or not, is
+// decided again at once: read Short, and denied by its counts. Its
+// take-back must then run before, not ride on a later transaction, or
+// the new decision would count the call's own members. (A call whose
+// caller gave up is taken back as any other.)
+func (b *zBatch) decidedAgain(v limits.View, i int, recorded bool) bool {
+	if !v.Short || recorded {
+		return false
+	}
+	for r, rule := range b.Rules {
+		if !rule.HasRoom(v.Counts[r].Used, b.calls[i].N) {
+			return true
+		}
+	}
+	return false
 }
 
 // view is what call i's rules counted before it: Short if a set of the
