@@ -103,6 +103,8 @@ func (r *remote) batchKey(resource, client string) string {
 // reads the counts and calls judge once per call, in arrival order. Under
 // SortedSet and Windows, the calls foresight saw no room for only look
 // (package foresight); those that then had room are decided again, writing.
+// So are the calls sent Far that the counts deny, whose store read too
+// little for a denial's Result (limits.View.Short).
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
@@ -142,13 +144,19 @@ func (r *remote) foresees() bool {
 }
 
 // decideRequests has the store decide calls (requests, by call), and
-// returns the calls that only looked and had room, to decide again.
+// returns the calls that only looked and had room, or were read Short and
+// had none, to decide again.
 func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]int, error) {
 	var again []int
 	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
-		if requests[i].Look && res.Allowed {
+		if requests[i].Look && res.Allowed || v.Short && !res.Allowed {
+			// It looked and has room, or was read too little to be
+			// denied: not recorded, and decided again on a full read.
+			if v.Short {
+				r.foresight.Saw(c.resource, c.client, v, c.n, false)
+			}
 			again = append(again, i)
 			return false
 		}

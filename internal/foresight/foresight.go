@@ -13,6 +13,10 @@
 // decided again at once, writing. So weight is written only for calls that
 // every rule showed room for, and a client past its own limit writes none.
 //
+// A call that every rule showed room for with a margin beside it is sent
+// Far (limits.Call): its store may leave out the reads only a denial
+// needs, and decides it again, on a full read, if it is denied after all.
+//
 // What foresight saw can only be too full where it is stale (counts fall
 // only by flushes and take-backs, which the second round catches), or too
 // empty (other processes admitted since): then a call is written that the
@@ -87,10 +91,11 @@ func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 	defer f.mu.Unlock()
 	var written map[seenKey]int // weight of the batch's calls marked to write
 	for i := range calls {
-		calls[i].Look = !f.roomFor(resource, calls[i], now, written)
+		calls[i].Look = !f.roomFor(resource, calls[i], now, written, false)
 		if calls[i].Look {
 			continue
 		}
+		calls[i].Far = f.roomFor(resource, calls[i], now, written, true)
 		if written == nil {
 			written = map[seenKey]int{}
 		}
@@ -101,17 +106,29 @@ func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 }
 
 // roomFor reports whether every rule showed room for c, on top of the
-// batch's calls before it. f.mu is held.
-func (f *Foresight) roomFor(resource string, c limits.Call, now int64, written map[seenKey]int) bool {
+// batch's calls before it, and with margin, each rule's margin beside it.
+// f.mu is held.
+func (f *Foresight) roomFor(resource string, c limits.Call, now int64, written map[seenKey]int, withMargin bool) bool {
 	for r, rule := range f.rules {
 		k := f.seenKeyOf(resource, c.Client, r)
 		used := limits.AddCapped(f.seen[k].usedAt(rule, now), written[k])
+		if withMargin {
+			used = limits.AddCapped(used, margin(rule))
+		}
 		if !rule.HasRoom(used, c.N) {
 			return false
 		}
 	}
 	return true
 }
+
+// margin is the room a rule must show beside a call for the call to be
+// sent Far: a tenth of its limit, at least 1. Other processes, and the
+// batches of this one still under way, may take room that was seen: a
+// call sent Far that then has none is decided again (limits.View.Short),
+// a second round trip, so the margin makes that rare without costing the
+// calls far from every limit anything.
+func margin(rule limits.Rule) int { return max(rule.Requests/10, 1) }
 
 // usedAt is what s counts at now: less the calls that have left rule's
 // window since. A count never seen counts nothing.

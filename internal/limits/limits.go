@@ -46,12 +46,20 @@ type Call struct {
 	// Look: the call writes nothing, and is only judged (foresight saw
 	// no room for it): a store must neither record it nor take it back.
 	Look bool
+	// Far: every rule showed room for the call and a margin beside it
+	// (package foresight). A store may then leave out the reads that only
+	// a denial's Result needs, and say so (View.Short).
+	Far bool
 }
 
 // A View is what was read for one call.
 type View struct {
 	Now    int64   // Redis time, ms
 	Counts []Count // by rule, in the order of the rules
+	// Short: the store left out what only a denial needs (the oldest
+	// calls, for RetryAfter) for a call sent Far. If these counts deny
+	// the call, it is not recorded, and is decided again on a full read.
+	Short bool
 }
 
 // Counts reports whether r counts e at time now.

@@ -103,11 +103,11 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 
 // handOn hands take-backs to the next batch of the line, which carries
 // them at no round trip of their own, when calls wait for it; else, or if
-// some are guarded (which a decision cannot carry), it sends them now,
-// before the callers are answered, so that their next call counts without
-// them.
+// some are guarded (which a decision cannot carry) or urgent, it sends
+// them now, before the callers are answered, so that their next call
+// counts without them.
 func handOn(where Site, back *txn.Txn, idempotent bool) {
-	if where.Busy != nil && where.Busy() && len(back.Guards) == 0 {
+	if where.Busy != nil && where.Busy() && len(back.Guards) == 0 && !back.Urgent {
 		where.Carry.hand(where, back.Cmds, idempotent)
 		return
 	}

@@ -38,7 +38,10 @@ func NewSortedSet(p Plan) Store {
 // package clock). Per batch and set, the transaction:
 //
 //  1. trims the members that have left the window (ZREMRANGEBYSCORE),
-//     and reads what is left: ZCARD, the oldest members and the newest;
+//     and reads what is left: ZCARD, the newest member, and the oldest
+//     ones unless every call of the batch on the set was sent Far (only
+//     a denial's RetryAfter needs them: a Far call the counts deny is
+//     decided again, see limits.View.Short);
 //  2. for each call, in order: adds its members with a score above any
 //     time (ZADD pending), removes whatever is now past the cap
 //     (ZREMRANGEBYRANK Requests -1: only pending members can be there, as
@@ -76,11 +79,21 @@ type setSpec struct {
 const pendingScore = "4503599627370496" // 2^52, exact in a float64
 
 func (s sortedSetStore) key(ks keys.Space, spec setSpec, client string) string {
-	key := ks.SortedSet() + ":" + strconv.FormatInt(spec.window, 10) + ":" + strconv.Itoa(spec.limit)
+	return spec.keyOf(s.setPrefix(ks, spec), client)
+}
+
+// setPrefix is what the keys of spec's sets start with: the key of its
+// per-resource set.
+func (sortedSetStore) setPrefix(ks keys.Space, spec setSpec) string {
+	return ks.SortedSet() + ":" + strconv.FormatInt(spec.window, 10) + ":" + strconv.Itoa(spec.limit)
+}
+
+// keyOf is the key of client's set of spec, whose keys start with prefix.
+func (spec setSpec) keyOf(prefix, client string) string {
 	if spec.perClient {
-		key += ":" + keys.Encode(client)
+		return prefix + ":" + keys.Encode(client)
 	}
-	return key
+	return prefix
 }
 
 // member names one unit of weight of a call: the client is in the members
@@ -120,18 +133,23 @@ func (s sortedSetStore) Decide(ctx context.Context, where Site, calls []limits.C
 // zBatch is the round of one batch on the sets of a resource.
 type zBatch struct {
 	sortedSetStore
-	now   int64
-	calls []limits.Call
-	sets  []*zSet     // in order of first use
-	of    [][]*zWrite // by call, by rule: the write to that rule's set
+	now    int64
+	calls  []limits.Call
+	sets   []*zSet     // in order of first use
+	of     [][]*zWrite // by call, by rule: the write to that rule's set
+	writes [][]*zWrite // by call: its writes, each once (rules may share a set)
 }
 
 // zSet is one set in a batch: where its reads are among the replies, then
 // what it holds as the calls are judged in order.
 type zSet struct {
 	key  string
+	arg  any // key, boxed once for the set's commands
 	spec setSpec
-	read int // how many oldest members to read
+	// read is how many oldest members to read: none when every call of
+	// the batch on the set was sent Far (limits.Call), whose Results, if
+	// admitted, need none, and which are decided again if denied.
+	read int
 
 	written bool // some call of the batch adds members (others only look)
 
@@ -150,35 +168,41 @@ type zWrite struct {
 }
 
 func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *zBatch {
-	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls))}
+	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls)), writes: make([][]*zWrite, len(calls))}
 	byKey := map[string]*zSet{}
+	prefixes := make([]string, len(s.sets)) // of each set's key
+	for i, spec := range s.sets {
+		prefixes[i] = s.setPrefix(ks, spec)
+	}
 	for i, c := range calls {
 		id := strconv.FormatUint(rand.Uint64(), 36)
-		shared := map[int]*zWrite{} // rules with one set write once
 		b.of[i] = make([]*zWrite, len(s.Rules))
 		for r := range s.Rules {
-			w := shared[s.setOf[r]]
-			if w == nil {
-				w = b.write(byKey, ks, s.sets[s.setOf[r]], c, id)
-				shared[s.setOf[r]] = w
+			if j := slices.Index(s.setOf[:r], s.setOf[r]); j >= 0 {
+				b.of[i][r] = b.of[i][j] // rules with one set write once
+				continue
 			}
+			w := b.write(byKey, prefixes[s.setOf[r]], s.sets[s.setOf[r]], c, id)
 			b.of[i][r] = w
+			b.writes[i] = append(b.writes[i], w)
 		}
 	}
 	return b
 }
 
-// write returns call c's write to the set spec, adding the set to the
-// batch if it is new.
-func (b *zBatch) write(byKey map[string]*zSet, ks keys.Space, spec setSpec, c limits.Call, id string) *zWrite {
-	key := b.key(ks, spec, c.Client)
+// write returns call c's write to the set spec, whose key starts with
+// prefix, adding the set to the batch if it is new.
+func (b *zBatch) write(byKey map[string]*zSet, prefix string, spec setSpec, c limits.Call, id string) *zWrite {
+	key := spec.keyOf(prefix, c.Client)
 	set := byKey[key]
 	if set == nil {
-		set = &zSet{key: key, spec: spec}
+		set = &zSet{key: key, arg: key, spec: spec}
 		byKey[key] = set
 		b.sets = append(b.sets, set)
 	}
-	set.read = max(set.read, c.N)
+	if !c.Far || b.RecordDenied {
+		set.read = max(set.read, c.N)
+	}
 	if b.RecordDenied {
 		set.read = min(set.read+c.N, spec.limit) // what the cap may drop, and the oldest left
 	}
@@ -194,54 +218,69 @@ func (b *zBatch) write(byKey map[string]*zSet, ks keys.Space, spec setSpec, c li
 	return w
 }
 
-// queue adds the batch's commands: see sortedSetStore.
+// queue adds the batch's commands: see sortedSetStore. Each argument is
+// boxed once (a key serves about eight commands).
 func (b *zBatch) queue(t *txn.Txn) {
+	now := any(b.now)
 	for _, set := range b.sets {
-		t.Add("zremrangebyscore", set.key, "-inf", b.now-set.spec.window)
-		set.card = t.Add("zcard", set.key)
-		set.first = t.Add("zrange", set.key, 0, set.read-1, "withscores")
-		set.latest = t.Add("zrange", set.key, -1, -1, "withscores")
+		t.Add("zremrangebyscore", set.arg, "-inf", b.now-set.spec.window)
+		set.card = t.Add("zcard", set.arg)
+		if set.read == 0 {
+			set.latest = t.Add("zrange", set.arg, "+inf", b.notBefore(), "byscore", "rev", "limit", 0, 1, "withscores")
+			continue
+		}
+		set.first = t.Add("zrange", set.arg, 0, set.read-1, "withscores")
+		set.latest = t.Add("zrange", set.arg, -1, -1, "withscores")
 	}
 	for i := range b.calls {
-		for _, w := range b.distinct(i) {
-			if len(w.members) == 0 {
-				continue // a call that only looks
+		for _, w := range b.writes[i] {
+			if len(w.members) > 0 { // else a call that only looks
+				b.queueWrite(t, w, now)
 			}
-			limit := w.set.spec.limit
-			if b.RecordDenied {
-				t.Add(append([]any{"zadd", w.set.key}, scored(b.now, w.members)...)...)
-				w.evicted = t.Add("zremrangebyrank", w.set.key, 0, -limit-1)
-				continue
-			}
-			t.Add(append([]any{"zadd", w.set.key}, scored(pendingScore, w.members)...)...)
-			w.evicted = t.Add("zremrangebyrank", w.set.key, limit, -1)
-			t.Add(append([]any{"zadd", w.set.key, "xx"}, scored(b.now, w.members)...)...)
 		}
 	}
 	for _, set := range b.sets {
 		if set.written {
-			for _, cmd := range txn.ExtendTo(set.key, b.now+set.spec.window+clock.LagLimit.Milliseconds()) {
+			for _, cmd := range txn.ExtendTo(set.arg, b.now+set.spec.window+clock.LagLimit.Milliseconds()) {
 				t.Add(cmd...)
 			}
 		}
 	}
 }
 
-// distinct returns call i's writes, each once: rules that share a set
-// share its write.
-func (b *zBatch) distinct(i int) []*zWrite {
-	var out []*zWrite
-	for _, w := range b.of[i] {
-		if !slices.Contains(out, w) {
-			out = append(out, w)
-		}
-	}
-	return out
+// notBefore is the bound of the newest member a set whose calls are all
+// Far reads: only one scored after it, which is rare (another process's
+// stamp can trail this batch's only by a round trip or so). The newest
+// member then counts for ResetAfter; else the newest counted is the
+// call's own stamp once it is recorded, as every member is scored at most
+// the bound, and the bound at most the stamp the Results count from: a
+// transaction that Redis ran more than clock.Jump before its stamp is
+// made again (stampOff), so stamp = min(b.now, TIME) >= b.now - Jump.
+// A Far call that is not recorded is decided again, on a full read.
+func (b *zBatch) notBefore() string {
+	return "(" + strconv.FormatInt(b.now-clock.Jump.Milliseconds(), 10)
 }
 
-// scored returns score, member pairs for ZADD.
-func scored(score any, members []any) []any {
-	out := make([]any, 0, 2*len(members))
+// queueWrite adds the commands of one call's write: its members, and the
+// cap.
+func (b *zBatch) queueWrite(t *txn.Txn, w *zWrite, now any) {
+	set := w.set
+	if b.RecordDenied {
+		t.Add(zadd(set.arg, now, w.members)...)
+		w.evicted = t.Add("zremrangebyrank", set.arg, 0, -set.spec.limit-1)
+		return
+	}
+	t.Add(zadd(set.arg, pendingScore, w.members)...)
+	w.evicted = t.Add("zremrangebyrank", set.arg, set.spec.limit, -1)
+	t.Add(zadd(set.arg, now, w.members, "xx")...)
+}
+
+// zadd returns ZADD key flags... score member ... for members, all
+// scored with score, in one slice.
+func zadd(key, score any, members []any, flags ...any) []any {
+	out := make([]any, 0, 2+len(flags)+2*len(members))
+	out = append(out, "zadd", key)
+	out = append(out, flags...)
 	for _, m := range members {
 		out = append(out, score, m)
 	}
@@ -254,34 +293,60 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 	for _, set := range b.sets {
 		set.start(t.Replies)
 	}
-	due := zBacklog{undo: map[*zSet][]any{}, late: map[*zSet][]any{}}
+	var due zBacklog
 	// The calls were scored with the estimate of Redis's time, off by at
 	// most its error: the Results count them from Redis's own time when it
 	// is earlier, so that a stopped clock (a test's) gives the same Results
 	// every run.
 	stamp := min(b.now, now)
 	restamp := now-b.now > maxEarly
-	for i, c := range b.calls {
-		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
-		for r, w := range b.of[i] {
-			v.Counts[r] = w.count(t.Replies, c.N, b.RecordDenied)
-			v.Counts[r].Stamp = stamp
-		}
+	for i := range b.calls {
+		v := b.view(t, i, now, stamp)
 		recorded := judge(i, v)
-		b.settleWrites(t, i, recorded, stamp, due)
+		b.settleWrites(t, i, recorded, stamp, &due)
 		if recorded && restamp {
-			due.note(due.late, b.distinct(i))
+			due.late = due.note(due.late, b.writes[i])
 		}
+		back.Urgent = back.Urgent || b.decidedAgain(v, i, recorded)
 	}
 	for _, set := range b.sets {
 		if members := due.undo[set]; len(members) > 0 {
 			back.Add(append([]any{"zrem", set.key}, members...)...)
 		}
 		if members := due.late[set]; len(members) > 0 {
-			back.Add(append([]any{"zadd", set.key, "xx", "gt"}, scored(now, members)...)...)
+			back.Add(zadd(set.key, now, members, "xx", "gt")...)
 		}
 	}
 	return nil
+}
+
+// decidedAgain reports whether call i, read as v and recorded or not, is
+// decided again at once: read Short, and denied by its counts. Its
+// take-back must then run before, not ride on a later transaction, or
+// the new decision would count the call's own members. (A call whose
+// caller gave up is taken back as any other.)
+func (b *zBatch) decidedAgain(v limits.View, i int, recorded bool) bool {
+	if !v.Short || recorded {
+		return false
+	}
+	for r, rule := range b.Rules {
+		if !rule.HasRoom(v.Counts[r].Used, b.calls[i].N) {
+			return true
+		}
+	}
+	return false
+}
+
+// view is what call i's rules counted before it: Short if a set of the
+// call was read without its oldest members.
+func (b *zBatch) view(t *txn.Txn, i int, now, stamp int64) limits.View {
+	v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
+	for r, w := range b.of[i] {
+		v.Counts[r] = w.count(t.Replies, b.calls[i].N, b.RecordDenied)
+		v.Counts[r].Stamp = stamp
+		v.Short = v.Short || w.set.read == 0
+	}
+	return v
 }
 
 // maxEarly bounds, in ms, how much earlier than Redis's time a recorded
@@ -296,22 +361,27 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 const maxEarly = 1
 
 // zBacklog is what a batch leaves to do after its transaction: by set,
-// the members to take back, and those to score again.
+// the members to take back, and those to score again. Most batches leave
+// nothing: the maps are made on first use.
 type zBacklog struct{ undo, late map[*zSet][]any }
 
-// note adds the members of writes to m.
-func (zBacklog) note(m map[*zSet][]any, writes []*zWrite) {
+// note adds the members of writes to m, and returns m.
+func (zBacklog) note(m map[*zSet][]any, writes []*zWrite) map[*zSet][]any {
 	for _, w := range writes {
 		if len(w.members) > 0 {
+			if m == nil {
+				m = map[*zSet][]any{}
+			}
 			m[w.set] = append(m[w.set], w.members...)
 		}
 	}
+	return m
 }
 
 // settleWrites updates call i's sets as Redis did, and notes in due the
 // members to take back if the call was not recorded.
-func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due zBacklog) {
-	for _, w := range b.distinct(i) {
+func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due *zBacklog) {
+	for _, w := range b.writes[i] {
 		if len(w.members) == 0 {
 			continue // it only looked
 		}
@@ -320,7 +390,7 @@ func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due
 		// Without WithRecordDenied the cap removed the newest members,
 		// which are the call's: all of them, for a call that did not fit.
 		if !recorded && (b.RecordDenied || evicted < len(w.members)) {
-			due.undo[w.set] = append(due.undo[w.set], w.members...)
+			due.undo = due.note(due.undo, []*zWrite{w})
 		}
 	}
 }
@@ -328,7 +398,7 @@ func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due
 // takeAll queues the removal of every call's members.
 func (b *zBatch) takeAll(_, back *txn.Txn) {
 	for i := range b.calls {
-		for _, w := range b.distinct(i) {
+		for _, w := range b.writes[i] {
 			if len(w.members) == 0 {
 				continue
 			}
@@ -342,11 +412,14 @@ func (b *zBatch) idempotent() bool { return true }
 // start reads what the set held before the batch's calls.
 func (set *zSet) start(replies []any) {
 	set.held = int(txn.ReplyInt(replies[set.card]))
-	for _, score := range txn.ReplyScores(replies[set.first]) {
-		set.oldest = append(set.oldest, limits.Entry{At: int64(score), Weight: 1})
-	}
 	if latest := txn.ReplyScores(replies[set.latest]); len(latest) > 0 {
 		set.newest = int64(latest[0])
+	}
+	if set.read == 0 {
+		return // the oldest were not read
+	}
+	for _, score := range txn.ReplyScores(replies[set.first]) {
+		set.oldest = append(set.oldest, limits.Entry{At: int64(score), Weight: 1})
 	}
 }
 

@@ -37,6 +37,9 @@ type Txn struct {
 	Cmds    [][]any
 	Guards  []Guard // commands that apply only while a hash is what it was
 	Replies []any   // after the EXEC, by command
+	// Urgent: a take-back to send at once, never to carry on a later
+	// transaction: a call it takes back is decided again right after.
+	Urgent bool
 }
 
 // A Guard holds take-backs of weight written to a Windows client's hash:
@@ -296,9 +299,9 @@ func (t *Txn) look(ctx context.Context, node *redis.Client) (bool, error) {
 // transaction made (it has no deadline yet) its first, and PEXPIREAT GT
 // only ever moves a deadline later. So a writer whose stamp trails
 // another's, or who comes late, never shortens a key's life.
-func ExtendTo(key string, at int64) [][]any {
-	k, a := any(key), any(at) // boxed once for both
-	return [][]any{{"pexpireat", k, a, "nx"}, {"pexpireat", k, a, "gt"}}
+func ExtendTo(key any, at int64) [][]any {
+	a := any(at) // boxed once for both
+	return [][]any{{"pexpireat", key, a, "nx"}, {"pexpireat", key, a, "gt"}}
 }
 
 // DropIfMade returns the command that deletes key at once if the commands
