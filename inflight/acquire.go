@@ -1,0 +1,158 @@
+package inflight
+
+import (
+	"context"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/txn"
+)
+
+// An attempt is one acquisition's transaction (see docs/inflight.md):
+//
+//	TIME
+//	per set:  ZREMRANGEBYSCORE set -inf (now          the expired leases
+//	          ZRANGE set 0 0 WITHSCORES               the earliest deadline
+//	the line: ZREMRANGEBYSCORE qd -inf (now; [ZADD qd life ticket];
+//	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q NX arrival ticket]
+//	          ZRANGE q 0 0                            who is first in line
+//	if it writes, per set:
+//	          ZADD set 2^52 m1..mn                    pending: ranked last
+//	          ZREMRANGEBYRANK set limit -1            the cap: only ours go
+//	          ZADD set XX deadline m1..mn             the kept get their deadline
+//	          PEXPIREAT set deadline+1s NX; ... GT
+//
+// It is admitted if the cap removed none of its members in any set and
+// it is first in line (or no one is in line, without a ticket); else its
+// kept members are taken back.
+type attempt struct {
+	st       site
+	le       *Lease
+	tk       *ticket
+	write    bool
+	at       int64 // the stamp: never later than Redis's time (ms)
+	deadline int64
+
+	t        *txn.Txn
+	time     int
+	earliest []int
+	head     int
+	capped   []int
+}
+
+// attemptResult is what an attempt learned.
+type attemptResult struct {
+	admitted bool
+	head     string // the first ticket in line, "" if none
+	earliest int64  // the earliest deadline held, 0 if none
+	now      int64  // Redis's time (ms)
+}
+
+func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64) *attempt {
+	a := &attempt{st: st, le: le, tk: tk, write: write, at: at, deadline: at + le.ttl.Milliseconds(), t: txn.New(zeroSpace, false)}
+	t := a.t
+	a.time = t.Add("time")
+	sets := r.sets(st.space, le.client)
+	for _, z := range sets {
+		t.Add("zremrangebyscore", z.key, "-inf", "("+itoa(at))
+		a.earliest = append(a.earliest, t.Add("zrange", z.key, 0, 0, "withscores"))
+	}
+	a.head = pruneTickets(t, st.space, at, tk, at+ticketTTL.Milliseconds())
+	if !write {
+		return a
+	}
+	ms := members(le)
+	for _, z := range sets {
+		t.Add(append([]any{"zadd", z.key}, scored(pending, ms)...)...)
+		a.capped = append(a.capped, t.Add("zremrangebyrank", z.key, z.limit, -1))
+		t.Add(append([]any{"zadd", z.key, "xx"}, scored(a.deadline, ms)...)...)
+		for _, c := range txn.ExtendTo(z.key, a.deadline+keyLife.Milliseconds()) {
+			t.Add(c...)
+		}
+	}
+	return a
+}
+
+// scored returns ZADD's score member pairs: every member with score.
+func scored(score int64, ms []any) []any {
+	out := make([]any, 0, 2*len(ms))
+	for _, m := range ms {
+		out = append(out, score, m)
+	}
+	return out
+}
+
+// judge reads the replies of a that ran.
+func (a *attempt) judge() (attemptResult, bool, error) {
+	for _, v := range a.t.Replies {
+		if err, ok := v.(error); ok {
+			return attemptResult{}, a.write, err // kept, perhaps: take it back
+		}
+	}
+	res := attemptResult{head: replyFirst(a.t.Replies[a.head])}
+	for _, i := range a.earliest {
+		if s := txn.ReplyScores(a.t.Replies[i]); len(s) > 0 && (res.earliest == 0 || int64(s[0]) < res.earliest) {
+			res.earliest = int64(s[0])
+		}
+	}
+	removed := 0
+	for _, i := range a.capped {
+		removed += int(txn.ReplyInt(a.t.Replies[i]))
+	}
+	first := res.head == "" || (a.tk != nil && res.head == a.tk.id)
+	res.admitted = a.write && removed == 0 && first
+	kept := a.write && removed < len(a.capped)*a.le.n
+	return res, kept && !res.admitted, nil
+}
+
+// attempt makes one attempt, with a lease of its own, and takes back
+// what it kept if refused: the lease is returned if admitted. Each
+// attempt's lease has a token of its own, so that a take-back still
+// under way never removes a later attempt's members.
+func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*Lease, attemptResult, error) {
+	le := newLease(nil, c)
+	st, err := r.siteOf(ctx, le.resource)
+	if err != nil {
+		return nil, attemptResult{}, err
+	}
+	at, err := st.stamp(ctx)
+	if err != nil {
+		return nil, attemptResult{}, st.settle(err)
+	}
+	if tk != nil && tk.arrival == 0 {
+		tk.arrival = at
+	}
+	a := r.newAttempt(st, le, tk, write, at)
+	sent := time.Now()
+	// A lost reply: the members may be written; they must not stay
+	// held, so they are taken back once Redis has run what it read.
+	lost := func() {
+		a.t.Resolve(st.node, false)
+		r.takeBack(le, true, "")
+	}
+	if !write {
+		lost = nil
+	}
+	out, err := st.run(ctx, a.t, lost)
+	if out != txn.Ran {
+		return nil, attemptResult{}, st.settle(err)
+	}
+	res, kept, err := a.judge()
+	if err == nil {
+		res.now, _ = st.sample(a.t.Replies[a.time], sent)
+	}
+	if kept {
+		skip := ""
+		if tk != nil {
+			skip = tk.id // no need to wake oneself
+		}
+		r.takeBackNow(ctx, le, skip)
+	}
+	if err != nil {
+		return nil, res, classify(err)
+	}
+	if !res.admitted {
+		return nil, res, nil
+	}
+	le.deadline = time.UnixMilli(a.deadline)
+	return le, res, nil
+}

@@ -1,0 +1,158 @@
+package inflight
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
+)
+
+// A Lease is weight held at a resource until it is released or its
+// deadline passes. Its methods are safe for concurrent use.
+type Lease struct {
+	limiter  *Limiter
+	resource string
+	client   string
+	token    string // random: what makes the lease unique
+	n        int
+
+	mu       sync.Mutex
+	deadline time.Time // Redis's clock (the host's, in process)
+	ttl      time.Duration
+	stop     chan struct{} // closed by Release: ends KeepAlive
+	stopped  bool
+}
+
+// ID names the lease, for Limiter.Release in another process. It holds
+// the resource, the client and the weight, encoded.
+func (le *Lease) ID() string {
+	return keys.Encode(le.resource) + "." + keys.Encode(le.client) + "." + le.token + "." + strconv.Itoa(le.n)
+}
+
+// Resource, Client and Weight are what the lease holds.
+func (le *Lease) Resource() string { return le.resource }
+func (le *Lease) Client() string   { return le.client }
+func (le *Lease) Weight() int      { return le.n }
+
+// Deadline is when the lease stops counting unless extended, in Redis's
+// clock (the host's, in process).
+func (le *Lease) Deadline() time.Time {
+	le.mu.Lock()
+	defer le.mu.Unlock()
+	return le.deadline
+}
+
+func (le *Lease) setDeadline(d time.Time) {
+	le.mu.Lock()
+	if d.After(le.deadline) {
+		le.deadline = d
+	}
+	le.mu.Unlock()
+}
+
+// ParseID reads an ID, as Limiter.Release does. The lease it returns
+// belongs to no Limiter: use Limiter.Release.
+func ParseID(id string) (*Lease, error) {
+	parts := strings.Split(id, ".")
+	if len(parts) != 4 {
+		return nil, fmt.Errorf("%w: lease id %q", ErrInvalid, id)
+	}
+	resource, err1 := base64.RawURLEncoding.DecodeString(parts[0])
+	client, err2 := base64.RawURLEncoding.DecodeString(parts[1])
+	n, err3 := strconv.Atoi(parts[3])
+	_, err4 := base64.RawURLEncoding.DecodeString(parts[2])
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || parts[2] == "" || n < 1 || n > MaxLimit || strconv.Itoa(n) != parts[3] {
+		return nil, fmt.Errorf("%w: lease id %q", ErrInvalid, id)
+	}
+	return &Lease{resource: string(resource), client: string(client), token: parts[2], n: n, stop: make(chan struct{})}, nil
+}
+
+func newToken() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+func newLease(l *Limiter, c call) *Lease {
+	return &Lease{limiter: l, resource: c.resource, client: c.client, token: newToken(), n: c.n, ttl: c.ttl, stop: make(chan struct{})}
+}
+
+// Release gives the lease's weight back, and wakes the first waiter. It
+// is idempotent: released twice, or after it expired, it frees nothing
+// more and returns an error matching ErrNotHeld or ErrExpired. It runs
+// even after ctx is cancelled, for at most a second, as a holder
+// releases on its way out.
+func (le *Lease) Release(ctx context.Context) error {
+	if le.limiter == nil {
+		return fmt.Errorf("%w: a lease from ParseID: use Limiter.Release", ErrInvalid)
+	}
+	le.mu.Lock()
+	if !le.stopped {
+		le.stopped = true
+		close(le.stop)
+	}
+	le.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	err := le.limiter.store.release(ctx, le)
+	le.limiter.observeRelease(le, err)
+	return err
+}
+
+// releaseTimeout bounds a Release whose caller's context was cancelled.
+const releaseTimeout = time.Second
+
+// Extend moves the lease's deadline to ttl from now (never earlier). A
+// lease that expired or was released is not revived: Extend returns an
+// error matching ErrExpired or ErrNotHeld.
+func (le *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if ttl < time.Millisecond {
+		return fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)
+	}
+	if le.limiter == nil {
+		return fmt.Errorf("%w: a lease from ParseID", ErrInvalid)
+	}
+	return le.limiter.store.extend(ctx, le, ttl)
+}
+
+// KeepAlive extends the lease by its time to live every third of it,
+// until it is released or ctx ends, so that it lives as long as its
+// holder does. The channel gets the error that ended it early (the lease
+// was lost: ErrExpired, ErrNotHeld; or Redis failed past the deadline)
+// and is closed when KeepAlive stops.
+func (le *Lease) KeepAlive(ctx context.Context) <-chan error {
+	out := make(chan error, 1)
+	go func() {
+		defer close(out)
+		tick := time.NewTicker(le.ttl / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-le.stop:
+				return
+			case <-tick.C:
+			}
+			if err := le.keepOnce(ctx); err != nil {
+				out <- err
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// keepOnce extends the lease once, trying again while Redis fails and the
+// lease's deadline has not passed.
+func (le *Lease) keepOnce(ctx context.Context) error {
+	ectx, cancel := context.WithDeadline(ctx, time.Now().Add(le.ttl/3))
+	defer cancel()
+	return le.Extend(ectx, le.ttl)
+}

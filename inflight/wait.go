@@ -1,0 +1,156 @@
+package inflight
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// acquire makes one attempt at once, unless this process has waiters
+// for the resource already (the newcomer would only be refused for
+// them); then, if wait, waits in line.
+func (r *remote) acquire(ctx context.Context, c call, wait bool) (*Lease, error) {
+	if !wait || !r.wakes.busy(r.spaceOf(c.resource).channel()) {
+		le, _, err := r.attempt(ctx, c, nil, true)
+		if le != nil || err != nil || !wait {
+			return le, err
+		}
+	}
+	return r.waitInLine(ctx, c)
+}
+
+// waitInLine takes a ticket and waits for its turn: a waiter tries only
+// when it is first in line (others only sign of life, writing no
+// members), and is woken when a release or a take-back tells it its turn
+// came, when the earliest lease expires, or every ticketRefresh.
+func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
+	tk := &ticket{id: newToken()}
+	channel := r.spaceOf(c.resource).channel()
+	wake, leave, err := r.wakes.join(ctx, channel, tk.id)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer leave()
+	write := true
+	for {
+		le, res, err := r.attempt(ctx, c, tk, write)
+		if le != nil || err != nil {
+			go r.leaveLine(c.resource, tk)
+			return le, err
+		}
+		first := res.head == tk.id
+		if first && !write {
+			write = true
+			continue // its turn came: try now
+		}
+		woken, err := r.sleep(ctx, wake, res, first)
+		if err != nil {
+			go r.leaveLine(c.resource, tk)
+			return nil, err
+		}
+		write = first || woken // a waiter is woken when its turn came
+	}
+}
+
+// sleep waits until wake, the earliest lease's deadline if first, the
+// next sign of life, or ctx's end; woken if wake came.
+func (r *remote) sleep(ctx context.Context, wake <-chan struct{}, res attemptResult, first bool) (woken bool, err error) {
+	d := ticketRefresh
+	if until := time.Duration(res.earliest-res.now+1) * time.Millisecond; first && res.earliest > 0 && until < d {
+		d = max(until, time.Millisecond)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-wake:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// leaveLine drops tk from the line and tells the next waiter: after an
+// admission, or when the waiter gave up.
+func (r *remote) leaveLine(resource string, tk *ticket) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	st, err := r.siteOf(ctx, resource)
+	if err != nil {
+		return // the ticket is dropped by others after ticketTTL
+	}
+	if head, err := r.remove(ctx, st, nil, tk); err == nil && head != "" {
+		_ = st.node.Publish(ctx, st.channel(), head).Err()
+	}
+}
+
+// wakes is this process's waiters, by channel: one subscription per
+// resource with waiters, whose messages name the ticket whose turn came.
+type wakes struct {
+	rdb  redis.UniversalClient
+	mu   sync.Mutex // guards subs
+	subs map[string]*subscription
+}
+
+type subscription struct {
+	ps      *redis.PubSub
+	waiters map[string]chan struct{} // by ticket
+}
+
+func newWakes(rdb redis.UniversalClient) *wakes {
+	return &wakes{rdb: rdb, subs: map[string]*subscription{}}
+}
+
+// busy reports whether this process has waiters on channel.
+func (w *wakes) busy(channel string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.subs[channel] != nil
+}
+
+// join registers ticket's waiter on channel, subscribed before it
+// returns, so that no message sent after is missed. leave undoes it.
+func (w *wakes) join(ctx context.Context, channel, ticket string) (<-chan struct{}, func(), error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.subs[channel]
+	if s == nil {
+		ps := w.rdb.Subscribe(ctx, channel)
+		if _, err := ps.Receive(ctx); err != nil {
+			_ = ps.Close()
+			return nil, nil, err
+		}
+		s = &subscription{ps: ps, waiters: map[string]chan struct{}{}}
+		w.subs[channel] = s
+		go w.dispatch(s)
+	}
+	ch := make(chan struct{}, 1)
+	s.waiters[ticket] = ch
+	leave := func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(s.waiters, ticket)
+		if len(s.waiters) == 0 {
+			delete(w.subs, channel)
+			_ = s.ps.Close()
+		}
+	}
+	return ch, leave, nil
+}
+
+// dispatch wakes the waiter that each message names, until s is closed.
+func (w *wakes) dispatch(s *subscription) {
+	for msg := range s.ps.Channel() {
+		w.mu.Lock()
+		if ch := s.waiters[msg.Payload]; ch != nil {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+		w.mu.Unlock()
+	}
+}
