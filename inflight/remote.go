@@ -331,7 +331,6 @@ func (r *remote) remove(ctx context.Context, st site, le *Lease, tk *ticket) (st
 	return replyFirst(t.Replies[head]), nil
 }
 
-
 var zeroSpace keys.Space
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
