@@ -14,7 +14,7 @@ import (
 //	          ZRANGE set 0 0 WITHSCORES               the earliest deadline
 //	the line: ZREMRANGEBYSCORE qd -inf (now; [ZADD qd life ticket];
 //	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q NX arrival ticket]
-//	          ZRANGE q 0 0                            who is first in line
+//	          ZRANGE q 0 1                            who is first in line, and next
 //	if it writes, per set:
 //	          ZADD set 2^52 m1..mn                    pending: ranked last
 //	          ZREMRANGEBYRANK set limit -1            the cap: only ours go
@@ -23,7 +23,8 @@ import (
 //
 // It is admitted if the cap removed none of its members in any set and
 // it is first in line (or no one is in line, without a ticket); else its
-// kept members are taken back.
+// kept members are taken back. An admitted waiter's ticket leaves the
+// line in a transaction of its own, which tells the next one.
 type attempt struct {
 	st       site
 	le       *Lease
@@ -35,16 +36,16 @@ type attempt struct {
 	t        *txn.Txn
 	time     int
 	earliest []int
-	head     int
+	line     int
 	capped   []int
 }
 
 // attemptResult is what an attempt learned.
 type attemptResult struct {
-	admitted bool
-	head     string // the first ticket in line, "" if none
-	earliest int64  // the earliest deadline held, 0 if none
-	now      int64  // Redis's time (ms)
+	admitted   bool
+	head, next string // the first two tickets in line, "" if none
+	earliest   int64  // the earliest deadline held, 0 if none
+	now        int64  // Redis's time (ms)
 }
 
 func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64) *attempt {
@@ -56,7 +57,7 @@ func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64
 		t.Add("zremrangebyscore", z.key, "-inf", "("+itoa(at))
 		a.earliest = append(a.earliest, t.Add("zrange", z.key, 0, 0, "withscores"))
 	}
-	a.head = pruneTickets(t, st.space, at, tk, at+ticketTTL.Milliseconds())
+	a.line = pruneTickets(t, st.space, at, tk, at+ticketTTL.Milliseconds())
 	if !write {
 		return a
 	}
@@ -81,14 +82,21 @@ func scored(score int64, ms []any) []any {
 	return out
 }
 
-// judge reads the replies of a that ran.
+// judge reads the replies of a that ran, and says whether, refused, it
+// kept members to take back.
 func (a *attempt) judge() (attemptResult, bool, error) {
 	for _, v := range a.t.Replies {
 		if err, ok := v.(error); ok {
 			return attemptResult{}, a.write, err // kept, perhaps: take it back
 		}
 	}
-	res := attemptResult{head: replyFirst(a.t.Replies[a.head])}
+	res := attemptResult{}
+	if line, _ := a.t.Replies[a.line].([]any); len(line) > 0 {
+		res.head = txn.ReplyString(line[0])
+		if len(line) > 1 {
+			res.next = txn.ReplyString(line[1])
+		}
+	}
 	for _, i := range a.earliest {
 		if s := txn.ReplyScores(a.t.Replies[i]); len(s) > 0 && (res.earliest == 0 || int64(s[0]) < res.earliest) {
 			res.earliest = int64(s[0])
@@ -127,7 +135,7 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 	// held, so they are taken back once Redis has run what it read.
 	lost := func() {
 		a.t.Resolve(st.node, false)
-		r.takeBack(le, true, "")
+		r.takeBack(le, nil, true)
 	}
 	if !write {
 		lost = nil
@@ -141,11 +149,7 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 		res.now, _ = st.sample(a.t.Replies[a.time], sent)
 	}
 	if kept {
-		skip := ""
-		if tk != nil {
-			skip = tk.id // no need to wake oneself
-		}
-		r.takeBackNow(ctx, le, skip)
+		r.takeBackNow(ctx, le, tk)
 	}
 	if err != nil {
 		return nil, res, classify(err)

@@ -17,7 +17,7 @@ import (
 // release removes le's members from every set, and tells the first
 // waiter:
 //
-//	TIME; ZSCORE set m0; per set: ZREM set m1..mn; the line's prune; ZRANGE q 0 0
+//	TIME; ZSCORE set m0; per set: ZREM set m1..mn; PUBLISH wake ""
 //
 // ZREM is idempotent: released twice, or after an expiry, nothing is
 // freed twice. ZSCORE, read before, says whether it was held, and TIME
@@ -27,10 +27,6 @@ func (r *remote) release(ctx context.Context, le *Lease) error {
 	if err != nil {
 		return err
 	}
-	at, err := st.stamp(ctx)
-	if err != nil {
-		return st.settle(err)
-	}
 	sets := r.sets(st.space, le.client)
 	ms := members(le)
 	t := txn.New(zeroSpace, false)
@@ -39,15 +35,12 @@ func (r *remote) release(ctx context.Context, le *Lease) error {
 	for _, z := range sets {
 		t.Add(append([]any{"zrem", z.key}, ms...)...)
 	}
-	head := pruneTickets(t, st.space, at, nil, 0)
+	t.Add("publish", st.channel(), "") // for the first in line, whoever it is
 	sent := time.Now()
 	if out, err := st.run(ctx, t, nil); out != txn.Ran {
 		return st.settle(err)
 	}
 	redisNow, _ := st.sample(t.Replies[now], sent)
-	if h := replyFirst(t.Replies[head]); h != "" {
-		_ = st.node.Publish(ctx, st.channel(), h).Err()
-	}
 	deadline, held := replyScore(t.Replies[score])
 	switch {
 	case !held:
@@ -95,7 +88,7 @@ func (r *remote) extend(ctx context.Context, le *Lease, ttl time.Duration) error
 	redisNow, _ := st.sample(t.Replies[now], sent)
 	for _, i := range scores {
 		if _, ok := replyScore(t.Replies[i]); !ok {
-			go r.takeBack(le, true, "")
+			go r.takeBack(le, nil, true)
 			return lost(le, time.UnixMilli(redisNow))
 		}
 	}

@@ -243,8 +243,9 @@ func replyFirst(v any) string {
 }
 
 // pruneTickets queues the commands that drop the tickets of waiters not
-// seen alive since at, and returns the index of the reply naming the
-// first ticket left.
+// seen alive since at, and (re)register tk's if not nil, alive until
+// life; it returns the index of the reply naming the first two tickets in
+// line.
 func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
 	t.Add("zremrangebyscore", s.queueLife(), "-inf", "("+strconv.FormatInt(at, 10))
 	if tk != nil {
@@ -259,74 +260,85 @@ func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
 			}
 		}
 	}
-	return t.Add("zrange", s.queue(), 0, 0)
+	return t.Add("zrange", s.queue(), 0, 1)
 }
 
 // takeBack removes le's members from every set, and tells the first
-// waiter, if tell, that room may have come: in a transaction of its own,
+// waiter (unless it is tk, the caller's), if tell, that room may have
+// come: in a transaction of its own,
 // detached from any caller, tried again until it runs or retryFor passes
 // (the members expire at their deadline anyway).
-func (r *remote) takeBack(le *Lease, tell bool, skip string) {
+func (r *remote) takeBack(le *Lease, tk *ticket, tell bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), retryFor)
 	defer cancel()
 	backoff.New(txn.ResolveFirstBackoff, txn.ResolveMaxBackoff).Retry(ctx, func() bool {
-		return r.takeBackOnce(ctx, le, tell, skip)
+		return r.takeBackOnce(ctx, le, tk, tell)
 	})
 }
 
 // takeBackOnce makes one attempt of takeBack, and reports whether it ran.
-func (r *remote) takeBackOnce(ctx context.Context, le *Lease, tell bool, skip string) bool {
+func (r *remote) takeBackOnce(ctx context.Context, le *Lease, tk *ticket, tell bool) bool {
 	st, err := r.siteOf(ctx, le.resource)
 	if err != nil {
 		return false
 	}
-	head, err := r.remove(ctx, st, le, nil)
+	head, err := r.undo(ctx, st, undo{lease: le})
 	if err != nil {
 		return false
 	}
-	if tell && head != "" && head != skip {
+	if tell && head != "" && (tk == nil || head != tk.id) { // no need to wake oneself
 		_ = st.node.Publish(ctx, st.channel(), head).Err()
 	}
 	return true
 }
 
-// takeBackNow takes le back before its caller is answered, as others
-// may be refused while it is counted: once, within ctx's deadline, and
-// else in the background.
-func (r *remote) takeBackNow(ctx context.Context, le *Lease, skip string) {
+// takeBackNow takes le back before its caller (tk's waiter, if not nil)
+// is answered, as others may be refused while it is counted: once, within
+// a second, and else in the background.
+func (r *remote) takeBackNow(ctx context.Context, le *Lease, tk *ticket) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if r.takeBackOnce(ctx, le, true, skip) {
+	if r.takeBackOnce(ctx, le, tk, true) {
 		return
 	}
-	go r.takeBack(le, true, skip)
+	go r.takeBack(le, tk, true)
 }
 
 // retryFor bounds how long a take-back is tried in the background.
 const retryFor = 10 * time.Second
 
-// remove removes le's members, and tk's ticket if not nil, and returns
-// the first ticket in line.
-func (r *remote) remove(ctx context.Context, st site, le *Lease, tk *ticket) (string, error) {
+// undo is what a transaction of undo takes back: a lease's members, a
+// ticket out of line (and the waiter then told, tell, if not "").
+type undo struct {
+	lease *Lease
+	drop  *ticket
+	tell  string
+}
+
+// undo runs u, and returns the first ticket in line.
+func (r *remote) undo(ctx context.Context, st site, u undo) (string, error) {
 	at, err := st.stamp(ctx)
 	if err != nil {
 		return "", err
 	}
-	t := txn.New(keys.Space{}, false)
-	if le != nil {
-		ms := members(le)
-		for _, z := range r.sets(st.space, le.client) {
+	t := txn.New(zeroSpace, false)
+	if u.lease != nil {
+		ms := members(u.lease)
+		for _, z := range r.sets(st.space, u.lease.client) {
 			t.Add(append([]any{"zrem", z.key}, ms...)...)
 		}
 	}
-	if tk != nil {
-		t.Add("zrem", st.queue(), tk.id)
-		t.Add("zrem", st.queueLife(), tk.id)
+	if u.drop != nil {
+		t.Add("zrem", st.queue(), u.drop.id)
+		t.Add("zrem", st.queueLife(), u.drop.id)
+	}
+	if u.tell != "" {
+		t.Add("publish", st.channel(), u.tell)
 	}
 	head := pruneTickets(t, st.space, at, nil, 0)
 	out, err := t.Exec(ctx, st.node)
 	if out != txn.Ran {
-		return "", err // ZREM is idempotent: simply try again
+		return "", err // ZREM and ZADD are idempotent: simply try again
 	}
 	return replyFirst(t.Replies[head]), nil
 }

@@ -33,21 +33,30 @@ func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 		return nil, classify(err)
 	}
 	defer leave()
-	write := true
+	write := false // it looks first: room is for those before it
 	for {
+		seen := r.wakes.releases(channel)
 		le, res, err := r.attempt(ctx, c, tk, write)
-		if le != nil || err != nil {
-			go r.leaveLine(c.resource, tk)
-			return le, err
+		switch {
+		case le != nil:
+			go r.leaveLine(c.resource, tk, res.next)
+			return le, nil
+		case err != nil:
+			go r.leaveLine(c.resource, tk, "")
+			return nil, err
 		}
 		first := res.head == tk.id
 		if first && !write {
 			write = true
 			continue // its turn came: try now
 		}
+		if r.wakes.first(channel, tk.id, first, seen) {
+			write = true
+			continue // a release came while it looked
+		}
 		woken, err := r.sleep(ctx, wake, res, first)
 		if err != nil {
-			go r.leaveLine(c.resource, tk)
+			go r.leaveLine(c.resource, tk, "")
 			return nil, err
 		}
 		write = first || woken // a waiter is woken when its turn came
@@ -73,22 +82,24 @@ func (r *remote) sleep(ctx context.Context, wake <-chan struct{}, res attemptRes
 	}
 }
 
-// leaveLine drops tk from the line and tells the next waiter: after an
-// admission, or when the waiter gave up.
-func (r *remote) leaveLine(resource string, tk *ticket) {
+// leaveLine drops tk from the line and tells the next waiter (next, in
+// the same transaction, if known; and whoever is first after it, if
+// another): after an admission, or when the waiter gave up.
+func (r *remote) leaveLine(resource string, tk *ticket, next string) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	st, err := r.siteOf(ctx, resource)
 	if err != nil {
 		return // the ticket is dropped by others after ticketTTL
 	}
-	if head, err := r.remove(ctx, st, nil, tk); err == nil && head != "" {
+	if head, err := r.undo(ctx, st, undo{drop: tk, tell: next}); err == nil && head != "" && head != next {
 		_ = st.node.Publish(ctx, st.channel(), head).Err()
 	}
 }
 
 // wakes is this process's waiters, by channel: one subscription per
-// resource with waiters, whose messages name the ticket whose turn came.
+// resource with waiters, whose messages name the ticket whose turn came,
+// or are empty after a release: for the first in line, whoever it is.
 type wakes struct {
 	rdb  redis.UniversalClient
 	mu   sync.Mutex // guards subs
@@ -98,6 +109,8 @@ type wakes struct {
 type subscription struct {
 	ps      *redis.PubSub
 	waiters map[string]chan struct{} // by ticket
+	head    string                   // the ticket of the waiter here that was first in line when it last looked
+	freed   uint64                   // how many release messages came
 }
 
 func newWakes(rdb redis.UniversalClient) *wakes {
@@ -133,6 +146,9 @@ func (w *wakes) join(ctx context.Context, channel, ticket string) (<-chan struct
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		delete(s.waiters, ticket)
+		if s.head == ticket {
+			s.head = ""
+		}
 		if len(s.waiters) == 0 {
 			delete(w.subs, channel)
 			_ = s.ps.Close()
@@ -141,11 +157,47 @@ func (w *wakes) join(ctx context.Context, channel, ticket string) (<-chan struct
 	return ch, leave, nil
 }
 
-// dispatch wakes the waiter that each message names, until s is closed.
+// releases returns how many release messages came on channel, for first.
+func (w *wakes) releases(channel string) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s := w.subs[channel]; s != nil {
+		return s.freed
+	}
+	return 0
+}
+
+// first records whether ticket's waiter was first in line when it last
+// looked, so that a release's message wakes it; it reports whether a
+// release came since seen (releases before the look), which the look
+// may have missed.
+func (w *wakes) first(channel, ticket string, first bool, seen uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.subs[channel]
+	switch {
+	case s == nil:
+		return false
+	case first:
+		s.head = ticket
+		return s.freed != seen
+	case s.head == ticket:
+		s.head = ""
+	}
+	return false
+}
+
+// dispatch wakes the waiter that each message names (the first in line
+// for an empty one), until s is closed.
 func (w *wakes) dispatch(s *subscription) {
 	for msg := range s.ps.Channel() {
 		w.mu.Lock()
-		if ch := s.waiters[msg.Payload]; ch != nil {
+		ticket := msg.Payload
+		if ticket == "" {
+			ticket = s.head
+			s.freed++
+		}
+		if ch := s.waiters[ticket]; ch != nil {
 			select {
 			case ch <- struct{}{}:
 			default:
