@@ -85,9 +85,9 @@ func newLease(l *Limiter, c call) *Lease {
 
 // Release gives the lease's weight back, and wakes the first waiter. It
 // is idempotent: released twice, or after it expired, it frees nothing
-// more and returns an error matching ErrNotHeld or ErrExpired. It runs
-// even after ctx is cancelled, for at most a second, as a holder
-// releases on its way out.
+// more and returns an error matching ErrNotHeld or ErrExpired. With a
+// ctx that has already ended, it runs anyway, for at most a second, as a
+// holder releases on its way out.
 func (le *Lease) Release(ctx context.Context) error {
 	if le.limiter == nil {
 		return fmt.Errorf("%w: a lease from ParseID: use Limiter.Release", ErrInvalid)
@@ -98,8 +98,11 @@ func (le *Lease) Release(ctx context.Context) error {
 		close(le.stop)
 	}
 	le.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+	}
 	err := le.limiter.store.release(ctx, le)
 	le.limiter.observeRelease(le, err)
 	return err

@@ -153,7 +153,9 @@ func (st site) settle(err error) error {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return st.br.Late(err)
 	case outage.Gone(err):
+		err = classify(err)
 		st.br.Open(err)
+		return err
 	}
 	return classify(err)
 }
