@@ -267,3 +267,15 @@ type Holder struct {
 	Weight   int
 	Deadline time.Time // when it stops counting unless extended (Redis's clock)
 }
+
+// Commands are the Redis commands a Limiter sends, for an ACL user of
+// least privilege (besides what go-redis sends on a new connection, and
+// CLUSTER SLOTS on a cluster): its keys and channels all start with its
+// prefix, so `~prefix:*` and `&prefix:*` grant them. None is a script.
+var Commands = []string{
+	"multi", "exec", "time", // every transaction
+	"zremrangebyscore", "zrange", "zadd", "zremrangebyrank", "pexpireat", "zinterstore", // acquire
+	"zrem", "zscore", "publish", // release, extend, take-backs
+	"subscribe", "unsubscribe", "ping", // waiting (ping: the subscription's health check)
+	"zrangebyscore", "zcount", // Held
+}
