@@ -57,7 +57,11 @@ func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64
 		t.Add("zremrangebyscore", z.key, "-inf", "("+itoa(at))
 		a.earliest = append(a.earliest, t.Add("zrange", z.key, 0, 0, "withscores"))
 	}
-	a.line = pruneTickets(t, st.space, at, tk, at+ticketTTL.Milliseconds())
+	var life int64
+	if tk != nil {
+		life = tk.life(at)
+	}
+	a.line = pruneTickets(t, st.space, at, tk, life)
 	if !write {
 		return a
 	}
@@ -124,7 +128,7 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 	}
 	at, err := st.stamp(ctx)
 	if err != nil {
-		return nil, attemptResult{}, st.settle(err)
+		return nil, attemptResult{}, st.settle(ctx, err)
 	}
 	if tk != nil && tk.arrival == 0 {
 		tk.arrival = at
@@ -142,7 +146,7 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 	}
 	out, err := st.run(ctx, a.t, lost)
 	if out != txn.Ran {
-		return nil, attemptResult{}, st.settle(err)
+		return nil, attemptResult{}, st.settle(ctx, err)
 	}
 	res, kept, err := a.judge()
 	if err == nil {

@@ -38,7 +38,7 @@ func (r *remote) release(ctx context.Context, le *Lease) error {
 	t.Add("publish", st.channel(), "") // for the first in line, whoever it is
 	sent := time.Now()
 	if out, err := st.run(ctx, t, nil); out != txn.Ran {
-		return st.settle(err)
+		return st.settle(ctx, err)
 	}
 	redisNow, _ := st.sample(t.Replies[now], sent)
 	deadline, held := replyScore(t.Replies[score])
@@ -65,7 +65,7 @@ func (r *remote) extend(ctx context.Context, le *Lease, ttl time.Duration) error
 	}
 	at, err := st.stamp(ctx)
 	if err != nil {
-		return st.settle(err)
+		return st.settle(ctx, err)
 	}
 	deadline := at + ttl.Milliseconds()
 	sets := r.sets(st.space, le.client)
@@ -83,7 +83,7 @@ func (r *remote) extend(ctx context.Context, le *Lease, ttl time.Duration) error
 	}
 	sent := time.Now()
 	if out, err := st.run(ctx, t, nil); out != txn.Ran {
-		return st.settle(err)
+		return st.settle(ctx, err)
 	}
 	redisNow, _ := st.sample(t.Replies[now], sent)
 	for _, i := range scores {
@@ -110,14 +110,14 @@ func (r *remote) held(ctx context.Context, resource string) (Usage, error) {
 	}
 	at, err := st.stamp(ctx)
 	if err != nil {
-		return u, st.settle(err)
+		return u, st.settle(ctx, err)
 	}
 	key := r.sets(st.space, "")[0].key
 	pipe := st.node.Pipeline()
 	leases := pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: itoa(at), Max: "+inf"})
 	waiters := pipe.ZCount(ctx, st.queueLife(), itoa(at), "+inf")
 	if _, err := pipe.Exec(ctx); err != nil {
-		return u, st.settle(err)
+		return u, st.settle(ctx, err)
 	}
 	byID := map[string]*Holder{}
 	for _, z := range leases.Val() {

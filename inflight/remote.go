@@ -69,7 +69,19 @@ const keyLife = time.Second
 // A ticket is a waiter's place in line.
 type ticket struct {
 	id      string
-	arrival int64 // Redis ms of its first attempt
+	arrival int64     // Redis ms of its first attempt
+	until   time.Time // the waiter's deadline (zero if none): its ticket lives no longer
+}
+
+// life is when tk stops counting unless its waiter looks again, for an
+// attempt stamped at: ticketTTL later, or at its waiter's deadline, so
+// that a waiter that gives up holds up no one even before it leaves.
+func (tk *ticket) life(at int64) int64 {
+	d := ticketTTL
+	if !tk.until.IsZero() {
+		d = min(d, max(time.Until(tk.until), time.Millisecond))
+	}
+	return at + d.Milliseconds()
 }
 
 // Ticket timing: a waiter signs of life at least every ticketRefresh; a
@@ -145,13 +157,17 @@ func (r *remote) siteOf(ctx context.Context, resource string) (site, error) {
 
 // settle is what a call that ended with err returns, and feeds the
 // breaker: an unreachable server opens it, a call that ran out of time
-// makes its probe look.
-func (st site) settle(err error) error {
+// (its context ended, or a dial or read reached the context's deadline
+// first) makes its probe look.
+func (st site) settle(ctx context.Context, err error) error {
+	deadline, ok := ctx.Deadline()
 	switch {
 	case err == nil, outage.Refused(err):
 		return err
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return st.br.Late(err)
+	case ctx.Err() != nil || (ok && !time.Now().Before(deadline)):
+		return st.br.Late(fmt.Errorf("%w: %w", context.DeadlineExceeded, classify(err)))
 	case outage.Gone(err):
 		err = classify(err)
 		st.br.Open(err)

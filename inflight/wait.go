@@ -27,6 +27,7 @@ func (r *remote) acquire(ctx context.Context, c call, wait bool) (*Lease, error)
 // came, when the earliest lease expires, or every ticketRefresh.
 func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 	tk := &ticket{id: newToken()}
+	tk.until, _ = ctx.Deadline()
 	channel := r.spaceOf(c.resource).channel()
 	wake, leave, err := r.wakes.join(ctx, channel, tk.id)
 	if err != nil {
@@ -111,6 +112,7 @@ type subscription struct {
 	waiters map[string]chan struct{} // by ticket
 	head    string                   // the ticket of the waiter here that was first in line when it last looked
 	freed   uint64                   // how many release messages came
+	idle    uint64                   // how many times it was left without waiters
 }
 
 func newWakes(rdb redis.UniversalClient) *wakes {
@@ -121,7 +123,8 @@ func newWakes(rdb redis.UniversalClient) *wakes {
 func (w *wakes) busy(channel string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.subs[channel] != nil
+	s := w.subs[channel]
+	return s != nil && len(s.waiters) > 0
 }
 
 // join registers ticket's waiter on channel, subscribed before it
@@ -150,8 +153,9 @@ func (w *wakes) join(ctx context.Context, channel, ticket string) (<-chan struct
 			s.head = ""
 		}
 		if len(s.waiters) == 0 {
-			delete(w.subs, channel)
-			_ = s.ps.Close()
+			s.idle++
+			idle := s.idle
+			time.AfterFunc(subscriptionIdle, func() { w.drop(channel, s, idle) })
 		}
 	}
 	return ch, leave, nil
@@ -185,6 +189,22 @@ func (w *wakes) first(channel, ticket string, first bool, seen uint64) bool {
 		s.head = ""
 	}
 	return false
+}
+
+// subscriptionIdle is how long a subscription outlives its last waiter:
+// waiters that come and go (short waits under contention) would
+// otherwise dial and subscribe for each.
+const subscriptionIdle = time.Second
+
+// drop closes s unless a waiter came since it became idle for the idle-th
+// time.
+func (w *wakes) drop(channel string, s *subscription, idle uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(s.waiters) == 0 && s.idle == idle && w.subs[channel] == s {
+		delete(w.subs, channel)
+		_ = s.ps.Close()
+	}
 }
 
 // dispatch wakes the waiter that each message names (the first in line
