@@ -67,9 +67,9 @@ func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64
 	}
 	ms := members(le)
 	for _, z := range sets {
-		t.Add(append([]any{"zadd", z.key}, scored(pending, ms)...)...)
+		t.Add(zadd(z.key, pending, ms)...)
 		a.capped = append(a.capped, t.Add("zremrangebyrank", z.key, z.limit, -1))
-		t.Add(append([]any{"zadd", z.key, "xx"}, scored(a.deadline, ms)...)...)
+		t.Add(zadd(z.key, a.deadline, ms, "xx")...)
 		for _, c := range txn.ExtendTo(z.key, a.deadline+keyLife.Milliseconds()) {
 			t.Add(c...)
 		}
@@ -77,13 +77,13 @@ func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64
 	return a
 }
 
-// scored returns ZADD's score member pairs: every member with score.
-func scored(score int64, ms []any) []any {
-	out := make([]any, 0, 2*len(ms))
+// zadd is ZADD key [flags...] with every member ms at score.
+func zadd(key string, score int64, ms []any, flags ...any) []any {
+	cmd := append([]any{"zadd", key}, flags...)
 	for _, m := range ms {
-		out = append(out, score, m)
+		cmd = append(cmd, score, m)
 	}
-	return out
+	return cmd
 }
 
 // judge reads the replies of a that ran, and says whether, refused, it
@@ -94,18 +94,8 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 			return attemptResult{}, a.write, err // kept, perhaps: take it back
 		}
 	}
-	res := attemptResult{}
-	if line, _ := a.t.Replies[a.line].([]any); len(line) > 0 {
-		res.head = txn.ReplyString(line[0])
-		if len(line) > 1 {
-			res.next = txn.ReplyString(line[1])
-		}
-	}
-	for _, i := range a.earliest {
-		if s := txn.ReplyScores(a.t.Replies[i]); len(s) > 0 && (res.earliest == 0 || int64(s[0]) < res.earliest) {
-			res.earliest = int64(s[0])
-		}
-	}
+	res := attemptResult{earliest: a.earliestHeld()}
+	res.head, res.next = a.firstInLine()
 	removed := 0
 	for _, i := range a.capped {
 		removed += int(txn.ReplyInt(a.t.Replies[i]))
@@ -114,6 +104,42 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 	res.admitted = a.write && removed == 0 && first
 	kept := a.write && removed < len(a.capped)*a.le.n
 	return res, kept && !res.admitted, nil
+}
+
+// firstInLine reads the first two tickets in line ("" if none).
+func (a *attempt) firstInLine() (head, next string) {
+	line, _ := a.t.Replies[a.line].([]any)
+	if len(line) > 0 {
+		head = txn.ReplyString(line[0])
+	}
+	if len(line) > 1 {
+		next = txn.ReplyString(line[1])
+	}
+	return head, next
+}
+
+// earliestHeld reads the earliest deadline held in any set (0 if none).
+func (a *attempt) earliestHeld() int64 {
+	var earliest int64
+	for _, i := range a.earliest {
+		if s := txn.ReplyScores(a.t.Replies[i]); len(s) > 0 && (earliest == 0 || int64(s[0]) < earliest) {
+			earliest = int64(s[0])
+		}
+	}
+	return earliest
+}
+
+// lostAttempt is what to do once a's reply is lost: the members it may
+// have written must not stay held, so they are taken back once Redis has
+// run what it read. An attempt that only looks wrote none.
+func (r *remote) lostAttempt(a *attempt) func() {
+	if !a.write {
+		return nil
+	}
+	return func() {
+		a.t.Resolve(a.st.node, false)
+		r.takeBack(a.le, nil, true)
+	}
 }
 
 // attempt makes one attempt, with a lease of its own, and takes back
@@ -135,16 +161,7 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 	}
 	a := r.newAttempt(st, le, tk, write, at)
 	sent := time.Now()
-	// A lost reply: the members may be written; they must not stay
-	// held, so they are taken back once Redis has run what it read.
-	lost := func() {
-		a.t.Resolve(st.node, false)
-		r.takeBack(le, nil, true)
-	}
-	if !write {
-		lost = nil
-	}
-	out, err := st.run(ctx, a.t, lost)
+	out, err := st.run(ctx, a.t, r.lostAttempt(a))
 	if out != txn.Ran {
 		return nil, attemptResult{}, st.settle(ctx, err)
 	}

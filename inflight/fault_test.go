@@ -32,7 +32,7 @@ const holderVar = "INFLIGHT_HOLDER" // set in a holder child: its mode
 // death.
 func TestHolderKilled(t *testing.T) {
 	needAddr(t, redisAddrVar)
-	const ttl = 300 * time.Millisecond
+	const ttl = 600 * time.Millisecond
 	for _, mode := range []string{"hold", "keepalive"} {
 		t.Run(mode, func(t *testing.T) {
 			pfx := uniquePrefix()
@@ -91,7 +91,7 @@ func TestHolderChild(t *testing.T) {
 		t.Skip("a child of TestHolderKilled")
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(redisAddrVar)})
-	l, err := New(rdb, PerResource(2), WithPrefix(os.Getenv("INFLIGHT_PREFIX")), WithTTL(300*time.Millisecond))
+	l, err := New(rdb, PerResource(2), WithPrefix(os.Getenv("INFLIGHT_PREFIX")), WithTTL(600*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

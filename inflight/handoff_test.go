@@ -15,13 +15,13 @@ import (
 // releases.
 func TestHandoff(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
-		if e.fake {
-			t.Skip("latency is measured on the real clock")
+		if e.rdb == nil {
+			t.Skip("in process, nothing travels: latency is measured on a server")
 		}
 		ctx := context.Background()
 		l := e.limiter(t, PerResource(1))
 		const rounds = 200
-		var lat []time.Duration
+		var lat, rtts []time.Duration
 		holder, _, err := l.TryAcquire(ctx, "r", "h")
 		if err != nil || holder == nil {
 			t.Fatal(err)
@@ -36,6 +36,11 @@ func TestHandoff(t *testing.T) {
 				got <- le
 			}()
 			waitForWaiters(t, l, "r", 1)
+			sent := time.Now()
+			if err := e.rdb.Ping(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			rtts = append(rtts, time.Since(sent))
 			released := time.Now()
 			if err := holder.Release(ctx); err != nil {
 				t.Fatal(err)
@@ -45,10 +50,14 @@ func TestHandoff(t *testing.T) {
 		}
 		_ = holder.Release(ctx)
 		slices.Sort(lat)
-		p50, p99 := lat[len(lat)/2], lat[len(lat)*99/100]
-		t.Logf("release to grant: p50 %v, p99 %v, max %v", p50, p99, lat[len(lat)-1])
-		if p99 > 10*time.Millisecond {
-			t.Errorf("p99 %v, want at most 10ms", p99)
+		slices.Sort(rtts)
+		p50, p99, rtt99 := lat[len(lat)/2], lat[len(lat)*99/100], rtts[len(rtts)*99/100]
+		t.Logf("release to grant: p50 %v, p99 %v, max %v; a PING's p99 %v", p50, p99, lat[len(lat)-1], rtt99)
+		// The handoff is a release's transaction, a message and the
+		// waiter's transaction: 10 ms, or 4 round trips where a loaded
+		// host makes one round trip's p99 longer than 2.5 ms.
+		if bound := max(10*time.Millisecond, 4*rtt99); p99 > bound && !raceEnabled {
+			t.Errorf("p99 %v, want at most %v", p99, bound)
 		}
 	})
 }

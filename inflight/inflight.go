@@ -117,10 +117,11 @@ func configure(opts []Option) (config, error) {
 			opt(&cfg)
 		}
 	}
+	outOfRange := func(n int) bool { return n < 0 || n > MaxLimit }
 	switch {
 	case cfg.resourceLimit == 0 && cfg.clientLimit == 0:
 		return cfg, fmt.Errorf("%w: no limit (PerResource, PerClient)", ErrInvalid)
-	case cfg.resourceLimit < 0 || cfg.clientLimit < 0 || cfg.resourceLimit > MaxLimit || cfg.clientLimit > MaxLimit:
+	case outOfRange(cfg.resourceLimit) || outOfRange(cfg.clientLimit):
 		return cfg, fmt.Errorf("%w: a limit must be in [1, %d]", ErrInvalid, MaxLimit)
 	case cfg.ttl < time.Millisecond:
 		return cfg, fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -59,18 +60,22 @@ func (le *Lease) setDeadline(d time.Time) {
 // ParseID reads an ID, as Limiter.Release does. The lease it returns
 // belongs to no Limiter: use Limiter.Release.
 func ParseID(id string) (*Lease, error) {
+	bad := fmt.Errorf("%w: lease id %q", ErrInvalid, id)
 	parts := strings.Split(id, ".")
-	if len(parts) != 4 {
-		return nil, fmt.Errorf("%w: lease id %q", ErrInvalid, id)
+	if len(parts) != 4 || parts[2] == "" {
+		return nil, bad
 	}
 	resource, err1 := base64.RawURLEncoding.DecodeString(parts[0])
 	client, err2 := base64.RawURLEncoding.DecodeString(parts[1])
 	n, err3 := strconv.Atoi(parts[3])
-	_, err4 := base64.RawURLEncoding.DecodeString(parts[2])
-	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || parts[2] == "" || n < 1 || n > MaxLimit || strconv.Itoa(n) != parts[3] {
-		return nil, fmt.Errorf("%w: lease id %q", ErrInvalid, id)
+	if errors.Join(err1, err2, err3) != nil || n < 1 || n > MaxLimit {
+		return nil, bad
 	}
-	return &Lease{resource: string(resource), client: string(client), token: parts[2], n: n, stop: make(chan struct{})}, nil
+	le := &Lease{resource: string(resource), client: string(client), token: parts[2], n: n, stop: make(chan struct{})}
+	if le.ID() != id { // base64 and numbers have more than one spelling: only ours names a lease
+		return nil, bad
+	}
+	return le, nil
 }
 
 func newToken() string {
@@ -126,36 +131,42 @@ func (le *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 
 // KeepAlive extends the lease by its time to live every third of it,
 // until it is released or ctx ends, so that it lives as long as its
-// holder does. The channel gets the error that ended it early (the lease
-// was lost: ErrExpired, ErrNotHeld; or Redis failed past the deadline)
-// and is closed when KeepAlive stops.
+// holder does. An extend that fails for want of Redis is tried again
+// until the lease's deadline; the channel gets the error that ended it
+// early (the lease was lost: ErrExpired, ErrNotHeld, or Redis failed
+// until its deadline) and is closed when KeepAlive stops.
 func (le *Lease) KeepAlive(ctx context.Context) <-chan error {
 	out := make(chan error, 1)
 	go func() {
 		defer close(out)
-		tick := time.NewTicker(le.ttl / 3)
-		defer tick.Stop()
+		every := le.ttl / 3
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-le.stop:
 				return
-			case <-tick.C:
+			case <-time.After(every):
 			}
-			if err := le.keepOnce(ctx); err != nil {
+			err := le.keepOnce(ctx)
+			switch {
+			case err == nil:
+				every = le.ttl / 3
+			case errors.Is(err, ErrExpired), errors.Is(err, ErrNotHeld), errors.Is(err, ErrInvalid),
+				time.Until(le.Deadline()) < 0:
 				out <- err
 				return
+			default:
+				every = le.ttl / 10 // Redis failed: again, sooner
 			}
 		}
 	}()
 	return out
 }
 
-// keepOnce extends the lease once, trying again while Redis fails and the
-// lease's deadline has not passed.
+// keepOnce extends the lease once, within a third of its time to live.
 func (le *Lease) keepOnce(ctx context.Context) error {
-	ectx, cancel := context.WithDeadline(ctx, time.Now().Add(le.ttl/3))
+	ectx, cancel := context.WithTimeout(ctx, le.ttl/3)
 	defer cancel()
 	return le.Extend(ectx, le.ttl)
 }

@@ -75,7 +75,7 @@ func (r *remote) extend(ctx context.Context, le *Lease, ttl time.Duration) error
 	var scores []int
 	for _, z := range sets {
 		t.Add("zremrangebyscore", z.key, "-inf", "("+itoa(at))
-		t.Add(append([]any{"zadd", z.key, "xx", "gt"}, scored(deadline, ms)...)...)
+		t.Add(zadd(z.key, deadline, ms, "xx", "gt")...)
 		for _, c := range txn.ExtendTo(z.key, deadline+keyLife.Milliseconds()) {
 			t.Add(c...)
 		}
