@@ -98,7 +98,8 @@ func (le *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: a lease from ParseID: use Limiter.Release", ErrInvalid)
 	}
 	le.mu.Lock()
-	if !le.stopped {
+	first := !le.stopped
+	if first {
 		le.stopped = true
 		close(le.stop)
 	}
@@ -109,7 +110,9 @@ func (le *Lease) Release(ctx context.Context) error {
 		defer cancel()
 	}
 	err := le.limiter.store.release(ctx, le)
-	le.limiter.observeRelease(le, err)
+	if first {
+		le.limiter.observeRelease(le, err) // once a lease: what is held is counted right
+	}
 	return err
 }
 

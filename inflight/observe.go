@@ -12,7 +12,8 @@ type Observer interface {
 	// Refused: an acquisition of weight n got nothing: TryAcquire found
 	// no room, or Acquire's context ended (err), or Redis failed (err).
 	Refused(resource string, n int, err error)
-	// Released: a lease of weight n was released; err is Release's.
+	// Released: a lease of weight n was released, by its first Release
+	// (later ones are not reported); err is Release's.
 	Released(resource string, n int, err error)
 }
 
