@@ -12,9 +12,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Every behaviour test runs on four backends: in process (NewLocal),
+// Every behaviour test runs on five backends: in process (NewLocal),
 // inside a testing/synctest bubble (fake time: sleeps are instant and
-// exact), and, on the real clock, miniredis, a real Redis whose
+// exact), and, on the real clock, miniredis, a Ring of two miniredis, a
+// real Redis whose
 // user is denied scripting ($LEAKYBUCKET_REDIS_ADDR) and the real
 // 3-master cluster ($LEAKYBUCKET_CLUSTER_ADDRS), as `make test` starts
 // them. Without the addresses the real half is skipped, except under CI.
@@ -62,6 +63,13 @@ func forEach(t *testing.T, f func(t *testing.T, e *env)) {
 	})
 	t.Run("miniredis", func(t *testing.T) {
 		f(t, &env{name: "miniredis", rdb: miniClient(t), pfx: uniquePrefix()})
+	})
+	t.Run("ring", func(t *testing.T) {
+		rdb := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{
+			"a": miniredis.RunT(t).Addr(), "b": miniredis.RunT(t).Addr(),
+		}})
+		t.Cleanup(func() { _ = rdb.Close() })
+		f(t, &env{name: "ring", rdb: rdb, pfx: uniquePrefix()})
 	})
 	t.Run("redis", func(t *testing.T) {
 		f(t, &env{name: "redis", rdb: realClient(t), pfx: uniquePrefix()})

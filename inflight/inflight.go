@@ -248,7 +248,9 @@ func (l *Limiter) Release(ctx context.Context, id string) error {
 	return le.Release(ctx)
 }
 
-// Held returns what is held at resource, and by whom.
+// Held returns what is held at resource, and by whom: the leases of the
+// per-resource limit (on Redis, a Limiter with per-client limits only
+// reports none: they are kept per client).
 func (l *Limiter) Held(ctx context.Context, resource string) (Usage, error) {
 	return l.store.held(ctx, resource)
 }

@@ -134,6 +134,11 @@ func (w *wakes) join(ctx context.Context, channel, ticket string) (<-chan struct
 	defer w.mu.Unlock()
 	s := w.subs[channel]
 	if s == nil {
+		if ring, ok := w.rdb.(*redis.Ring); ok {
+			if _, err := ring.GetShardClientForKey(channel); err != nil {
+				return nil, nil, err // Ring.Subscribe would panic
+			}
+		}
 		ps := w.rdb.Subscribe(ctx, channel)
 		if _, err := ps.Receive(ctx); err != nil {
 			_ = ps.Close()
