@@ -445,8 +445,6 @@ func TestBadInput(t *testing.T) {
 			{"AllowN empty client", func() error { _, err := both.AllowN(ctx, "r", "", 1); return err }, ErrEmptyClient},
 			{"AllowN n=0", func() error { _, err := both.AllowN(ctx, "r", "a", 0); return err }, ErrInvalidWeight},
 			{"AllowN n<0", func() error { _, err := both.AllowN(ctx, "r", "a", -2); return err }, ErrInvalidWeight},
-			{"AllowN n above a rule", func() error { _, err := both.AllowN(ctx, "r", "a", 4); return err }, ErrInvalidWeight},
-			{"PeekN n above a rule", func() error { _, err := resourceOnly.PeekN(ctx, "r", "", 11); return err }, ErrInvalidWeight},
 			{"Peek empty client", func() error { _, err := both.Peek(ctx, "r", ""); return err }, ErrEmptyClient},
 			{"Flush empty resource", func() error { return both.Flush(ctx, "", "a") }, ErrEmptyResource},
 			{"Flush empty client", func() error { return both.Flush(ctx, "r", "") }, ErrEmptyClient},
@@ -463,6 +461,19 @@ func TestBadInput(t *testing.T) {
 		}
 		if keys := e.keys(t); len(keys) != 0 {
 			t.Errorf("bad input wrote %q", keys)
+		}
+		// A weight above a rule's Requests is not bad input: a denial that
+		// no wait lifts (TestNeverFits), which writes nothing either.
+		for name, call := range map[string]func() (Result, error){
+			"AllowN n above a rule": func() (Result, error) { return both.AllowN(ctx, "r", "a", 4) },
+			"PeekN n above a rule":  func() (Result, error) { return resourceOnly.PeekN(ctx, "r", "", 11) },
+		} {
+			if res, err := call(); err != nil || res.Allowed || res.RetryAfter != Never {
+				t.Errorf("%s = %+v, %v; want denied, RetryAfter Never", name, res, err)
+			}
+		}
+		if keys := e.countKeys(t); len(keys) != 0 {
+			t.Errorf("a weight above a rule wrote %q", keys)
 		}
 		// Per-resource rules alone take an empty client.
 		if res, err := resourceOnly.AllowN(ctx, "r", "", 10); err != nil || !res.Allowed {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
@@ -17,7 +18,8 @@ import (
 // (result.go) and answers the caller; the store then records the admitted
 // calls (or keeps them, and takes the denied ones back). In process
 // (local.go), the call is decided under one shard's lock of the counts
-// (package local), judged as on Redis.
+// (package local), judged as on Redis. A call heavier than a rule's
+// Requests goes to neither: look judges it on one read, as PeekN does.
 
 // Allow is shorthand for AllowN(ctx, resource, client, 1).
 func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, error) {
@@ -27,14 +29,16 @@ func (b *Bucket) Allow(ctx context.Context, resource, client string) (Result, er
 // AllowN admits a request of weight n by client to resource if every rule
 // has room for n more, and then records it under every rule; a denied
 // request is recorded nowhere (unless WithRecordDenied). A denial is a
-// Result with Allowed false, not an error. The client may be empty only if
-// every rule is per-resource.
+// Result with Allowed false, not an error. A weight above the Requests of
+// a rule is denied too, with RetryAfter Never: it is judged on what the
+// rules count now, as PeekN judges, and recorded nowhere. The client may
+// be empty only if every rule is per-resource.
 //
 // Concurrent calls of one Bucket to a resource are decided together, in
 // arrival order. AllowN returns by ctx's deadline whatever Redis does.
 //
 // Errors, to match with errors.Is: ErrEmptyResource, ErrEmptyClient or
-// ErrInvalidWeight for bad input (nothing is sent); ErrUnavailable, with
+// ErrInvalidWeight (n below 1) for bad input (nothing is sent); ErrUnavailable, with
 // its cause, if Redis could not be reached; under Logs, ErrLockNotObtained
 // if another holder kept the lock until ctx ended, and ErrLockExpired if
 // the lock expired before the write; ctx's error if it ended while Redis
@@ -71,6 +75,12 @@ func (b *Bucket) AllowNInto(ctx context.Context, resource, client string, n int,
 		*res = Result{}
 		return err
 	}
+	if n > b.plan.maxN {
+		// No wait makes room for it: a denial that must write nothing,
+		// take no one's room, nor teach the denial cache or foresight
+		// anything about the client's lighter calls.
+		return b.look(ctx, resource, client, n, res)
+	}
 	return b.counts.allow(ctx, resource, client, n, res)
 }
 
@@ -80,21 +90,33 @@ func (b *Bucket) Peek(ctx context.Context, resource, client string) (Result, err
 }
 
 // PeekN returns what AllowN would answer now, recording nothing: Remaining
-// is what would be left after the call. It takes no lock, so a decision
-// under way elsewhere may be missed. It costs one round trip (Logs: when
-// the SCAN fits in one page).
+// is what would be left after the call (a weight above a rule's Requests:
+// a denial with RetryAfter Never, as AllowN's). It takes no lock, so a
+// decision under way elsewhere may be missed. It costs one round trip
+// (Logs: when the SCAN fits in one page).
 func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res Result, err error) {
 	defer b.observe(ctx, b.observed(), OpPeek, resource, client, n, &res, &err)
-	if err := b.check(resource, client, n); err != nil {
+	if err = b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}
-	return bounded(ctx, func(ctx context.Context, _ *lock.View) (Result, error) {
-		v, err := b.counts.read(ctx, resource, client, n)
-		if err != nil {
-			return Result{}, err
-		}
-		return b.plan.evaluate(v, n, b.cfg.recordDenied), nil
+	err = b.look(ctx, resource, client, n, &res)
+	return res, err
+}
+
+// look judges a call of weight n by what every rule counts now, writing
+// nothing, into res (the zero Result with an error): PeekN, and AllowN of
+// a call that can never be admitted. A call heavier than every rule reads
+// as one of the largest Requests: no rule reads further for it.
+func (b *Bucket) look(ctx context.Context, resource, client string, n int, res *Result) error {
+	v, err := bounded(ctx, func(ctx context.Context, _ *lock.View) (limits.View, error) {
+		return b.counts.read(ctx, resource, client, min(n, b.plan.largest))
 	})
+	if err != nil {
+		*res = Result{}
+		return err
+	}
+	b.plan.evaluateInto(res, v, n, b.cfg.recordDenied)
+	return nil
 }
 
 // Usage returns what each rule counts for client at resource now, in the

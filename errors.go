@@ -41,8 +41,10 @@ var (
 	// owns a resource's keys).
 	ErrUnsupportedClient = errors.New("leakybucket: unsupported redis client: want *redis.Client, *redis.ClusterClient or *redis.Ring")
 
-	// ErrInvalidWeight: n is not positive, or larger than the Requests of a
-	// rule, so that the call could never be admitted.
+	// ErrInvalidWeight: n is not positive; or, for WaitN only, n is larger
+	// than the Requests of a rule, so that no wait would ever admit the
+	// call. AllowN and PeekN answer such a weight with a denied Result
+	// whose RetryAfter is Never, not with an error.
 	ErrInvalidWeight = errors.New("leakybucket: invalid weight")
 
 	// ErrNilResult: AllowNInto was given no Result to write in.

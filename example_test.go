@@ -251,6 +251,33 @@ func ExampleBucket_Wait() {
 	// job 2: refused, it would wait past the deadline
 }
 
+// A weight above a rule's Requests can never be admitted: AllowN denies it,
+// as x/time/rate's AllowN answers false for n above the burst, with
+// RetryAfter Never, recording nothing; WaitN refuses it at once.
+func ExampleBucket_AllowN_never() {
+	limiter, err := leakybucket.New(newExampleClient(), leakybucket.PerClient(leakybucket.Per(10, time.Second)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := limiter.AllowN(ctx, "export", "tenant-3", 1000)
+	if err != nil {
+		log.Fatal(err) // not for the weight: Redis unreachable, or the context ended
+	}
+	if !res.Allowed && res.RetryAfter == leakybucket.Never {
+		fmt.Printf("never: %v is too small for 1000; %d left\n", res.DeniedBy, res.Remaining)
+	}
+	res, _ = limiter.AllowN(ctx, "export", "tenant-3", 4) // the denial took no room
+	fmt.Printf("allowed: %t, %d left\n", res.Allowed, res.Remaining)
+
+	err = limiter.WaitN(ctx, "export", "tenant-3", 1000)
+	fmt.Println("WaitN:", errors.Is(err, leakybucket.ErrInvalidWeight))
+	// Output:
+	// never: [per-client 10 per 1s] is too small for 1000; 10 left
+	// allowed: true, 6 left
+	// WaitN: true
+}
+
 // An observer hears every decision once it is made: here a log line per
 // denial or error, and a count of what was admitted. Keep it fast: it runs
 // in the caller's goroutine. The module

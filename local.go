@@ -79,8 +79,8 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 
 // read is Peek: in process, a read cannot fail (the Bucket's bound saw
 // ctx).
-func (l *localCounts) read(_ context.Context, resource, client string, _ int) (limits.View, error) {
-	return l.counts.Peek(resource, client), nil
+func (l *localCounts) read(_ context.Context, resource, client string, n int) (limits.View, error) {
+	return l.counts.Peek(resource, client, n), nil
 }
 
 // flush forgets client's calls at resource: its counts, and its share of

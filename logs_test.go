@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,7 +13,8 @@ import (
 )
 
 // Whatever the input, AllowN answers or returns an error; it never panics,
-// and with an error it writes nothing.
+// and with an error it writes nothing. A weight above a rule's Requests is
+// a denial with RetryAfter Never, which writes nothing either.
 func FuzzAllowInput(f *testing.F) {
 	f.Add("r", "a", 1)
 	f.Add("", "a", 1)
@@ -31,13 +33,25 @@ func FuzzAllowInput(f *testing.F) {
 	f.Fuzz(func(t *testing.T, resource, client string, n int) {
 		m.FlushAll()
 		res, err := b.AllowN(context.Background(), resource, client, n)
-		valid := resource != "" && client != "" && n >= 1 && n <= 3
+		valid := resource != "" && client != "" && n >= 1
 		if (err == nil) != valid {
 			t.Fatalf("AllowN(%q, %q, %d) error = %v, want error: %v", resource, client, n, err, !valid)
 		}
+		if keys := m.Keys(); (!valid || n > 3) && len(keys) != 0 {
+			t.Fatalf("AllowN(%q, %q, %d) = %+v, %v, yet wrote %q", resource, client, n, res, err, keys)
+		}
 		if !valid {
-			if keys := m.Keys(); len(keys) != 0 {
-				t.Fatalf("AllowN(%q, %q, %d) failed yet wrote %q", resource, client, n, keys)
+			return
+		}
+		if n > 3 {
+			// Above the per-client 3 (and maybe the per-resource 10): a
+			// denial no wait lifts, of the rules that cannot hold it.
+			never := []Rule{{ScopeClient, Per(3, time.Minute)}}
+			if n > 10 {
+				never = append([]Rule{{ScopeResource, Per(10, time.Minute)}}, never...)
+			}
+			if res.Allowed || res.RetryAfter != Never || res.Remaining != 3 || res.ResetAfter != 0 || !slices.Equal(res.DeniedBy, never) {
+				t.Fatalf("AllowN(%q, %q, %d) = %+v, want denied by %v, RetryAfter Never, 3 remaining", resource, client, n, res, never)
 			}
 			return
 		}

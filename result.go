@@ -20,7 +20,9 @@ type Result struct {
 	Remaining int
 
 	// RetryAfter is 0 when Allowed. Otherwise it is how long until the same
-	// call would be admitted, if nothing else is admitted meanwhile.
+	// call would be admitted, if nothing else is admitted meanwhile; or
+	// Never, a negative duration, when its weight is more than the
+	// Requests of a rule, so that no wait makes room for it.
 	RetryAfter time.Duration
 
 	// ResetAfter is how long until every call counted by any rule, this one
@@ -28,7 +30,9 @@ type Result struct {
 	ResetAfter time.Duration
 
 	// DeniedBy lists the rules that had no room for the request, in the order
-	// they were given to New. It is empty when Allowed.
+	// they were given to New: those that can never hold it (whose
+	// RuleResult.RetryAfter is Never) and those full for now. It is empty
+	// when Allowed.
 	DeniedBy []Rule
 
 	// Rules reports each rule on its own, in the order given to New.
@@ -48,7 +52,7 @@ type RuleResult struct {
 	Remaining int
 
 	// RetryAfter is how long until this rule alone has room for the call; 0
-	// if it has room now.
+	// if it has room now; Never if the call weighs more than its Requests.
 	RetryAfter time.Duration
 
 	// ResetAfter is how long until every call this rule counts has left its
@@ -56,10 +60,25 @@ type RuleResult struct {
 	ResetAfter time.Duration
 }
 
+// Never is the RetryAfter of a call that can never be admitted: one of
+// weight n above the Requests of a rule (AllowN(ctx, r, c, 1000) under
+// Per(10, time.Second)). It is negative, so that no wait is mistaken for
+// it: a caller that sleeps RetryAfter must check for it first (WaitN
+// refuses such a call at once, with ErrInvalidWeight). Such a call is a
+// denial, not an error, as x/time/rate's AllowN answers false for n above
+// its burst: its Result has Allowed false, RetryAfter Never, the rules
+// that cannot hold it in DeniedBy with RetryAfter Never in Rules, and every
+// other field as for any denied call (Remaining, ResetAfter and each
+// rule's Used as they stand, since it counts nowhere). It is recorded
+// nowhere, even WithRecordDenied: no wait would ever let it in, and it
+// would only fill the rules for a window.
+const Never time.Duration = -1
+
 // evaluate decides a call of weight n given v, what each rule counted
 // before it. A call is admitted only if every rule has room for it; then,
 // or also when denied if recordDenied, it counts under every rule at once,
-// stamped at its count's stamp.
+// stamped at its count's stamp. A call heavier than a rule's Requests
+// never counts (see Never).
 func (p plan) evaluate(v limits.View, n int, recordDenied bool) Result {
 	var res Result
 	p.evaluateInto(&res, v, n, recordDenied)
@@ -75,7 +94,7 @@ func (p plan) evaluateInto(res *Result, v limits.View, n int, recordDenied bool)
 			res.DeniedBy = append(res.DeniedBy, p.public[i])
 		}
 	}
-	recorded := res.Allowed || recordDenied
+	recorded := (res.Allowed || recordDenied) && n <= p.maxN
 	for i, rule := range p.Rules {
 		rr := &res.Rules[i]
 		rr.Rule = p.public[i]
@@ -85,6 +104,9 @@ func (p plan) evaluateInto(res *Result, v limits.View, n int, recordDenied bool)
 		}
 		res.RetryAfter = max(res.RetryAfter, rr.RetryAfter)
 		res.ResetAfter = max(res.ResetAfter, rr.ResetAfter)
+	}
+	if n > p.maxN {
+		res.RetryAfter = Never
 	}
 }
 
@@ -112,7 +134,11 @@ func (rr *RuleResult) settle(rule limits.Rule, c limits.Count, v limits.View, n 
 		c.Newest = max(c.Newest, c.Stamp)
 	}
 	rr.Used = c.Used
-	if !allowed {
+	switch {
+	case allowed:
+	case n > rule.Requests:
+		rr.RetryAfter = Never
+	default:
 		rr.RetryAfter = millis(rule.UntilRoom(c.Oldest, v.Now, c.Used, n))
 	}
 	if c.Used > 0 {

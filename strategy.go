@@ -101,7 +101,10 @@ var FixedWindows Strategy = windowsStrategy{fixed: true}
 type plan struct {
 	store.Plan
 	public []Rule // the same rules as Plan.Rules, as given to New
-	maxN   int    // the smallest Requests of the rules: no call may weigh more
+	// maxN is the smallest Requests of the rules: a heavier call is never
+	// admitted (see Never). largest is the largest: no rule reads further
+	// for a heavier call.
+	maxN, largest int
 }
 
 func newPlan(cfg config) plan {
@@ -114,6 +117,7 @@ func newPlan(cfg config) plan {
 		p.HasClientRule = p.HasClientRule || r.PerClient
 		p.Longest = max(p.Longest, r.Window)
 		p.maxN = min(p.maxN, r.Requests)
+		p.largest = max(p.largest, r.Requests)
 	}
 	return p
 }

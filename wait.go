@@ -41,11 +41,17 @@ func (b *Bucket) Wait(ctx context.Context, resource, client string) error {
 // Bad input (ErrEmptyResource, ErrEmptyClient, ErrInvalidWeight) is
 // returned at once, and so is any error of AllowN (ErrUnavailable,
 // ErrLockNotObtained...), as AllowN returned it: WaitN waits out denials,
-// not failures. With WithRecordDenied every attempt counts as a call, so
+// not failures. A weight above a rule's Requests, which AllowN denies with
+// RetryAfter Never, is refused at once with ErrInvalidWeight, sending
+// nothing, as x/time/rate's WaitN fails for n above its burst: no wait
+// would ever admit it. With WithRecordDenied every attempt counts as a call, so
 // the retries of many waiters on one key use up its room; Wait suits
 // Buckets without it.
 func (b *Bucket) WaitN(ctx context.Context, resource, client string, n int) error {
 	if err := b.check(resource, client, n); err != nil {
+		return err
+	}
+	if err := b.fits(n); err != nil {
 		return err
 	}
 	for {

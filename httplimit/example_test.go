@@ -116,3 +116,44 @@ func ExampleNewTiered() {
 	// /export "": 429 RateLimit: "per-client-60s";r=0;t=60
 	// /export "pro": 200 RateLimit: "per-client-60s";r=1;t=60
 }
+
+// A search costs 1, an export 4, a status page 0 (served uncounted, with
+// the fields as they stand), and a full dump 50: more than the quota of
+// 10, so it can never pass, and is answered 429 without Retry-After.
+func ExampleWithCost() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	mr.SetTime(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	limiter, err := leakybucket.New(rdb, leakybucket.PerClient(leakybucket.PerMinute(10)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	costs := map[string]int{"/search": 1, "/export": 4, "/status": 0, "/dump": 50}
+	limit, err := httplimit.New(limiter, "api",
+		httplimit.WithCost(func(r *http.Request) int { return costs[r.URL.Path] }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	api := limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+
+	for _, path := range []string{"/export", "/status", "/dump", "/search"} {
+		w := httptest.NewRecorder()
+		api.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
+		fmt.Printf("%s: %d RateLimit: %s Retry-After: %q\n", path, w.Code, w.Header().Get("RateLimit"), w.Header().Get("Retry-After"))
+		if w.Code == http.StatusTooManyRequests {
+			fmt.Print("    ", w.Body.String())
+		}
+	}
+	// Output:
+	// /export: 200 RateLimit: "per-client-60s";r=6;t=60 Retry-After: ""
+	// /status: 200 RateLimit: "per-client-60s";r=6;t=60 Retry-After: ""
+	// /dump: 429 RateLimit: "per-client-60s";r=6 Retry-After: ""
+	//     429 too many requests: the request costs more than the quota: it can never be served
+	// /search: 200 RateLimit: "per-client-60s";r=5;t=60 Retry-After: ""
+}

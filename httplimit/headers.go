@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -62,11 +63,12 @@ func window(w time.Duration) string {
 	return ";w=" + strconv.FormatInt(int64(w/time.Second), 10)
 }
 
-// denied returns the names of the rules that denied res.
+// denied returns the names of the rules that denied res: those with a
+// wait, and those that can never hold the request (RetryAfter Never).
 func (p policies) denied(res leakybucket.Result) []string {
 	var names []string
 	for i, rr := range res.Rules {
-		if !res.Allowed && rr.RetryAfter > 0 {
+		if !res.Allowed && rr.RetryAfter != 0 {
 			names = append(names, p.names[i])
 		}
 	}
@@ -146,7 +148,7 @@ func retryAfter(res leakybucket.Result) int64 {
 // nothing. On a denied call: for a rule that denied, the seconds until it
 // has room for the call (so never later than Retry-After); none for a rule
 // that had room, whose own time would say nothing of when the request may
-// come back.
+// come back, nor for one that can never hold it (RetryAfter Never).
 func reset(rr leakybucket.RuleResult, allowed bool) (t int64, ok bool) {
 	switch {
 	case !allowed:
@@ -181,7 +183,7 @@ func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
 // writeLegacy sets draft -06's trio for rr, the rule closest to its limit.
 func writeLegacy(h http.Header, rr leakybucket.RuleResult, res leakybucket.Result) {
 	t, _ := reset(rr, true)
-	if !res.Allowed {
+	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		t = retryAfter(res) // -06: Reset names the same time as Retry-After
 	}
 	h.Set(headerLimit, strconv.Itoa(rr.Rule.Limit.Requests))
@@ -190,21 +192,31 @@ func writeLegacy(h http.Header, rr leakybucket.RuleResult, res leakybucket.Resul
 }
 
 // closest returns, of the rules shown, the one that waits longest on a
-// denial, else the one with the least remaining (the first of equals).
+// denial (a rule that can never hold the request the longest of all),
+// else the one with the least remaining (the first of equals).
 func (p policies) closest(res leakybucket.Result) leakybucket.RuleResult {
 	best := res.Rules[p.shown[0]]
 	for _, i := range p.shown[1:] {
 		rr := res.Rules[i]
-		if res.Allowed && rr.Remaining < best.Remaining || !res.Allowed && rr.RetryAfter > best.RetryAfter {
+		if res.Allowed && rr.Remaining < best.Remaining || !res.Allowed && waits(rr) > waits(best) {
 			best = rr
 		}
 	}
 	return best
 }
 
+// waits orders rules by how long a denied request waits for them: Never
+// is longer than any wait.
+func waits(rr leakybucket.RuleResult) time.Duration {
+	if rr.RetryAfter == leakybucket.Never {
+		return math.MaxInt64
+	}
+	return rr.RetryAfter
+}
+
 // Fields returns the values that the middleware gives RateLimit-Policy,
-// RateLimit and, on a denial, Retry-After ("" when res is admitted) for
-// res, with the default policy names (DefaultPolicyNames) and every rule
+// RateLimit and, on a denial, Retry-After ("" when res is admitted, or
+// can never be: RetryAfter leakybucket.Never) for res, with the default policy names (DefaultPolicyNames) and every rule
 // shown: for other servers of a Bucket, such as gRPC interceptors, to
 // carry the same fields.
 func Fields(res leakybucket.Result) (policy, rateLimit, retry string) {
@@ -218,7 +230,7 @@ func Fields(res leakybucket.Result) (policy, rateLimit, retry string) {
 	p, _ := newPolicies(rules, nil, false) // default names always fit
 	h := http.Header{}
 	p.write(h, res, false)
-	if !res.Allowed {
+	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		retry = strconv.FormatInt(retryAfter(res), 10)
 	}
 	return h.Get(headerPolicy), h.Get(headerRateLimit), retry

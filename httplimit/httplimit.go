@@ -26,7 +26,9 @@
 //
 // A denied request gets 429 Too Many Requests with Retry-After in whole
 // seconds, rounded up (never 0), and a text body, or with
-// WithProblemDetails the draft's problem+json. WithLegacyHeaders adds the
+// WithProblemDetails the draft's problem+json. A request whose cost
+// (WithCost) is above a policy's quota can never pass: it gets 429 with
+// the fields as they stand and no Retry-After. WithLegacyHeaders adds the
 // older RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset fields of
 // draft -06, which many clients still read.
 //
@@ -73,8 +75,9 @@ var (
 	// without fallback found no header, or RemoteAddr holds no IP address).
 	ErrNoKey = errors.New("httplimit: the request has no key")
 
-	// ErrCost: the WithCost function gave a weight below 1, or above the
-	// Requests of a rule, so that the request could never be admitted.
+	// ErrCost: the WithCost function gave a negative weight, a bug of the
+	// server's (a cost of 0 is served uncounted, and one above a quota is
+	// denied: see WithCost).
 	ErrCost = errors.New("httplimit: invalid request cost")
 
 	// ErrNoPattern: the middleware was made without a resource and the
@@ -101,11 +104,12 @@ var (
 // the client named by the KeyFunc, and cost is 1 or WithCost's.
 //
 // An admitted request is served by the next handler with the RateLimit
-// fields set; a denied one gets Retry-After and the denied handler; one
-// that could not be decided is served (WithFailOpen) or answered by the
-// error handler (503 by default); one skipped (WithSkip) is served as it
-// came. The next handler and the denied handler find the Result with
-// ResultFrom.
+// fields set; a denied one gets Retry-After (unless it can never pass) and
+// the denied handler; one that could not be decided is served
+// (WithFailOpen) or answered by the error handler (503 by default); one
+// skipped (WithSkip) is served as it came; one of cost 0 is served
+// uncounted, with the fields as they stand. The next handler and the
+// denied handler find the Result with ResultFrom.
 func New(limiter *leakybucket.Bucket, resource string, opts ...Option) (func(http.Handler) http.Handler, error) {
 	if limiter == nil {
 		return nil, fmt.Errorf("%w: nil Bucket", ErrInvalidOption)
@@ -201,7 +205,10 @@ type decided struct {
 // ResultFrom returns the limiter's Result for the request whose context
 // is ctx, as the middleware decided it, and whether there is one: not in a
 // request served open after an error, nor one skipped, nor outside the
-// middleware.
+// middleware. For a request of cost 0 it is what every rule counts, the
+// request not counted: Allowed, with each rule's Used, Remaining and
+// ResetAfter as they stand. For one whose cost is above a quota its
+// RetryAfter is leakybucket.Never.
 func ResultFrom(ctx context.Context) (leakybucket.Result, bool) {
 	d, ok := ctx.Value(resultKey{}).(decided)
 	return d.res, ok
@@ -235,13 +242,15 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	defer release() // at once if the Bucket denies: charged by neither
 	res, err := m.decide(r.Context(), req)
 	if err != nil {
-		m.failed(next, w, r, err)
+		m.failed(next, w, r, req, err)
 		return
 	}
 	req.policies.write(w.Header(), res, m.legacy)
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, decided{res, req.policies.denied(res)}))
 	if !res.Allowed {
-		w.Header().Set(headerRetryAfter, strconv.FormatInt(retryAfter(res), 10))
+		if res.RetryAfter != leakybucket.Never {
+			w.Header().Set(headerRetryAfter, strconv.FormatInt(retryAfter(res), 10))
+		}
 		m.denied.ServeHTTP(w, r)
 		return
 	}
@@ -262,8 +271,8 @@ func (m *middleware) prepare(r *http.Request) (call, error) {
 		return req, err
 	}
 	if m.cost != nil {
-		if req.n = m.cost(r); req.n < 1 {
-			return req, fmt.Errorf("%w: %d, want at least 1", ErrCost, req.n)
+		if req.n = m.cost(r); req.n < 0 {
+			return req, fmt.Errorf("%w: %d, want 0 or more", ErrCost, req.n)
 		}
 	}
 	req.limiter, req.policies, err = m.pick(r)
@@ -282,27 +291,46 @@ func (m *middleware) clientKey(r *http.Request) (string, error) {
 	return groupIPv6(key, m.ipv6Bits), nil
 }
 
-// decide asks the limiter, within the decision's deadline.
+// decide asks the limiter, within the decision's deadline: AllowN, or for
+// a request of cost 0, which counts nowhere, what every rule counts now
+// (Usage, one read), as an admitted Result.
 func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, error) {
 	if m.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.timeout)
 		defer cancel()
 	}
+	if req.n == 0 {
+		rules, err := req.limiter.Usage(ctx, req.resource, req.key)
+		return asTheyStand(rules), err
+	}
 	return req.limiter.AllowN(ctx, req.resource, req.key, req.n)
 }
 
+// asTheyStand is the Result of a call of weight 0 given what each rule
+// counts: admitted, since nothing is asked of any rule, with every rule's
+// room and reset as they are.
+func asTheyStand(rules []leakybucket.RuleResult) leakybucket.Result {
+	res := leakybucket.Result{Allowed: true, Rules: rules}
+	for i := range rules {
+		rules[i].RetryAfter = 0 // Usage's is for a call of weight 1
+		if i == 0 || rules[i].Remaining < res.Remaining {
+			res.Remaining = rules[i].Remaining
+		}
+		res.ResetAfter = max(res.ResetAfter, rules[i].ResetAfter)
+	}
+	return res
+}
+
 // failed handles a limiter error by the failure policy. A client that went
-// away is not answered, nor its error reported. A weight the Bucket can
-// never admit is refused whatever the policy.
-func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Request, err error) {
+// away is not answered, nor its error reported. A request of cost 0, which
+// the limiter only reads for, is served whatever the policy, without
+// fields: the error goes to WithFailOpen's report, if any.
+func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Request, req call, err error) {
 	switch {
 	case r.Context().Err() != nil:
 		return
-	case errors.Is(err, leakybucket.ErrInvalidWeight):
-		m.onError(w, r, fmt.Errorf("%w: %w", ErrCost, err))
-		return
-	case !m.failOpen:
+	case !m.failOpen && req.n > 0:
 		m.onError(w, r, err)
 		return
 	case m.report != nil:
@@ -312,8 +340,17 @@ func (m *middleware) failed(next http.Handler, w http.ResponseWriter, r *http.Re
 }
 
 // tooManyRequests is the default denied handler.
-func tooManyRequests(w http.ResponseWriter, _ *http.Request) {
-	http.Error(w, "429 too many requests: retry after "+w.Header().Get(headerRetryAfter)+" s", http.StatusTooManyRequests)
+func tooManyRequests(w http.ResponseWriter, r *http.Request) {
+	http.Error(w, "429 too many requests: "+denial(w, r), http.StatusTooManyRequests)
+}
+
+// denial says why a request was denied, and when to come back: after
+// Retry-After, or never for a request that costs more than a quota.
+func denial(w http.ResponseWriter, r *http.Request) string {
+	if res, ok := ResultFrom(r.Context()); ok && res.RetryAfter == leakybucket.Never {
+		return "the request costs more than the quota: it can never be served"
+	}
+	return "retry after " + w.Header().Get(headerRetryAfter) + " s"
 }
 
 // refuse is the default error handler.

@@ -28,15 +28,18 @@ func WithInFlight(l *inflight.Limiter, wait time.Duration) Option {
 // release; or answers r itself (refused, or by the failure policy) and
 // returns false.
 func (m *middleware) hold(next http.Handler, w http.ResponseWriter, r *http.Request, req call) (func(), bool) {
-	if m.inFlight == nil {
+	if m.inFlight == nil || req.n == 0 {
 		return func() {}, true
 	}
 	le, err := m.acquire(r.Context(), req)
 	switch {
 	case le != nil:
 		return func() { _ = le.Release(context.WithoutCancel(r.Context())) }, true
+	case errors.Is(err, inflight.ErrTooHeavy):
+		m.denied.ServeHTTP(w, r) // it can never be held: no Retry-After
+		return nil, false
 	case err != nil && r.Context().Err() == nil:
-		m.failed(next, w, r, fmt.Errorf("in flight: %w", err))
+		m.failed(next, w, r, req, fmt.Errorf("in flight: %w", err))
 		return nil, false
 	case r.Context().Err() != nil:
 		return nil, false // the client went away

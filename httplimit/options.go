@@ -84,7 +84,8 @@ func WithProblemDetails() Option {
 
 // WithErrorHandler sets what answers a request that the middleware
 // refuses for an error: a key error (matching ErrKey), a request it cannot
-// weigh or name (ErrCost, ErrNoPattern, ErrTier), or, unless WithFailOpen,
+// weigh or name (ErrCost, ErrNoPattern, ErrTier), or, unless WithFailOpen
+// (or the request costs 0),
 // a limiter error (ErrUnavailable, context.DeadlineExceeded of the
 // decision's deadline, ErrLockNotObtained, a Redis error...). The default
 // answers 400 Bad Request to key errors, 500 Internal Server Error to
@@ -132,9 +133,20 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 }
 
 // WithCost sets the weight of each request (default 1): an export may
-// cost 10 where a lookup costs 1, counted with Bucket.AllowN. A cost below
-// 1, or above the Requests of a rule (which could never be admitted), is
-// refused whatever the failure policy, with an error matching ErrCost.
+// cost 10 where a lookup costs 1, counted with Bucket.AllowN.
+//
+// A cost above the Requests of a rule can never be admitted: the request
+// is denied (429, the denied handler), with the RateLimit fields as they
+// stand (r: what remains; no t for a policy that can never hold it) and no
+// Retry-After, since no wait lets it pass; DeniedPolicies names the
+// policies it is too heavy for (and any full for now), and
+// WithProblemDetails says that it costs more than the quota. A cost of 0
+// is served uncounted, with the fields as they stand (one read, within
+// the decision's deadline; if the read fails, served without fields, the
+// error going to WithFailOpen's report, if any), as WithSkip serves
+// without them. A negative cost is a bug of the cost function: refused
+// whatever the failure policy, with an error matching ErrCost (500 by
+// default).
 func WithCost(cost func(r *http.Request) int) Option {
 	return func(c *config) { c.cost = cost }
 }

@@ -26,12 +26,16 @@ type problem struct {
 //	{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
 //	 "title":"Request cannot be satisfied as assigned quota has been exceeded",
 //	 "status":429,"detail":"retry after 10 s","violated-policies":["per-client-10s"]}
+//
+// or, for a request whose cost is above a quota, which has no
+// Retry-After, says that it can never be served: "detail":"the request
+// costs more than the quota: it can never be served".
 func ProblemDetails(w http.ResponseWriter, r *http.Request) {
 	body := problem{
 		Type:     ProblemType,
 		Title:    "Request cannot be satisfied as assigned quota has been exceeded",
 		Status:   http.StatusTooManyRequests,
-		Detail:   "retry after " + w.Header().Get(headerRetryAfter) + " s",
+		Detail:   denial(w, r),
 		Violated: DeniedPolicies(r.Context()),
 	}
 	if body.Violated == nil {

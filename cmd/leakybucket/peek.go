@@ -19,9 +19,9 @@ var peekCommand = command{
 	summary:  "print each rule's used/limit, remaining, retry after and reset after",
 	detail: `Prints, for each rule, what client C has used at resource R now out of the
 rule's limit, the room that is left, how long until a call of weight N fits
-(retry after; 0s if it fits now) and how long until every call the rule counts
-has left its window (reset after); then whether Allow would admit a call of
-weight N now. It records nothing and takes no lock. -resource is required;
+(retry after; 0s if it fits now, never if N is above the rule's limit) and how
+long until every call the rule counts has left its window (reset after); then
+whether Allow would admit a call of weight N now. It records nothing and takes no lock. -resource is required;
 -client too when a rule is per-client.`,
 	bind: func(fs *flag.FlagSet) action {
 		p := &peek{}
@@ -65,13 +65,22 @@ func printRules(w io.Writer, res leakybucket.Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "rule\tused/limit\tremaining\tretry after\treset after")
 	for _, rr := range res.Rules {
-		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%v\t%v\n", ruleName(rr.Rule), rr.Used, rr.Rule.Limit.Requests, rr.Remaining, rr.RetryAfter, rr.ResetAfter)
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%s\t%v\n", ruleName(rr.Rule), rr.Used, rr.Rule.Limit.Requests, rr.Remaining, retryAfter(rr.RetryAfter), rr.ResetAfter)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "would allow: %t\n", res.Allowed)
 	return err
+}
+
+// retryAfter writes a rule's RetryAfter, or "never" for a weight above its
+// limit (leakybucket.Never), which no wait admits.
+func retryAfter(d time.Duration) string {
+	if d == leakybucket.Never {
+		return "never"
+	}
+	return d.String()
 }
 
 // ruleName names a rule as "per-client 10 per 1m", or "per-client 10 per

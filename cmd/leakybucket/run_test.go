@@ -69,7 +69,6 @@ func TestBadInput(t *testing.T) {
 		{append(rules, "peek", "-client", "a"), "-resource is required"},
 		{append(rules, "peek", "-resource", "r"), "-client is required"},
 		{append(rules, "peek", "-resource", "r", "-client", "a", "-n", "0"), "invalid weight"},
-		{append(rules, "peek", "-resource", "r", "-client", "a", "-n", "11"), "invalid weight"},
 		{append(rules, "flush", "-client", "a"), "-resource is required"},
 		{append(rules, "flush", "-resource", "", "-client", "a"), "-resource is required"},
 		{append(rules, "flush", "-resource", "r"), "-client is required"},
@@ -86,6 +85,20 @@ func TestBadInput(t *testing.T) {
 	}
 	if n := mr.CommandCount(); n != 0 {
 		t.Errorf("bad input sent %d commands to Redis, want none", n)
+	}
+}
+
+// TestPeekNever checks that peek of a weight above a rule's limit is no
+// error (the library denies it): the rule that can never hold it says
+// "never", the other its own wait.
+func TestPeekNever(t *testing.T) {
+	mr := miniredis.RunT(t)
+	code, stdout, stderr := cli("-redis", "redis://"+mr.Addr()+"/2", "-resource-limit", "100/30m", "-client-limit", "10/1m",
+		"peek", "-resource", "r", "-client", "a", "-n", "11")
+	lines := strings.Split(stdout, "\n")
+	if code != exitOK || stderr != "" || len(lines) != 5 ||
+		strings.Fields(lines[1])[6] != "0s" || strings.Fields(lines[2])[6] != "never" || lines[3] != "would allow: false" {
+		t.Errorf("peek -n 11 of a 10 limit: exit %d, stderr %q, stdout:\n%s\nwant 0s for the resource, never for the client, and would allow: false", code, stderr, stdout)
 	}
 }
 

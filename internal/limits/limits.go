@@ -93,7 +93,7 @@ func (r Rule) UntilRoom(entries []Entry, now int64, used, n int) int64 {
 			return e.At + r.Window - now
 		}
 	}
-	return 0 // unreachable while n <= Requests, which AllowN checks
+	return 0 // unreachable while n <= Requests: a heavier call is never asked (the Bucket answers Never)
 }
 
 // AddCapped adds weights, stopping at math.MaxInt instead of wrapping

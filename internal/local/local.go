@@ -199,12 +199,12 @@ func (l *Counts) Decide(resource, client string, n int, judge func(limits.View) 
 	}
 }
 
-// Peek returns what a call by client to resource would count now. The
-// caller evaluates the view after the lock is let go, while other calls
-// append to, merge, cap and rewrite the scopes' entries: so the view holds
-// copies, of the counts (sh.counts is reused under mu) and of as many of
-// each count's oldest calls as a judge can read (see readable).
-func (l *Counts) Peek(resource, client string) limits.View {
+// Peek returns what a call of weight n by client to resource would count
+// now. The caller evaluates the view after the lock is let go, while other
+// calls append to, merge, cap and rewrite the scopes' entries: so the view
+// holds copies, of the counts (sh.counts is reused under mu) and of as
+// many of each count's oldest calls as a judge can read (see readable).
+func (l *Counts) Peek(resource, client string, n int) limits.View {
 	sh := l.shardOf(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -212,19 +212,24 @@ func (l *Counts) Peek(resource, client string) limits.View {
 	v.Counts = slices.Clone(v.Counts)
 	for i := range v.Counts {
 		c := &v.Counts[i]
-		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.rules[i], *c)])
+		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.rules[i], *c, n)])
 	}
 	return v
 }
 
 // readable is how many of c's oldest calls UntilRoom can read for a call of
-// weight up to maxN (the most a Bucket lets through), counted too if it is
-// denied and recorded: those whose weight brings c's count, with the
-// call's, down to room for it. Not the whole window, which may hold a
-// million calls of a rule with room to spare. Every call of c.Oldest
-// counts (count and CountOf search past the others).
-func (l *Counts) readable(rule limits.Rule, c limits.Count) int {
-	over := limits.AddCapped(limits.AddCapped(c.Used, l.maxN), l.maxN) - rule.Requests
+// weight up to maxN (the most a Bucket admits), or n if heavier and still
+// within the rule's Requests (a call no wait admits, judged all the same),
+// counted too if it is denied and recorded: those whose weight brings c's
+// count, with the call's, down to room for it. Not the whole window, which
+// may hold a million calls of a rule with room to spare. Every call of
+// c.Oldest counts (count and CountOf search past the others).
+func (l *Counts) readable(rule limits.Rule, c limits.Count, n int) int {
+	most := l.maxN
+	if n <= rule.Requests {
+		most = max(most, n)
+	}
+	over := limits.AddCapped(limits.AddCapped(c.Used, most), most) - rule.Requests
 	i := 0
 	for left := 0; i < len(c.Oldest) && left < over; i++ {
 		left = limits.AddCapped(left, c.Oldest[i].Weight)

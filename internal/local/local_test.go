@@ -81,6 +81,7 @@ func randomPeeks(t *testing.T, l *Counts, recordDenied bool, seed uint64) {
 			return allowed || recordDenied
 		})
 		comparePeek(t, l, i, client)
+		compareHeavyPeeks(t, l, i, client)
 	}
 }
 
@@ -91,7 +92,7 @@ func randomPeeks(t *testing.T, l *Counts, recordDenied bool, seed uint64) {
 // Result counts it).
 func comparePeek(t *testing.T, l *Counts, call int, client string) {
 	t.Helper()
-	copied := l.Peek("r", client)
+	copied := l.Peek("r", client, 1)
 	sh := l.shardOf("r", client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -113,6 +114,33 @@ func comparePeek(t *testing.T, l *Counts, call int, client string) {
 				}
 			}
 		}
+	}
+}
+
+// compareHeavyPeeks is comparePeek for the weights above maxN, which no
+// Bucket admits and none records, but which a Result still judges by each
+// rule that could ever hold them (the others say Never): Peek of such a
+// weight copies what those rules read for it.
+func compareHeavyPeeks(t *testing.T, l *Counts, call int, client string) {
+	t.Helper()
+	largest := 0
+	for _, rule := range l.rules {
+		largest = max(largest, rule.Requests)
+	}
+	for n := l.maxN + 1; n <= largest+1; n++ {
+		copied := l.Peek("r", client, n)
+		sh := l.shardOf("r", client)
+		sh.mu.Lock()
+		live := sh.view(l, "r", client, copied.Now)
+		for i, rule := range l.rules {
+			if n > rule.Requests {
+				continue
+			}
+			if g, w := untilRoom(rule, live.Now, copied.Counts[i], n, false), untilRoom(rule, live.Now, live.Counts[i], n, false); g != w {
+				t.Errorf("after call %d, rule %d, weight %d: room in %d ms from peek's copy, in %d ms from the scopes", call, i, n, g, w)
+			}
+		}
+		sh.mu.Unlock()
 	}
 }
 
