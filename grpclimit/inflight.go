@@ -2,7 +2,6 @@ package grpclimit
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/leakybucket/leakybucket/inflight"
@@ -30,7 +29,7 @@ func (l *limiter) hold(ctx context.Context, method, resource, client string) (fu
 	if l.inFlight == nil {
 		return func() {}, nil
 	}
-	le, err := l.acquire(ctx, resource, client)
+	le, err := l.inFlight.AcquireWithin(ctx, resource, client, 1, l.inFlightWait)
 	switch {
 	case le != nil:
 		return func() { _ = le.Release(context.WithoutCancel(ctx)) }, nil
@@ -38,20 +37,4 @@ func (l *limiter) hold(ctx context.Context, method, resource, client string) (fu
 		return func() {}, l.failed(ctx, method, err)
 	}
 	return nil, exhausted("too many in flight", noRoomRetry)
-}
-
-// acquire takes a lease, waiting up to the configured wait: a nil lease
-// and error when there was no room in time.
-func (l *limiter) acquire(ctx context.Context, resource, client string) (*inflight.Lease, error) {
-	if l.inFlightWait <= 0 {
-		le, _, err := l.inFlight.TryAcquire(ctx, resource, client)
-		return le, err
-	}
-	wctx, cancel := context.WithTimeout(ctx, l.inFlightWait)
-	defer cancel()
-	le, err := l.inFlight.Acquire(wctx, resource, client)
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		return nil, nil // the wait ran out: no room in time
-	}
-	return le, err
 }

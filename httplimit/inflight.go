@@ -31,7 +31,7 @@ func (m *middleware) hold(next http.Handler, w http.ResponseWriter, r *http.Requ
 	if m.inFlight == nil || req.n == 0 {
 		return func() {}, true
 	}
-	le, err := m.acquire(r.Context(), req)
+	le, err := m.inFlight.AcquireWithin(r.Context(), req.resource, req.key, req.n, m.inFlightWait)
 	switch {
 	case le != nil:
 		return func() { _ = le.Release(context.WithoutCancel(r.Context())) }, true
@@ -47,20 +47,4 @@ func (m *middleware) hold(next http.Handler, w http.ResponseWriter, r *http.Requ
 	w.Header().Set(headerRetryAfter, strconv.Itoa(1))
 	m.denied.ServeHTTP(w, r)
 	return nil, false
-}
-
-// acquire takes a lease of req's weight, waiting up to the configured
-// wait: a nil lease and error when there was no room in time.
-func (m *middleware) acquire(ctx context.Context, req call) (*inflight.Lease, error) {
-	if m.inFlightWait <= 0 {
-		le, _, err := m.inFlight.TryAcquireN(ctx, req.resource, req.key, req.n)
-		return le, err
-	}
-	wctx, cancel := context.WithTimeout(ctx, m.inFlightWait)
-	defer cancel()
-	le, err := m.inFlight.AcquireN(wctx, req.resource, req.key, req.n)
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		return nil, nil // the wait ran out: no room in time
-	}
-	return le, err
 }

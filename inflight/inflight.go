@@ -211,6 +211,24 @@ func (l *Limiter) AcquireN(ctx context.Context, resource, client string, n int, 
 	return le, err
 }
 
+// AcquireWithin acquires weight n at resource for client, waiting for room
+// at most wait (0: TryAcquireN's answer, without waiting), and within ctx:
+// what a server's middleware does for each request. No room in time is a
+// nil Lease and a nil error; ctx's own end is its error.
+func (l *Limiter) AcquireWithin(ctx context.Context, resource, client string, n int, wait time.Duration, opts ...AcquireOption) (*Lease, error) {
+	if wait <= 0 {
+		le, _, err := l.TryAcquireN(ctx, resource, client, n, opts...)
+		return le, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	le, err := l.AcquireN(wctx, resource, client, n, opts...)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, nil // the wait ran out: no room in time
+	}
+	return le, err
+}
+
 // TryAcquire is shorthand for TryAcquireN(ctx, resource, client, 1, opts...).
 func (l *Limiter) TryAcquire(ctx context.Context, resource, client string, opts ...AcquireOption) (*Lease, bool, error) {
 	return l.TryAcquireN(ctx, resource, client, 1, opts...)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -24,16 +23,7 @@ import (
 // Resources become an attribute ("leakybucket.resource"): keep them few.
 // It fails only if an instrument cannot be made.
 func NewInFlight(mp metric.MeterProvider, opts ...Option) (inflight.Observer, error) {
-	var cfg config
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&cfg)
-		}
-	}
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	meter := mp.Meter(ScopeName)
+	meter, cfg := meterOf(mp, opts)
 	o := &inFlightRecorder{attrs: cfg.attrs}
 	var err error
 	if o.held, err = meter.Int64UpDownCounter("leakybucket.inflight.held", metric.WithUnit("{weight}"),
