@@ -30,6 +30,7 @@ import (
 
 	"github.com/leakybucket/leakybucket"
 	"github.com/leakybucket/leakybucket/httplimit"
+	"github.com/leakybucket/leakybucket/inflight"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -73,10 +74,12 @@ const DefaultDecisionTimeout = httplimit.DefaultDecisionTimeout
 type Option func(*config)
 
 type config struct {
-	key      KeyFunc
-	failOpen bool
-	report   func(ctx context.Context, fullMethod string, err error)
-	timeout  time.Duration
+	key          KeyFunc
+	failOpen     bool
+	report       func(ctx context.Context, fullMethod string, err error)
+	timeout      time.Duration
+	inFlight     *inflight.Limiter // WithInFlight
+	inFlightWait time.Duration
 }
 
 // WithKey sets how a call's resource and client are named (default
@@ -125,9 +128,11 @@ func UnaryServerInterceptor(limiter *leakybucket.Bucket, opts ...Option) (grpc.U
 	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		trailer := func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }
-		if err := l.admit(ctx, info.FullMethod, trailer); err != nil {
+		release, err := l.admit(ctx, info.FullMethod, trailer)
+		if err != nil {
 			return nil, err
 		}
+		defer release()
 		return handler(ctx, req)
 	}, nil
 }
@@ -141,9 +146,11 @@ func StreamServerInterceptor(limiter *leakybucket.Bucket, opts ...Option) (grpc.
 		return nil, err
 	}
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := l.admit(ss.Context(), info.FullMethod, ss.SetTrailer); err != nil {
+		release, err := l.admit(ss.Context(), info.FullMethod, ss.SetTrailer)
+		if err != nil {
 			return err
 		}
+		defer release()
 		return handler(srv, ss)
 	}, nil
 }
@@ -172,25 +179,35 @@ func newLimiter(b *leakybucket.Bucket, opts []Option) (*limiter, error) {
 	return l, nil
 }
 
-// admit decides a call: nil to serve it, else the status error to end it
-// with. trailer sets the call's trailer metadata.
-func (l *limiter) admit(ctx context.Context, method string, trailer func(metadata.MD)) error {
+// admit decides a call: nil to serve it, with what to call when it ends
+// (the release of its lease, WithInFlight), else the status error to end
+// it with. trailer sets the call's trailer metadata. A call refused by
+// either limit is charged by neither.
+func (l *limiter) admit(ctx context.Context, method string, trailer func(metadata.MD)) (func(), error) {
 	resource, client, err := l.key(ctx, method)
 	if err == nil && resource == "" {
 		err = errors.New("empty resource")
 	}
 	if err != nil {
-		return status.Error(codes.InvalidArgument, fmt.Errorf("%w: %w", ErrKey, err).Error())
+		return nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: %w", ErrKey, err).Error())
+	}
+	release, err := l.hold(ctx, method, resource, client)
+	if err != nil {
+		return nil, err
 	}
 	res, err := l.decide(ctx, resource, client)
 	if err != nil {
-		return l.failed(ctx, method, err)
+		if err = l.failed(ctx, method, err); err != nil {
+			release()
+		}
+		return release, err
 	}
 	trailer(fields(res))
 	if !res.Allowed {
-		return denied(res)
+		release()
+		return nil, denied(res)
 	}
-	return nil
+	return release, nil
 }
 
 // decide asks the limiter, within the decision's deadline.
@@ -231,8 +248,13 @@ func fields(res leakybucket.Result) metadata.MD {
 
 // denied is the status of a denied call: ResourceExhausted with RetryInfo.
 func denied(res leakybucket.Result) error {
-	st := status.New(codes.ResourceExhausted, "grpclimit: rate limited: retry after "+res.RetryAfter.String())
-	if detailed, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
+	return exhausted("rate limited", res.RetryAfter)
+}
+
+// exhausted is ResourceExhausted, for why, with RetryInfo of retry.
+func exhausted(why string, retry time.Duration) error {
+	st := status.New(codes.ResourceExhausted, "grpclimit: "+why+": retry after "+retry.String())
+	if detailed, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)}); err == nil {
 		st = detailed
 	}
 	return st.Err()

@@ -37,7 +37,8 @@
 // Unavailable) or, with WithFailOpen, serves the request and reports the
 // error to a hook.
 //
-// The package uses the standard library only, besides leakybucket.
+// The package uses the standard library only, besides leakybucket (and
+// its inflight package, for WithInFlight).
 package httplimit
 
 import (
@@ -234,6 +235,11 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		m.onError(w, r, err)
 		return
 	}
+	release, ok := m.hold(next, w, r, req)
+	if !ok {
+		return
+	}
+	defer release() // at once if the Bucket denies: charged by neither
 	res, err := m.decide(r.Context(), req)
 	if err != nil {
 		m.failed(next, w, r, req, err)

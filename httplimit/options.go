@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leakybucket/leakybucket"
+	"github.com/leakybucket/leakybucket/inflight"
 )
 
 // DefaultDecisionTimeout bounds each request's decision: a Redis slower
@@ -34,6 +35,8 @@ type config struct {
 	cost         func(*http.Request) int
 	ipv6Bits     int
 	hideResource bool
+	inFlight     *inflight.Limiter // WithInFlight
+	inFlightWait time.Duration
 }
 
 // defaultConfig holds every default of the options below.

@@ -100,16 +100,7 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 // made. The observer is safe for concurrent use and may serve several
 // Buckets.
 func New(mp metric.MeterProvider, opts ...Option) (func(context.Context, leakybucket.Decision), error) {
-	var cfg config
-	for _, opt := range opts {
-		if opt != nil {
-			opt(&cfg)
-		}
-	}
-	if mp == nil {
-		mp = otel.GetMeterProvider()
-	}
-	meter := mp.Meter(ScopeName)
+	meter, cfg := meterOf(mp, opts)
 	requests, err := meter.Int64Counter("leakybucket.requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Number of requests that asked a leakybucket.Bucket for room (Allow, AllowN)."))
@@ -125,6 +116,21 @@ func New(mp metric.MeterProvider, opts ...Option) (func(context.Context, leakybu
 	}
 	r := &recorder{requests: requests, duration: duration, attrs: cfg.attrs}
 	return r.observe, nil
+}
+
+// meterOf returns the meter of mp (the global MeterProvider if nil), and
+// the options applied.
+func meterOf(mp metric.MeterProvider, opts []Option) (metric.Meter, config) {
+	var cfg config
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&cfg)
+		}
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	return mp.Meter(ScopeName), cfg
 }
 
 type recorder struct {

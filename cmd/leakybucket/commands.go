@@ -29,7 +29,7 @@ type action interface {
 }
 
 // commands are the subcommands, in the order of the help.
-var commands = []command{peekCommand, flushCommand, flushAllCommand, doctorCommand}
+var commands = []command{peekCommand, flushCommand, flushAllCommand, doctorCommand, inFlightCommand}
 
 // lookup returns the subcommand called name.
 func lookup(name string) (command, bool) {

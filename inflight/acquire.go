@@ -1,0 +1,183 @@
+package inflight
+
+import (
+	"context"
+	"time"
+
+	"github.com/leakybucket/leakybucket/internal/txn"
+)
+
+// An attempt is one acquisition's transaction (see docs/inflight.md):
+//
+//	TIME
+//	per set:  ZREMRANGEBYSCORE set -inf (now          the expired leases
+//	          ZRANGE set 0 0 WITHSCORES               the earliest deadline
+//	the line: ZREMRANGEBYSCORE qd -inf (now; [ZADD qd life ticket];
+//	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q NX arrival ticket]
+//	          ZRANGE q 0 1                            who is first in line, and next
+//	if it writes, per set:
+//	          ZADD set 2^52 m1..mn                    pending: ranked last
+//	          ZREMRANGEBYRANK set limit -1            the cap: only ours go
+//	          ZADD set XX deadline m1..mn             the kept get their deadline
+//	          PEXPIREAT set deadline+1s NX; ... GT
+//
+// It is admitted if the cap removed none of its members in any set and
+// it is first in line (or no one is in line, without a ticket); else its
+// kept members are taken back. An admitted waiter's ticket leaves the
+// line in a transaction of its own, which tells the next one.
+type attempt struct {
+	st       site
+	le       *Lease
+	tk       *ticket
+	write    bool
+	at       int64 // the stamp: never later than Redis's time (ms)
+	deadline int64
+
+	t        *txn.Txn
+	time     int
+	earliest []int
+	line     int
+	capped   []int
+}
+
+// attemptResult is what an attempt learned.
+type attemptResult struct {
+	admitted   bool
+	head, next string // the first two tickets in line, "" if none
+	earliest   int64  // the earliest deadline held, 0 if none
+	now        int64  // Redis's time (ms)
+}
+
+func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64) *attempt {
+	a := &attempt{st: st, le: le, tk: tk, write: write, at: at, deadline: at + le.ttl.Milliseconds(), t: txn.New(zeroSpace, false)}
+	t := a.t
+	a.time = t.Add("time")
+	sets := r.sets(st.space, le.client)
+	for _, z := range sets {
+		t.Add("zremrangebyscore", z.key, "-inf", "("+itoa(at))
+		a.earliest = append(a.earliest, t.Add("zrange", z.key, 0, 0, "withscores"))
+	}
+	var life int64
+	if tk != nil {
+		life = tk.life(at)
+	}
+	a.line = pruneTickets(t, st.space, at, tk, life)
+	if !write {
+		return a
+	}
+	ms := members(le)
+	for _, z := range sets {
+		t.Add(zadd(z.key, pending, ms)...)
+		a.capped = append(a.capped, t.Add("zremrangebyrank", z.key, z.limit, -1))
+		t.Add(zadd(z.key, a.deadline, ms, "xx")...)
+		for _, c := range txn.ExtendTo(z.key, a.deadline+keyLife.Milliseconds()) {
+			t.Add(c...)
+		}
+	}
+	return a
+}
+
+// zadd is ZADD key [flags...] with every member ms at score.
+func zadd(key string, score int64, ms []any, flags ...any) []any {
+	cmd := append([]any{"zadd", key}, flags...)
+	for _, m := range ms {
+		cmd = append(cmd, score, m)
+	}
+	return cmd
+}
+
+// judge reads the replies of a that ran, and says whether, refused, it
+// kept members to take back.
+func (a *attempt) judge() (attemptResult, bool, error) {
+	for _, v := range a.t.Replies {
+		if err, ok := v.(error); ok {
+			return attemptResult{}, a.write, err // kept, perhaps: take it back
+		}
+	}
+	res := attemptResult{earliest: a.earliestHeld()}
+	res.head, res.next = a.firstInLine()
+	removed := 0
+	for _, i := range a.capped {
+		removed += int(txn.ReplyInt(a.t.Replies[i]))
+	}
+	first := res.head == "" || (a.tk != nil && res.head == a.tk.id)
+	res.admitted = a.write && removed == 0 && first
+	kept := a.write && removed < len(a.capped)*a.le.n
+	return res, kept && !res.admitted, nil
+}
+
+// firstInLine reads the first two tickets in line ("" if none).
+func (a *attempt) firstInLine() (head, next string) {
+	line, _ := a.t.Replies[a.line].([]any)
+	if len(line) > 0 {
+		head = txn.ReplyString(line[0])
+	}
+	if len(line) > 1 {
+		next = txn.ReplyString(line[1])
+	}
+	return head, next
+}
+
+// earliestHeld reads the earliest deadline held in any set (0 if none).
+func (a *attempt) earliestHeld() int64 {
+	var earliest int64
+	for _, i := range a.earliest {
+		if s := txn.ReplyScores(a.t.Replies[i]); len(s) > 0 && (earliest == 0 || int64(s[0]) < earliest) {
+			earliest = int64(s[0])
+		}
+	}
+	return earliest
+}
+
+// lostAttempt is what to do once a's reply is lost: the members it may
+// have written must not stay held, so they are taken back once Redis has
+// run what it read. An attempt that only looks wrote none.
+func (r *remote) lostAttempt(a *attempt) func() {
+	if !a.write {
+		return nil
+	}
+	return func() {
+		a.t.Resolve(a.st.node, false)
+		r.takeBack(a.le, nil, true)
+	}
+}
+
+// attempt makes one attempt, with a lease of its own, and takes back
+// what it kept if refused: the lease is returned if admitted. Each
+// attempt's lease has a token of its own, so that a take-back still
+// under way never removes a later attempt's members.
+func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*Lease, attemptResult, error) {
+	le := newLease(nil, c)
+	st, err := r.siteOf(ctx, le.resource)
+	if err != nil {
+		return nil, attemptResult{}, err
+	}
+	at, err := st.stamp(ctx)
+	if err != nil {
+		return nil, attemptResult{}, st.settle(ctx, err)
+	}
+	if tk != nil && tk.arrival == 0 {
+		tk.arrival = at
+	}
+	a := r.newAttempt(st, le, tk, write, at)
+	sent := time.Now()
+	out, err := st.run(ctx, a.t, r.lostAttempt(a))
+	if out != txn.Ran {
+		return nil, attemptResult{}, st.settle(ctx, err)
+	}
+	res, kept, err := a.judge()
+	if err == nil {
+		res.now, _ = st.sample(a.t.Replies[a.time], sent)
+	}
+	if kept {
+		r.takeBackNow(ctx, le, tk)
+	}
+	if err != nil {
+		return nil, res, classify(err)
+	}
+	if !res.admitted {
+		return nil, res, nil
+	}
+	le.deadline = time.UnixMilli(a.deadline)
+	return le, res, nil
+}

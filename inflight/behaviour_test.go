@@ -1,0 +1,174 @@
+package inflight
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestTryAcquireAndRelease(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		l := e.limiter(t, PerResource(3), PerClient(2))
+		a, ok, err := l.TryAcquireN(ctx, "r", "alice", 2)
+		if err != nil || !ok {
+			t.Fatalf("TryAcquireN(2) = %v, %v", ok, err)
+		}
+		if _, ok, err := l.TryAcquire(ctx, "r", "alice"); err != nil || ok {
+			t.Fatalf("alice's third unit: ok=%v err=%v, want refused by her limit", ok, err)
+		}
+		b, ok, err := l.TryAcquire(ctx, "r", "bob")
+		if err != nil || !ok {
+			t.Fatalf("bob: %v %v", ok, err)
+		}
+		if _, ok, _ := l.TryAcquire(ctx, "r", "carol"); ok {
+			t.Fatal("carol admitted past the resource's limit")
+		}
+		u, err := l.Held(ctx, "r")
+		if err != nil || u.Held != 3 || len(u.Holders) != 2 {
+			t.Fatalf("Held = %+v, %v", u, err)
+		}
+		if err := a.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Release(ctx); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("second Release = %v, want ErrNotHeld", err)
+		}
+		if err := l.Release(ctx, b.ID()); err != nil {
+			t.Fatalf("Release by id: %v", err)
+		}
+		if err := l.Release(ctx, b.ID()); !errors.Is(err, ErrNotHeld) {
+			t.Fatalf("Release by id again = %v", err)
+		}
+		c, ok, err := l.TryAcquireN(ctx, "r", "carol", 2)
+		if !ok || err != nil {
+			t.Fatalf("carol after releases: %v %v", ok, err)
+		}
+		_ = c.Release(ctx)
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	if _, err := NewLocal(); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("no limit: %v", err)
+	}
+	if _, err := NewLocal(PerResource(-1)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("negative: %v", err)
+	}
+	l, _ := NewLocal(PerResource(2))
+	ctx := context.Background()
+	if _, _, err := l.TryAcquireN(ctx, "r", "c", 3); !errors.Is(err, ErrTooHeavy) {
+		t.Fatalf("too heavy: %v", err)
+	}
+	if _, _, err := l.TryAcquireN(ctx, "r", "c", 0); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("zero: %v", err)
+	}
+	if err := l.Release(ctx, "nonsense"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad id: %v", err)
+	}
+	if _, err := New(nil, PerResource(1)); !errors.Is(err, ErrUnsupportedClient) {
+		t.Fatalf("nil client: %v", err)
+	}
+}
+
+func TestExpiryAndExtend(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		const ttl = 300 * time.Millisecond
+		l := e.limiter(t, PerResource(1), WithTTL(ttl))
+		dead, _, err := l.TryAcquire(ctx, "r", "dead")
+		if err != nil || dead == nil {
+			t.Fatal(dead, err)
+		}
+		kept, ok, err := l.TryAcquire(ctx, "other", "kept")
+		if err != nil || !ok {
+			t.Fatal(err)
+		}
+		if _, ok, _ := l.TryAcquire(ctx, "r", "x"); ok {
+			t.Fatal("admitted while held")
+		}
+		for range 9 {
+			time.Sleep(ttl / 3)
+			if err := kept.Extend(ctx, ttl); err != nil {
+				t.Fatalf("Extend: %v", err)
+			}
+		}
+		// dead's holder never extended: it stopped counting.
+		x, ok, err := l.TryAcquire(ctx, "r", "x")
+		if err != nil || !ok {
+			t.Fatalf("after the ttl: %v %v", ok, err)
+		}
+		if err := dead.Release(ctx); !errors.Is(err, ErrExpired) {
+			t.Fatalf("Release after expiry = %v, want ErrExpired", err)
+		}
+		if err := dead.Extend(ctx, ttl); !errors.Is(err, ErrExpired) {
+			t.Fatalf("Extend after expiry = %v, want ErrExpired", err)
+		}
+		// The expired release freed nothing: x still holds r.
+		if _, ok, _ := l.TryAcquire(ctx, "r", "y"); ok {
+			t.Fatal("an expired lease's release freed x's room")
+		}
+		// kept, extended every ttl/3 for 3 ttls, still holds.
+		if _, ok, _ := l.TryAcquire(ctx, "other", "y"); ok {
+			t.Fatal("an extended lease lost its room")
+		}
+		for _, le := range []*Lease{x, kept} {
+			if err := le.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+func TestAcquireWaitsInOrder(t *testing.T) {
+	forEach(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		l := e.limiter(t, PerResource(1))
+		first, _, err := l.TryAcquire(ctx, "r", "h")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string, 3)
+		leases := make(chan *Lease, 3)
+		for _, who := range []string{"a", "b", "c"} {
+			go func() {
+				le, err := l.Acquire(ctx, "r", who)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got <- who
+				leases <- le
+			}()
+			time.Sleep(50 * time.Millisecond) // arrive in order
+		}
+		// A newcomer is refused while others wait, even with room.
+		if err := first.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"a", "b", "c"} {
+			if who := <-got; who != want {
+				t.Fatalf("served %s, want %s", who, want)
+			}
+			le := <-leases
+			time.Sleep(20 * time.Millisecond)
+			if err := le.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A waiter whose context ends holds nothing.
+		h, _, _ := l.TryAcquire(ctx, "r", "h")
+		cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		if _, err := l.Acquire(cctx, "r", "late"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Acquire past its deadline = %v", err)
+		}
+		_ = h.Release(ctx)
+		le, err := l.Acquire(ctx, "r", "next")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = le.Release(ctx)
+	})
+}

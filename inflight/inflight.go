@@ -1,0 +1,302 @@
+// Package inflight limits how many operations run at once, per resource
+// and per client, across every process that shares one Redis (or in this
+// process alone, with NewLocal): a distributed, weighted semaphore without
+// Lua scripting.
+//
+// It has the shape of golang.org/x/sync/semaphore: Acquire waits for room
+// until its context ends, TryAcquire does not wait, and each acquisition
+// is a Lease to release. Unlike an in-process semaphore, a holder may die
+// without releasing: every Lease has a time to live, after which it no
+// longer counts, and a holder that works longer extends it (Extend, or
+// KeepAlive while it runs). Several limits apply at once (PerResource,
+// PerClient), all or nothing: a call takes room in every limit or in none.
+//
+// On Redis, one MULTI/EXEC decides an acquisition, without a lock: each
+// limit is a sorted set of leases scored by their deadlines, in Redis's
+// time, capped so that it never holds more than its limit (see the
+// package's design notes in docs/inflight.md). Waiters wait in a queue, in
+// order of arrival, and are woken when a lease is released or expires.
+package inflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/outage"
+)
+
+// Errors. Each matches with errors.Is and keeps its cause.
+var (
+	// ErrUnavailable: Redis could not be reached or did not answer. It is
+	// the same error as leakybucket.ErrUnavailable.
+	ErrUnavailable = outage.ErrUnavailable
+	// ErrExpired: the lease's time to live ran out before it was released
+	// or extended: it had stopped counting, and others may hold its room.
+	ErrExpired = errors.New("inflight: lease expired")
+	// ErrNotHeld: no such lease is held: it was released already, or the
+	// id names no lease this limiter gave.
+	ErrNotHeld = errors.New("inflight: lease not held")
+	// ErrInvalid: bad input (a limit, a weight, a time to live, an id); nothing
+	// was written.
+	ErrInvalid = errors.New("inflight: invalid argument")
+	// ErrTooHeavy: the weight asked for exceeds a limit, so it can never
+	// be held.
+	ErrTooHeavy = errors.New("inflight: weight exceeds the limit")
+	// ErrUnsupportedClient: New was given a client other than
+	// *redis.Client, *redis.ClusterClient or *redis.Ring.
+	ErrUnsupportedClient = errors.New("inflight: unsupported redis client")
+)
+
+// Defaults.
+const (
+	// DefaultTTL is how long a lease lives unless WithTTL or LeaseTTL say
+	// otherwise.
+	DefaultTTL = 30 * time.Second
+	// DefaultPrefix starts every key the limiter writes.
+	DefaultPrefix = "inflight"
+)
+
+// A Limiter limits how much weight is held at once, by its limits. Make
+// one with New or NewLocal; it is safe for concurrent use.
+type Limiter struct {
+	cfg   config
+	store backend
+}
+
+// backend keeps the leases: in Redis (remote) or in this process (local).
+type backend interface {
+	acquire(ctx context.Context, c call, wait bool) (*Lease, error)
+	release(ctx context.Context, le *Lease) error
+	extend(ctx context.Context, le *Lease, ttl time.Duration) error
+	held(ctx context.Context, resource string) (Usage, error)
+}
+
+// An Option configures a Limiter.
+type Option func(*config)
+
+type config struct {
+	resourceLimit int // 0: none
+	clientLimit   int // 0: none
+	ttl           time.Duration
+	prefix        string
+	observer      Observer
+}
+
+// PerResource limits the weight held at once at each resource, by every
+// client together, to n.
+func PerResource(n int) Option { return func(c *config) { c.resourceLimit = n } }
+
+// PerClient limits the weight held at once by each client at each
+// resource to n.
+func PerClient(n int) Option { return func(c *config) { c.clientLimit = n } }
+
+// WithTTL sets how long a lease lives unless extended (DefaultTTL). A
+// holder that dies stops counting this long after its lease was last
+// acquired or extended.
+func WithTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
+
+// WithPrefix sets the prefix of every key (DefaultPrefix). Limiters on
+// one prefix must agree on their limits, as their keys carry them.
+func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// WithObserver reports each acquisition, refusal and release to o.
+func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+
+// MaxLimit bounds a limit: each unit of weight a lease holds is a member
+// of a sorted set.
+const MaxLimit = 1 << 16
+
+func configure(opts []Option) (config, error) {
+	cfg := config{ttl: DefaultTTL, prefix: DefaultPrefix}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&cfg)
+		}
+	}
+	outOfRange := func(n int) bool { return n < 0 || n > MaxLimit }
+	switch {
+	case cfg.resourceLimit == 0 && cfg.clientLimit == 0:
+		return cfg, fmt.Errorf("%w: no limit (PerResource, PerClient)", ErrInvalid)
+	case outOfRange(cfg.resourceLimit) || outOfRange(cfg.clientLimit):
+		return cfg, fmt.Errorf("%w: a limit must be in [1, %d]", ErrInvalid, MaxLimit)
+	case cfg.ttl < time.Millisecond:
+		return cfg, fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)
+	case cfg.prefix == "":
+		return cfg, fmt.Errorf("%w: empty prefix", ErrInvalid)
+	}
+	return cfg, nil
+}
+
+// New returns a Limiter that keeps its leases in rdb (a *redis.Client, a
+// *redis.ClusterClient or a *redis.Ring), shared by every process that
+// uses the same prefix. It checks the options and sends nothing.
+func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
+	cfg, err := configure(opts)
+	if err != nil {
+		return nil, err
+	}
+	r, err := newRemote(rdb, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Limiter{cfg: cfg, store: r}, nil
+}
+
+// NewLocal returns a Limiter that keeps its leases in this process's
+// memory: the same limits and methods as New, for one instance or tests.
+// Time is this host's monotonic clock.
+func NewLocal(opts ...Option) (*Limiter, error) {
+	cfg, err := configure(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Limiter{cfg: cfg, store: newLocal(cfg)}, nil
+}
+
+// An AcquireOption changes one acquisition.
+type AcquireOption func(*call)
+
+// LeaseTTL sets the time to live of this lease, instead of the
+// Limiter's.
+func LeaseTTL(d time.Duration) AcquireOption { return func(c *call) { c.ttl = d } }
+
+// call is one acquisition's input.
+type call struct {
+	resource, client string
+	n                int
+	ttl              time.Duration
+}
+
+// check checks a call's input, with its options applied.
+func (l *Limiter) check(resource, client string, n int, opts []AcquireOption) (call, error) {
+	c := call{resource: resource, client: client, n: n, ttl: l.cfg.ttl}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&c)
+		}
+	}
+	switch {
+	case n < 1:
+		return c, fmt.Errorf("%w: weight %d", ErrInvalid, n)
+	case c.ttl < time.Millisecond:
+		return c, fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)
+	case l.cfg.resourceLimit > 0 && n > l.cfg.resourceLimit, l.cfg.clientLimit > 0 && n > l.cfg.clientLimit:
+		return c, fmt.Errorf("%w: weight %d", ErrTooHeavy, n)
+	}
+	return c, nil
+}
+
+// Acquire is shorthand for AcquireN(ctx, resource, client, 1, opts...).
+func (l *Limiter) Acquire(ctx context.Context, resource, client string, opts ...AcquireOption) (*Lease, error) {
+	return l.AcquireN(ctx, resource, client, 1, opts...)
+}
+
+// AcquireN acquires weight n at resource for client, waiting for room
+// until ctx ends: then it returns ctx's error, and holds nothing. Waiters
+// are served in order of arrival: a waiter is never passed by one that
+// came later, so a heavy one is not starved.
+func (l *Limiter) AcquireN(ctx context.Context, resource, client string, n int, opts ...AcquireOption) (*Lease, error) {
+	c, err := l.check(resource, client, n, opts)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	le, err := l.store.acquire(ctx, c, true)
+	l.own(le)
+	l.observe(c, le != nil, time.Since(start), err)
+	return le, err
+}
+
+// AcquireWithin acquires weight n at resource for client, waiting for room
+// at most wait (0: TryAcquireN's answer, without waiting), and within ctx:
+// what a server's middleware does for each request. No room in time is a
+// nil Lease and a nil error; ctx's own end is its error.
+func (l *Limiter) AcquireWithin(ctx context.Context, resource, client string, n int, wait time.Duration, opts ...AcquireOption) (*Lease, error) {
+	if wait <= 0 {
+		le, _, err := l.TryAcquireN(ctx, resource, client, n, opts...)
+		return le, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	le, err := l.AcquireN(wctx, resource, client, n, opts...)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, nil // the wait ran out: no room in time
+	}
+	return le, err
+}
+
+// TryAcquire is shorthand for TryAcquireN(ctx, resource, client, 1, opts...).
+func (l *Limiter) TryAcquire(ctx context.Context, resource, client string, opts ...AcquireOption) (*Lease, bool, error) {
+	return l.TryAcquireN(ctx, resource, client, 1, opts...)
+}
+
+// TryAcquireN acquires weight n at resource for client if there is room
+// now and no one waits for it, without waiting. Refused, it returns false
+// and a nil error: a refusal is not an error.
+func (l *Limiter) TryAcquireN(ctx context.Context, resource, client string, n int, opts ...AcquireOption) (*Lease, bool, error) {
+	c, err := l.check(resource, client, n, opts)
+	if err != nil {
+		return nil, false, err
+	}
+	le, err := l.store.acquire(ctx, c, false)
+	l.own(le)
+	l.observe(c, le != nil, 0, err)
+	return le, le != nil, err
+}
+
+// own makes le, if any, l's.
+func (l *Limiter) own(le *Lease) {
+	if le != nil {
+		le.limiter = l
+	}
+}
+
+// Release releases the lease named id (Lease.ID), as Lease.Release does:
+// for a holder that kept only the id.
+func (l *Limiter) Release(ctx context.Context, id string) error {
+	le, err := ParseID(id)
+	if err != nil {
+		return err
+	}
+	le.limiter = l
+	return le.Release(ctx)
+}
+
+// Held returns what is held at resource, and by whom: the leases of the
+// per-resource limit (on Redis, a Limiter with per-client limits only
+// reports none: they are kept per client).
+func (l *Limiter) Held(ctx context.Context, resource string) (Usage, error) {
+	return l.store.held(ctx, resource)
+}
+
+// Usage is what is held at a resource.
+type Usage struct {
+	Limit   int      // the per-resource limit (0 if none)
+	Held    int      // the weight held, by every client
+	Waiters int      // how many wait in line
+	Holders []Holder // the live leases, soonest deadline first
+}
+
+// A Holder is one live lease.
+type Holder struct {
+	Client   string
+	ID       string
+	Weight   int
+	Deadline time.Time // when it stops counting unless extended (Redis's clock)
+}
+
+// Commands are the Redis commands a Limiter sends, for an ACL user of
+// least privilege (besides what go-redis sends on a new connection, and
+// CLUSTER SLOTS on a cluster): its keys and channels all start with its
+// prefix, so `~prefix:*` and `&prefix:*` grant them. None is a script.
+var Commands = []string{
+	"multi", "exec", "time", // every transaction
+	"zremrangebyscore", "zrange", "zadd", "zremrangebyrank", "pexpireat", "zinterstore", // acquire
+	"zrem", "zscore", "publish", // release, extend, take-backs
+	"subscribe", "unsubscribe", "ping", // waiting (ping: the subscription's health check)
+	"zrangebyscore", "zcount", // Held
+}

@@ -1,0 +1,366 @@
+package inflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
+	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/keys"
+	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/txn"
+)
+
+// remote keeps leases in Redis. For prefix P, resource r and client c (R
+// and C their base64url encodings), limit L and a lease's random token T
+// of weight n:
+//
+//	P:{R}:if:r:L      the resource's leases: one member C.T.n.i per unit i of weight,
+//	                  scored by the lease's deadline (Redis ms)
+//	P:{R}:if:c:L:C    the same, for client c's limit
+//	P:{R}:if:q        the waiters' tickets, scored by arrival
+//	P:{R}:if:qd       the same tickets, scored by the deadline of their waiter's last sign of life
+//	P:{R}:if:wake     the channel on which a waiter is told that its turn came
+//
+// The hash tag {R} puts every key of a call in one cluster slot.
+type remote struct {
+	cfg      config
+	node     func(ctx context.Context, key string) (*redis.Client, error)
+	clocks   clock.Set
+	breakers outage.Breakers
+	wakes    *wakes
+}
+
+func newRemote(rdb redis.UniversalClient, cfg config) (*remote, error) {
+	var node func(context.Context, string) (*redis.Client, error)
+	switch c := rdb.(type) {
+	case *redis.Client:
+		if c != nil {
+			node = func(context.Context, string) (*redis.Client, error) { return c, nil }
+		}
+	case *redis.ClusterClient:
+		if c != nil {
+			node = c.MasterForKey
+		}
+	case *redis.Ring:
+		if c != nil {
+			node = func(_ context.Context, key string) (*redis.Client, error) { return c.GetShardClientForKey(key) }
+		}
+	}
+	if node == nil {
+		return nil, ErrUnsupportedClient
+	}
+	return &remote{cfg: cfg, node: node, wakes: newWakes(rdb)}, nil
+}
+
+// pending scores a newcomer's members above any deadline, so that they
+// rank last and the cap removes only them.
+const pending = 1 << 52
+
+// keyLife is how long a set or queue outlives the latest deadline in it.
+const keyLife = time.Second
+
+// A ticket is a waiter's place in line.
+type ticket struct {
+	id      string
+	arrival int64     // Redis ms of its first attempt
+	until   time.Time // the waiter's deadline (zero if none): its ticket lives no longer
+}
+
+// life is when tk stops counting unless its waiter looks again, for an
+// attempt stamped at: ticketTTL later, or at its waiter's deadline, so
+// that a waiter that gives up holds up no one even before it leaves.
+func (tk *ticket) life(at int64) int64 {
+	d := ticketTTL
+	if !tk.until.IsZero() {
+		d = min(d, max(time.Until(tk.until), time.Millisecond))
+	}
+	return at + d.Milliseconds()
+}
+
+// Ticket timing: a waiter signs of life at least every ticketRefresh; a
+// ticket whose waiter has not for ticketTTL (a crashed process) is dropped
+// by the next call that looks, so a dead waiter holds up the line for at
+// most ticketTTL.
+const (
+	ticketTTL     = 2 * time.Second
+	ticketRefresh = ticketTTL / 4
+)
+
+// space is the keys of one resource.
+type space struct{ base string }
+
+func (r *remote) spaceOf(resource string) space {
+	return space{base: keys.Of(r.cfg.prefix, resource).Slot() + "if:"}
+}
+
+func (s space) queue() string     { return s.base + "q" }
+func (s space) queueLife() string { return s.base + "qd" }
+func (s space) channel() string   { return s.base + "wake" }
+
+// zset is one limit's sorted set.
+type zset struct {
+	key   string
+	limit int
+}
+
+// sets returns the sets of the limits that apply to client at s.
+func (r *remote) sets(s space, client string) []zset {
+	var out []zset
+	if r.cfg.resourceLimit > 0 {
+		out = append(out, zset{key: s.base + "r:" + strconv.Itoa(r.cfg.resourceLimit), limit: r.cfg.resourceLimit})
+	}
+	if r.cfg.clientLimit > 0 {
+		out = append(out, zset{key: s.base + "c:" + strconv.Itoa(r.cfg.clientLimit) + ":" + keys.Encode(client), limit: r.cfg.clientLimit})
+	}
+	return out
+}
+
+// members are le's members, one per unit of weight.
+func members(le *Lease) []any {
+	out := make([]any, le.n)
+	head := keys.Encode(le.client) + "." + le.token + "." + strconv.Itoa(le.n) + "."
+	for i := range out {
+		out[i] = head + strconv.Itoa(i)
+	}
+	return out
+}
+
+// site is where a resource's keys live, and the clock of that server.
+type site struct {
+	space
+	node  *redis.Client
+	clock *clock.Clock
+	br    *outage.Breaker
+}
+
+// siteOf finds resource's server, and refuses at once while its breaker
+// is open.
+func (r *remote) siteOf(ctx context.Context, resource string) (site, error) {
+	s := r.spaceOf(resource)
+	node, err := r.node(ctx, s.base)
+	if err != nil {
+		return site{}, classify(err)
+	}
+	br := r.breakers.Of(node)
+	if err := br.Admit(); err != nil {
+		return site{}, err
+	}
+	return site{space: s, node: node, clock: r.clocks.Of(node.Options().Addr), br: br}, nil
+}
+
+// settle is what a call that ended with err returns, and feeds the
+// breaker: an unreachable server opens it, a call that ran out of time
+// (its context ended, or a dial or read reached the context's deadline
+// first) makes its probe look.
+func (st site) settle(ctx context.Context, err error) error {
+	deadline, ok := ctx.Deadline()
+	switch {
+	case err == nil, outage.Refused(err):
+		return err
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return st.br.Late(err)
+	case ctx.Err() != nil || (ok && !time.Now().Before(deadline)):
+		return st.br.Late(fmt.Errorf("%w: %w", context.DeadlineExceeded, classify(err)))
+	case outage.Gone(err):
+		err = classify(err)
+		st.br.Open(err)
+		return err
+	}
+	return classify(err)
+}
+
+func classify(err error) error {
+	switch {
+	case err == nil, errors.Is(err, ErrUnavailable):
+		return err
+	case outage.Unreachable(err):
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case strings.HasPrefix(err.Error(), "inflight: "):
+		return err
+	}
+	return fmt.Errorf("inflight: %w", err)
+}
+
+// run sends t on st's node, and returns by ctx's end whatever Redis does:
+// a transaction still under way then goes on in the background, and
+// lost, if not nil, is called with it once it ends without a reply.
+func (st site) run(ctx context.Context, t *txn.Txn, lost func()) (txn.Outcome, error) {
+	type result struct {
+		out txn.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := t.Exec(context.WithoutCancel(ctx), st.node)
+		if out == txn.Unknown && lost != nil {
+			go lost()
+		}
+		done <- result{out, err}
+	}()
+	select {
+	case res := <-done:
+		return res.out, res.err
+	case <-ctx.Done():
+		// The transaction may still run; its own goroutine calls lost if
+		// its reply is lost, and a reply that comes is judged as ran:
+		// lost must also undo one that ran after its caller gave up.
+		go func() {
+			if res := <-done; res.out == txn.Ran && lost != nil {
+				lost()
+			}
+		}()
+		return txn.Unknown, ctx.Err()
+	}
+}
+
+// stamp returns the server's time, never later than it (ms).
+func (st site) stamp(ctx context.Context) (int64, error) {
+	return st.clock.Estimate(ctx, st.node)
+}
+
+// sample feeds the clock the TIME reply of a transaction sent at sent.
+func (st site) sample(v any, sent time.Time) (int64, bool) {
+	t, ok := txn.ReplyTime(v)
+	if ok {
+		st.clock.Sample(t, sent)
+	}
+	return t.UnixMilli(), ok
+}
+
+// replyScore reads a ZSCORE reply: false if there is none.
+func replyScore(v any) (float64, bool) {
+	switch f := v.(type) {
+	case float64:
+		return f, true
+	case string:
+		x, err := strconv.ParseFloat(f, 64)
+		return x, err == nil
+	case int64:
+		return float64(f), true
+	}
+	return 0, false
+}
+
+// replyFirst reads the first member of a ZRANGE reply ("" if none).
+func replyFirst(v any) string {
+	items, _ := v.([]any)
+	if len(items) == 0 {
+		return ""
+	}
+	if pair, ok := items[0].([]any); ok && len(pair) > 0 { // RESP3 WITHSCORES
+		return txn.ReplyString(pair[0])
+	}
+	return txn.ReplyString(items[0])
+}
+
+// pruneTickets queues the commands that drop the tickets of waiters not
+// seen alive since at, and (re)register tk's if not nil, alive until
+// life; it returns the index of the reply naming the first two tickets in
+// line.
+func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
+	t.Add("zremrangebyscore", s.queueLife(), "-inf", "("+strconv.FormatInt(at, 10))
+	if tk != nil {
+		t.Add("zadd", s.queueLife(), life, tk.id)
+	}
+	t.Add("zinterstore", s.queue(), 2, s.queue(), s.queueLife(), "weights", 1, 0)
+	if tk != nil {
+		t.Add("zadd", s.queue(), "nx", tk.arrival, tk.id)
+		for _, k := range []string{s.queue(), s.queueLife()} {
+			for _, c := range txn.ExtendTo(k, life+keyLife.Milliseconds()) {
+				t.Add(c...)
+			}
+		}
+	}
+	return t.Add("zrange", s.queue(), 0, 1)
+}
+
+// takeBack removes le's members from every set, and tells the first
+// waiter (unless it is tk, the caller's), if tell, that room may have
+// come: in a transaction of its own,
+// detached from any caller, tried again until it runs or retryFor passes
+// (the members expire at their deadline anyway).
+func (r *remote) takeBack(le *Lease, tk *ticket, tell bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), retryFor)
+	defer cancel()
+	backoff.New(txn.ResolveFirstBackoff, txn.ResolveMaxBackoff).Retry(ctx, func() bool {
+		return r.takeBackOnce(ctx, le, tk, tell)
+	})
+}
+
+// takeBackOnce makes one attempt of takeBack, and reports whether it ran.
+func (r *remote) takeBackOnce(ctx context.Context, le *Lease, tk *ticket, tell bool) bool {
+	st, err := r.siteOf(ctx, le.resource)
+	if err != nil {
+		return false
+	}
+	head, err := r.undo(ctx, st, undo{lease: le})
+	if err != nil {
+		return false
+	}
+	if tell && head != "" && (tk == nil || head != tk.id) { // no need to wake oneself
+		_ = st.node.Publish(ctx, st.channel(), head).Err()
+	}
+	return true
+}
+
+// takeBackNow takes le back before its caller (tk's waiter, if not nil)
+// is answered, as others may be refused while it is counted: once, within
+// a second, and else in the background.
+func (r *remote) takeBackNow(ctx context.Context, le *Lease, tk *ticket) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if r.takeBackOnce(ctx, le, tk, true) {
+		return
+	}
+	go r.takeBack(le, tk, true)
+}
+
+// retryFor bounds how long a take-back is tried in the background.
+const retryFor = 10 * time.Second
+
+// undo is what a transaction of undo takes back: a lease's members, a
+// ticket out of line (and the waiter then told, tell, if not "").
+type undo struct {
+	lease *Lease
+	drop  *ticket
+	tell  string
+}
+
+// undo runs u, and returns the first ticket in line.
+func (r *remote) undo(ctx context.Context, st site, u undo) (string, error) {
+	at, err := st.stamp(ctx)
+	if err != nil {
+		return "", err
+	}
+	t := txn.New(zeroSpace, false)
+	if u.lease != nil {
+		ms := members(u.lease)
+		for _, z := range r.sets(st.space, u.lease.client) {
+			t.Add(append([]any{"zrem", z.key}, ms...)...)
+		}
+	}
+	if u.drop != nil {
+		t.Add("zrem", st.queue(), u.drop.id)
+		t.Add("zrem", st.queueLife(), u.drop.id)
+	}
+	if u.tell != "" {
+		t.Add("publish", st.channel(), u.tell)
+	}
+	head := pruneTickets(t, st.space, at, nil, 0)
+	out, err := t.Exec(ctx, st.node)
+	if out != txn.Ran {
+		return "", err // ZREM and ZADD are idempotent: simply try again
+	}
+	return replyFirst(t.Replies[head]), nil
+}
+
+var zeroSpace keys.Space
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
