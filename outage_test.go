@@ -6,19 +6,20 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/stall"
 )
 
 // The cost of an outage to the callers of one process, measured as a user
 // meets it: a client of go-redis's default options (5 dial attempts 100 ms
 // apart, 3 command retries), Redis killed, calls with 500 ms deadlines.
 const (
-	outageClients  = 10  // called in turn, each on a line (and a lock) of its own
-	outageCalls    = 20  // per client
+	outageClients  = 10 // called in turn, each on a line (and a lock) of its own
+	outageCalls    = 20 // per client
 	outageDeadline = 500 * time.Millisecond
 	outageP99      = 20 * time.Millisecond
 	outageRecovery = time.Second
@@ -93,7 +94,7 @@ type outageCall struct {
 // outageRun makes the outage's calls, each client's in turn, beside a
 // stall meter.
 func outageRun(allow func(context.Context, int) (Result, error)) []outageCall {
-	meter := startStallMeter()
+	meter := stall.Start()
 	type span struct{ start, end time.Time }
 	var calls []outageCall
 	var spans []span
@@ -108,63 +109,11 @@ func outageRun(allow func(context.Context, int) (Result, error)) []outageCall {
 			spans = append(spans, span{start, end})
 		}
 	}
-	meter.close()
+	meter.Close()
 	for i, s := range spans {
-		calls[i].stalled = meter.during(s.start, s.end)
+		calls[i].stalled = meter.During(s.start, s.end)
 	}
 	return calls
-}
-
-// stallMeter measures how late the scheduler wakes a goroutine that sleeps
-// 1 ms at a time: time in which nothing of this process could run, which
-// no library can help.
-type stallMeter struct {
-	mu    sync.Mutex
-	wakes []stall
-	stop  chan struct{}
-	done  sync.WaitGroup
-}
-
-// stall is one sleep: from when it was due to end to when it did.
-type stall struct{ due, woke time.Time }
-
-func startStallMeter() *stallMeter {
-	m := &stallMeter{stop: make(chan struct{})}
-	m.done.Add(1)
-	go func() {
-		defer m.done.Done()
-		for {
-			select {
-			case <-m.stop:
-				return
-			default:
-			}
-			due := time.Now().Add(time.Millisecond)
-			time.Sleep(time.Millisecond)
-			m.mu.Lock()
-			m.wakes = append(m.wakes, stall{due: due, woke: time.Now()})
-			m.mu.Unlock()
-		}
-	}()
-	return m
-}
-
-func (m *stallMeter) close() {
-	close(m.stop)
-	m.done.Wait()
-}
-
-// during is the longest stall that overlapped [start, end].
-func (m *stallMeter) during(start, end time.Time) time.Duration {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var worst time.Duration
-	for _, s := range m.wakes {
-		if s.woke.After(start) && s.due.Before(end) {
-			worst = max(worst, s.woke.Sub(s.due))
-		}
-	}
-	return worst
 }
 
 // checkOutage checks the calls of an outage: every error ErrUnavailable
