@@ -77,28 +77,35 @@ func (r *remote) allow(ctx context.Context, resource, client string, n int, res 
 		}
 	}
 	start := time.Now()
-	br, err := r.breakerOf(ctx, resource)
-	if err != nil {
-		return err
-	}
-	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}}
-	if br != nil {
-		call.Cut = br.Watch() // before Admit: an opening in between cuts the call
-		if err := br.Admit(); err != nil {
-			return err // the breaker is open: see breaker.go
-		}
-	}
-	*res, err = r.batches.Do(r.batchKey(resource, client), call)
-	if errors.Is(err, batch.ErrCut) {
-		return br.Refusal()
-	}
-	if err != nil {
+	if *res, err = r.decide(ctx, resource, client, n); err != nil {
 		return err
 	}
 	if valid, ok := cacheable(*res, n, r.cfg.recordDenied); ok {
 		r.denials.Keep(resource, client, *res, valid, start)
 	}
 	return nil
+}
+
+// decide queues a call in its line, unless the breaker of its server is
+// open, and cuts it short should the breaker open while it waits (see
+// breaker.go).
+func (r *remote) decide(ctx context.Context, resource, client string, n int) (Result, error) {
+	br, err := r.breakerOf(ctx, resource)
+	if err != nil {
+		return Result{}, err
+	}
+	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}}
+	if br != nil {
+		call.Cut = br.Watch() // before Admit: an opening in between cuts the call
+		if err := br.Admit(); err != nil {
+			return Result{}, err
+		}
+	}
+	res, err := r.batches.Do(r.batchKey(resource, client), call)
+	if errors.Is(err, batch.ErrCut) {
+		return Result{}, br.Refusal()
+	}
+	return res, err
 }
 
 // clockRuns reports whether the clock of the server that holds resource

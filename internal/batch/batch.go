@@ -13,7 +13,9 @@
 // it is cancelled as soon as every one of its calls has given up. Each
 // caller waits on its own context only, so it returns by its own deadline,
 // with its own context's error, whatever the batch is doing; no caller ever
-// fails because another one's context ended. A call that gives up before
+// fails because another one's context ended. A call may also be cut (its
+// Cut closes: the breaker found the server gone), which ends its wait as
+// its context's end would. A call that gives up before
 // its batch decided it is recorded nowhere (a store that wrote it takes it
 // back as it does a denied call); one that gives up while its batch writes
 // may or may not have been counted (it can only have been counted, never
