@@ -35,6 +35,7 @@ type remote struct {
 	denials   denials.Cache[Result]
 	foresight *foresight.Foresight
 	breakers  *outage.Breakers // shared by the Buckets of a Tiers
+	holders   lock.Holders
 }
 
 func newRemote(cfg config, p plan, st store.Store, node func(context.Context, string) (*redis.Client, error), route *store.ClusterRoute) *remote {
@@ -269,7 +270,7 @@ func (r *remote) siteOf(ctx context.Context, resource string, view *lock.View) (
 		return store.Site{}, err // the breaker is open: see breaker.go
 	}
 	refind := func(ctx context.Context) (*redis.Client, error) { return r.node(ctx, ks.Slot()) }
-	return store.Site{Node: node, Keys: ks, Clock: r.clocks.Of(node.Options().Addr), Route: r.route, Lock: view, Refind: refind}, nil
+	return store.Site{Node: node, Keys: ks, Clock: r.clocks.Of(node.Options().Addr), Route: r.route, Lock: view, Holders: &r.holders, Refind: refind}, nil
 }
 
 // keysOf names the keys of resource.
