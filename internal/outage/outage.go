@@ -225,7 +225,11 @@ func (br *Breaker) probe() {
 	waits := backoff.New(probeFirstWait, probeMaxWait)
 	for {
 		err := br.ping()
-		if !Gone(err) {
+		if !Gone(err) || (br.down.Load() == nil && timedOut(err)) {
+			// A suspicion opens the breaker only on a definite answer
+			// that nothing listens (refused, reset): a dial that timed
+			// out says the machine is loaded as well as it says the
+			// server is gone, and the calls wait as for a slow server.
 			br.setDown(nil)
 			br.stopProbing()
 			return
@@ -288,6 +292,13 @@ func Gone(err error) bool {
 		return false
 	}
 	return errors.Is(err, ErrUnavailable) || Unreachable(err)
+}
+
+// timedOut reports whether err is a timeout: of a dial, a read or a
+// write.
+func timedOut(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout())
 }
 
 // openError is the error of a call refused by an open breaker: it matches
