@@ -22,6 +22,19 @@ func (r *remote) admit(node *redis.Client) error {
 	return r.breakers.Of(node).Admit()
 }
 
+// breakerOf returns the breaker of the server that holds resource, or nil
+// WithoutBreaker.
+func (r *remote) breakerOf(ctx context.Context, resource string) (*outage.Breaker, error) {
+	if r.cfg.noBreaker {
+		return nil, nil
+	}
+	node, err := r.node(ctx, r.keysOf(resource).Slot())
+	if err != nil {
+		return nil, classify(err)
+	}
+	return r.breakers.Of(node), nil
+}
+
 // settle is what a call of the Bucket returns instead of err, the error
 // it ended with (called by observe, whatever the observer): err as it is,
 // except that a context's error becomes ErrUnavailable too, with the

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
 // Defaults of the options below.
@@ -37,6 +39,7 @@ type config struct {
 	scanCount    int
 	observer     func(context.Context, Decision)
 	noBreaker    bool
+	breakers     *outage.Breakers // nil: the Bucket's own (a Tiers shares one)
 }
 
 func defaultConfig() config {

@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"time"
 
@@ -33,12 +34,16 @@ type remote struct {
 	batches   batch.Group[ask, Result, store.Carried]
 	denials   denials.Cache[Result]
 	foresight *foresight.Foresight
-	breakers  outage.Breakers
+	breakers  *outage.Breakers // shared by the Buckets of a Tiers
+	holders   lock.Holders
 }
 
 func newRemote(cfg config, p plan, st store.Store, node func(context.Context, string) (*redis.Client, error), route *store.ClusterRoute) *remote {
 	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.Tag(),
-		foresight: foresight.New(p.Rules, p.Longest)}
+		foresight: foresight.New(p.Rules, p.Longest), breakers: cfg.breakers}
+	if r.breakers == nil {
+		r.breakers = &outage.Breakers{}
+	}
 	r.batches.Run, r.batches.Workers = r.decideBatch, lockFreeWorkers
 	if st.Locked() {
 		r.batches.Workers = 1
@@ -73,14 +78,35 @@ func (r *remote) allow(ctx context.Context, resource, client string, n int, res 
 		}
 	}
 	start := time.Now()
-	*res, err = r.batches.Do(r.batchKey(resource, client), &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}})
-	if err != nil {
+	if *res, err = r.decide(ctx, resource, client, n); err != nil {
 		return err
 	}
 	if valid, ok := cacheable(*res, n, r.cfg.recordDenied); ok {
 		r.denials.Keep(resource, client, *res, valid, start)
 	}
 	return nil
+}
+
+// decide queues a call in its line, unless the breaker of its server is
+// open, and cuts it short should the breaker open while it waits (see
+// breaker.go).
+func (r *remote) decide(ctx context.Context, resource, client string, n int) (Result, error) {
+	br, err := r.breakerOf(ctx, resource)
+	if err != nil {
+		return Result{}, err
+	}
+	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}}
+	if br != nil {
+		call.Cut = br.Watch() // before Admit: an opening in between cuts the call
+		if err := br.Admit(); err != nil {
+			return Result{}, err
+		}
+	}
+	res, err := r.batches.Do(r.batchKey(resource, client), call)
+	if errors.Is(err, batch.ErrCut) {
+		return Result{}, br.Refusal()
+	}
+	return res, err
 }
 
 // clockRuns reports whether the clock of the server that holds resource
@@ -111,6 +137,12 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	where.Carry, where.Busy = &l.State, l.Busy
 	if err != nil {
 		return err
+	}
+	if !r.cfg.noBreaker {
+		// A batch that waits this long for Redis makes the breaker look
+		// whether the server is gone: see breaker.go.
+		suspect := time.AfterFunc(outage.SuspectAfter, r.breakers.Of(where.Node).Suspect)
+		defer suspect.Stop()
 	}
 	requests := make([]limits.Call, len(calls))
 	for i, c := range calls {
@@ -246,7 +278,7 @@ func (r *remote) siteOf(ctx context.Context, resource string, view *lock.View) (
 		return store.Site{}, err // the breaker is open: see breaker.go
 	}
 	refind := func(ctx context.Context) (*redis.Client, error) { return r.node(ctx, ks.Slot()) }
-	return store.Site{Node: node, Keys: ks, Clock: r.clocks.Of(node.Options().Addr), Route: r.route, Lock: view, Refind: refind}, nil
+	return store.Site{Node: node, Keys: ks, Clock: r.clocks.Of(node.Options().Addr), Route: r.route, Lock: view, Holders: &r.holders, Refind: refind}, nil
 }
 
 // keysOf names the keys of resource.

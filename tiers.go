@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
 // ErrUnknownTier: a Tiers was asked to decide for a tier it has no rules
@@ -60,7 +62,11 @@ func NewTiers(rdb redis.UniversalClient, shared ...Option) (*Tiers, error) {
 	if _, err := nodeOf(rdb); err != nil {
 		return nil, err
 	}
-	t := &Tiers{rdb: rdb, shared: slices.Clone(shared)}
+	// The tiers' Buckets share what they learn of a server's outage: it
+	// costs the process one call, not one per tier.
+	breakers := &outage.Breakers{}
+	shared = append(slices.Clone(shared), func(c *config) { c.breakers = breakers })
+	t := &Tiers{rdb: rdb, shared: shared}
 	t.buckets.Store(&map[string]*Bucket{})
 	return t, nil
 }

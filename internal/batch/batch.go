@@ -13,7 +13,9 @@
 // it is cancelled as soon as every one of its calls has given up. Each
 // caller waits on its own context only, so it returns by its own deadline,
 // with its own context's error, whatever the batch is doing; no caller ever
-// fails because another one's context ended. A call that gives up before
+// fails because another one's context ended. A call may also be cut (its
+// Cut closes: the breaker found the server gone), which ends its wait as
+// its context's end would. A call that gives up before
 // its batch decided it is recorded nowhere (a store that wrote it takes it
 // back as it does a denied call); one that gives up while its batch writes
 // may or may not have been counted (it can only have been counted, never
@@ -34,6 +36,9 @@ import (
 	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
+// ErrCut is what Do returns for a call given up because its Cut closed.
+var ErrCut = errors.New("leakybucket: call cut")
+
 // maxBatch bounds the calls of one batch, and so the size of its
 // MULTI/EXEC.
 const maxBatch = 1024
@@ -49,8 +54,11 @@ const (
 
 // A Call is one caller's request Req, waiting for a batch to decide it.
 type Call[Q, R any] struct {
-	Ctx  context.Context
-	Req  Q
+	Ctx context.Context
+	Req Q
+	// Cut, if not nil, is closed when the call must give up at once, as
+	// if its context had ended: Do then returns ErrCut.
+	Cut  <-chan struct{}
 	done chan struct{} // closed once finished
 
 	// Guarded by the Group's mu.
@@ -176,15 +184,18 @@ func (q *Group[Q, R, S]) Do(key string, c *Call[Q, R]) (R, error) {
 	case <-c.done:
 		return c.res, c.err
 	case <-c.Ctx.Done():
-		return q.abandon(l, c)
+		return q.abandon(l, c, false)
+	case <-c.Cut:
+		return q.abandon(l, c, true)
 	}
 }
 
 func (q *Group[Q, R, S]) newLine() *Line[Q, R, S] { return &Line[Q, R, S]{group: q} }
 
-// abandon gives c up after its context ended, and cancels the batch under
-// way if no call of it is left waiting for it.
-func (q *Group[Q, R, S]) abandon(l *Line[Q, R, S], c *Call[Q, R]) (R, error) {
+// abandon gives c up after its context ended, or its Cut closed (cut),
+// and cancels the batch under way if no call of it is left waiting for
+// it.
+func (q *Group[Q, R, S]) abandon(l *Line[Q, R, S], c *Call[Q, R], cut bool) (R, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if c.state == finished {
@@ -195,6 +206,9 @@ func (q *Group[Q, R, S]) abandon(l *Line[Q, R, S], c *Call[Q, R]) (R, error) {
 		c.batch.cancel()
 	}
 	var zero R
+	if cut {
+		return zero, ErrCut
+	}
 	return zero, GivenUp(c.Ctx, l.Lock.Contended(), l.lastErr)
 }
 

@@ -22,10 +22,13 @@ import (
 // maxEntries bounds the entries kept; past it, denials are not cached.
 const maxEntries = 100_000
 
-// MaxLife bounds how long an entry answers: how late a flush made by
-// another process (an operator's, through the ops command) is seen. Under
-// a second, so that one is seen within a second of the flush even by a
-// caller that polls.
+// MaxLife bounds how long an entry answers once its answer arrived: how
+// late a flush made by another process (an operator's, through the ops
+// command) is seen. Under a second, so that one is seen within a second
+// of the flush even by a caller that polls (plus however long the answer
+// took to arrive: counted from the call's start, a crowd whose decisions
+// queue for most of a second would cache answers that expire at once,
+// and ask Redis again, and queue longer).
 const MaxLife = 900 * time.Millisecond
 
 // A Cache holds answers R by resource and client. Its zero value is
@@ -48,9 +51,9 @@ type entry[R any] struct {
 func (c *Cache[R]) Empty() bool { return c.size.Load() == 0 }
 
 // Keep caches res, the answer to a call by client at resource made at
-// start, for valid (at most MaxLife). Redis decided the call after start:
-// counting from start, the entry expires, and the elapsed time Answer
-// reports is, a little long, never short.
+// start, for valid, and at most MaxLife from now. Redis decided the call
+// after start: counting from start, the entry expires, and the elapsed
+// time Answer reports is, a little long, never short.
 func (c *Cache[R]) Keep(resource, client string, res R, valid time.Duration, start time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -63,7 +66,11 @@ func (c *Cache[R]) Keep(resource, client string, res R, valid time.Duration, sta
 			return
 		}
 	}
-	c.entries[key{resource, client}] = entry[R]{res: res, at: start, until: start.Add(min(valid, MaxLife))}
+	until := start.Add(valid)
+	if latest := time.Now().Add(MaxLife); latest.Before(until) {
+		until = latest
+	}
+	c.entries[key{resource, client}] = entry[R]{res: res, at: start, until: until}
 	c.size.Store(int64(len(c.entries)))
 }
 

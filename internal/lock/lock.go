@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"time"
 
@@ -343,6 +344,9 @@ type Options struct {
 	TTL   time.Duration // the longest a holder keeps it
 	Retry Retry         // waits while it is held by another; nil: no retry
 	Clock *clock.Clock  // node's, for absolute deadlines (SET ... PXAT)
+	// Holders, if not nil, give the turns to take locks on node's server
+	// (see Holders).
+	Holders *Holders
 }
 
 // Run runs s under the lock key of node, on one connection: take the lock
@@ -351,20 +355,42 @@ type Options struct {
 // keeps what this process learned of the lock. ctx bounds the wait for the
 // lock; once a SET is sent, the round trips are bounded by the lock's
 // deadline instead, so a caller that gives up never cuts a holder in the
-// middle. A busy lock makes it return ErrNotObtained (joined with ctx's
-// error if ctx ended); a lock lost before the release, ErrExpired.
+// middle. It first waits for a turn of o.Holders, as long as ctx lets it.
+// A busy lock makes it return ErrNotObtained (joined with ctx's error if
+// ctx ended); a lock lost before the release, ErrExpired.
 func Run(ctx context.Context, node *redis.Client, key string, o Options, view *View, s Section) error {
+	give, err := o.Holders.take(ctx, node)
+	if err != nil {
+		return err
+	}
+	defer give()
 	return node.Watch(ctx, func(tx *redis.Tx) error {
 		l := newLock(key, o.TTL, o.Retry, node, o.Clock, view)
 		defer l.cleanup(ctx, tx)
 		if err := l.obtain(ctx, tx, func(pipe redis.Pipeliner) { s.Read(ctx, pipe) }); err != nil {
-			return err
+			return l.outlived(err)
 		}
 		hold, cancel := l.holding(ctx)
 		defer cancel()
 		if err := s.Finish(hold, tx); err != nil {
-			return err
+			return l.outlived(err)
 		}
-		return l.release(hold, tx, s.Write)
+		return l.outlived(l.release(hold, tx, s.Write))
 	})
+}
+
+// outlived returns err, or ErrExpired with err as its cause if err is the
+// end of the lock's own holding context (see holding): the decision took
+// longer than its lock, whose expiry fences out its writes. Redis was
+// there, and no caller's deadline ended it: that is neither an outage nor
+// a caller's timeout.
+func (l *lock) outlived(err error) error {
+	switch {
+	case err == nil, errors.Is(err, ErrExpired), errors.Is(err, ErrNotObtained),
+		l.sent.IsZero(), time.Since(l.sent) < l.lifetime+holdGrace:
+		return err
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, os.ErrDeadlineExceeded):
+		return fmt.Errorf("%w: %w", ErrExpired, err)
+	}
+	return err
 }

@@ -91,3 +91,27 @@ func TestRunLostLock(t *testing.T) {
 		t.Errorf("the new holder's lock is now %q", got)
 	}
 }
+
+// slowSection outlives its lock: Finish waits for Redis (as for one of
+// the client's pooled connections) until the lock's holding context ends.
+type slowSection struct{ section }
+
+func (s *slowSection) Finish(ctx context.Context, _ *redis.Tx) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A decision that outlives its lock, with Redis up and no deadline of the
+// caller's, fails with ErrExpired (keeping the cause) and writes nothing:
+// it is not an outage, nor a caller's timeout.
+func TestRunOutlivesLock(t *testing.T) {
+	mr, rdb, o := setup(t)
+	o.TTL = 10 * time.Millisecond
+	err := Run(context.Background(), rdb, "l", o, &View{}, &slowSection{section{key: "n"}})
+	if !errors.Is(err, ErrExpired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error %v, want ErrExpired with the lock's deadline as its cause", err)
+	}
+	if mr.Exists("n") {
+		t.Error("wrote after the lock expired")
+	}
+}

@@ -9,12 +9,17 @@
 // once with ErrUnavailable, the last cause in its chain, while a single
 // background probe per server dials it and sends PING, waiting a little
 // longer after each failure, until it answers. Then calls go to Redis
-// again. A call that ran out of time while Redis was silent (go-redis's
-// dial retries can take a whole deadline and return the bare context
-// error) makes the probe look too, at most once per suspectEvery: if the
-// server is gone, the breaker opens, and from then on a call whose context
-// ends while it waits for Redis gets ErrUnavailable and the cause as well
-// as the context's error, so that one fault has one class.
+// again. A call that has waited for Redis longer than SuspectAfter, or ran
+// out of time while Redis was silent, makes the probe look too, at most
+// once per suspectEvery: go-redis retries a refused dial for half a second
+// before it says so, and returns the bare context error to a caller whose
+// deadline comes first, while the probe's own dial is refused at once. If
+// the server is gone, the breaker opens: the calls still waiting for it
+// are cut (see Watch) and fail at once with ErrUnavailable and the cause,
+// and a call whose context ends while it waits for Redis gets
+// ErrUnavailable and the cause as well as the context's error, so that one
+// fault has one class. So an outage costs a process's callers about
+// SuspectAfter, once, rather than a deadline each.
 //
 // The probe dials with the client's own Dialer (TLS included) outside
 // go-redis's pool, so that its failures never fill the pool's count of
@@ -60,9 +65,16 @@ const (
 	// server; the next call starts another.
 	probeIdle = 10 * time.Second
 	// suspectEvery: at most one probe per this long is started by calls
-	// that ran out of time while the breaker was closed.
+	// that ran out of time, or waited past SuspectAfter, while the breaker
+	// was closed.
 	suspectEvery = 100 * time.Millisecond
 )
+
+// SuspectAfter is how long a decision waits for Redis before it makes the
+// probe look: far longer than a healthy round trip, far shorter than any
+// deadline worth setting. On a healthy but slow server the probe costs a
+// connection and a PING, at most once per suspectEvery.
+const SuspectAfter = 10 * time.Millisecond
 
 // Breakers are a Bucket's Breakers, one per server address.
 type Breakers struct {
@@ -75,8 +87,34 @@ func (bs *Breakers) Of(node *redis.Client) *Breaker {
 	if br, ok := bs.m.Load(opt.Addr); ok {
 		return br.(*Breaker)
 	}
-	br, _ := bs.m.LoadOrStore(opt.Addr, &Breaker{network: opt.Network, addr: opt.Addr, dial: opt.Dialer})
+	fresh := &Breaker{network: opt.Network, addr: opt.Addr, dial: opt.Dialer}
+	cut := make(chan struct{})
+	fresh.cut.Store(&cut)
+	br, _ := bs.m.LoadOrStore(opt.Addr, fresh)
 	return br.(*Breaker)
+}
+
+// Watch returns a channel that is closed when the breaker opens: a call
+// waiting for the server gives up then, as the server is gone. Take it
+// before Admit, so that an opening in between is not missed.
+func (br *Breaker) Watch() <-chan struct{} { return *br.cut.Load() }
+
+// Refusal is the error of a call cut by the breaker's opening: the
+// breaker's, or, should a probe have found the server back meanwhile,
+// ErrUnavailable with the cause that opened it.
+func (br *Breaker) Refusal() error {
+	if err := br.Admit(); err != nil {
+		return err
+	}
+	return &openError{last: *br.last.Load()}
+}
+
+// Suspect makes the probe look, unless a late or slow call made it look
+// within suspectEvery: a call has waited for the server for SuspectAfter.
+func (br *Breaker) Suspect() {
+	if br.down.Load() == nil {
+		br.startProbe(true)
+	}
 }
 
 // A Breaker is the state of one server.
@@ -84,10 +122,12 @@ type Breaker struct {
 	network, addr string
 	dial          func(ctx context.Context, network, addr string) (net.Conn, error)
 
-	down     atomic.Pointer[error] // while open: ErrUnavailable and the last cause
-	lastCall atomic.Int64          // unix ns of the latest call refused, while open
+	down     atomic.Pointer[error]         // while open: ErrUnavailable and the last cause
+	last     atomic.Pointer[error]         // the latest cause, kept once closed again
+	cut      atomic.Pointer[chan struct{}] // closed when the breaker opens (see Watch)
+	lastCall atomic.Int64                  // unix ns of the latest call refused, while open
 
-	mu        sync.Mutex // guards the fields below
+	mu        sync.Mutex // guards the fields below, and the changes of down and cut
 	probing   bool       // a probe goroutine runs
 	suspected time.Time  // when a late call last started a probe
 }
@@ -135,9 +175,30 @@ func (bs *Breakers) AnyOpen() bool {
 // Open records err, which matches ErrUnavailable, as the reason calls
 // fail, and starts the probe.
 func (br *Breaker) Open(err error) {
-	br.down.Store(&err)
+	br.setDown(err)
 	br.lastCall.Store(time.Now().UnixNano())
 	br.startProbe(false)
+}
+
+// setDown opens the breaker with err as the reason, or closes it if err is
+// nil; an opening cuts the calls that wait for the server (see Watch).
+func (br *Breaker) setDown(err error) {
+	br.mu.Lock()
+	defer br.mu.Unlock()
+	was := br.down.Load() != nil
+	if err == nil {
+		br.down.Store(nil)
+		if was {
+			cut := make(chan struct{})
+			br.cut.Store(&cut)
+		}
+		return
+	}
+	br.down.Store(&err)
+	br.last.Store(&err)
+	if !was {
+		close(*br.cut.Load())
+	}
 }
 
 // startProbe starts the probe unless one runs; if suspect (a late call
@@ -164,13 +225,16 @@ func (br *Breaker) probe() {
 	waits := backoff.New(probeFirstWait, probeMaxWait)
 	for {
 		err := br.ping()
-		if !Gone(err) {
-			br.down.Store(nil)
+		if !Gone(err) || (br.down.Load() == nil && timedOut(err)) {
+			// A suspicion opens the breaker only on a definite answer
+			// that nothing listens (refused, reset): a dial that timed
+			// out says the machine is loaded as well as it says the
+			// server is gone, and the calls wait as for a slow server.
+			br.setDown(nil)
 			br.stopProbing()
 			return
 		}
-		down := error(&probeError{err: err})
-		br.down.Store(&down)
+		br.setDown(&probeError{err: err})
 		if time.Since(time.Unix(0, br.lastCall.Load())) > probeIdle {
 			br.stopProbing()
 			return
@@ -228,6 +292,13 @@ func Gone(err error) bool {
 		return false
 	}
 	return errors.Is(err, ErrUnavailable) || Unreachable(err)
+}
+
+// timedOut reports whether err is a timeout: of a dial, a read or a
+// write.
+func timedOut(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &netErr) && netErr.Timeout())
 }
 
 // openError is the error of a call refused by an open breaker: it matches

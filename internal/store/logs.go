@@ -199,7 +199,7 @@ func (s logsStore) underLock(ctx context.Context, where Site, key string, r read
 	if view == nil {
 		view = &lock.View{}
 	}
-	o := lock.Options{TTL: s.LockTTL, Clock: where.Clock}
+	o := lock.Options{TTL: s.LockTTL, Clock: where.Clock, Holders: where.Holders}
 	if s.LockWait[0] > 0 {
 		o.Retry = backoff.Jittered(s.LockWait[0], s.LockWait[1])
 	}

@@ -94,6 +94,8 @@ type Site struct {
 	Clock *clock.Clock // the node's clock
 	Route *ClusterRoute
 	Lock  *lock.View // what this process knows of the resource's lock (Logs)
+	// Holders give the turns to take locks on the node (Logs).
+	Holders *lock.Holders
 	// Carry holds take-backs for the next transaction of the batch's
 	// line, while busy says calls wait in it; nil outside a batch.
 	Carry *Carried
