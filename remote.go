@@ -121,12 +121,13 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	if err != nil || len(again) == 0 {
 		return err
 	}
-	// Calls that only looked, and had room: decided again, writing. Only
-	// their callers get this round's error.
+	// Calls that only looked, and had room, and those a coarse read could
+	// not decide: decided again, writing, on an exact read. Only their
+	// callers get this round's error.
 	retry := make([]*queued, len(again))
 	for i, j := range again {
 		retry[i] = calls[j]
-		requests[i] = limits.Call{Client: calls[j].Req.client, N: calls[j].Req.n}
+		requests[i] = limits.Call{Client: calls[j].Req.client, N: calls[j].Req.n, Near: true}
 	}
 	if _, err := r.decideRequests(ctx, where, retry, requests[:len(again)]); err != nil {
 		r.batches.Fail(retry, classify(err))
@@ -142,11 +143,17 @@ func (r *remote) foresees() bool {
 }
 
 // decideRequests has the store decide calls (requests, by call), and
-// returns the calls that only looked and had room, to decide again.
+// returns the calls that only looked and had room, and those the store
+// could not decide on what it read (limits.View.Undecided), to decide
+// again.
 func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]int, error) {
 	var again []int
 	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
+		if v.Undecided {
+			again = append(again, i)
+			return false
+		}
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
 		if requests[i].Look && res.Allowed {
 			again = append(again, i)

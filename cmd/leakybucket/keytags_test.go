@@ -31,8 +31,8 @@ func TestWarnOtherKeys(t *testing.T) {
 			t.Errorf("%s: exit %d, stderr %q", tc.name, code, stderr)
 		case !tc.warn && stderr != "":
 			t.Errorf("%s: stderr %q, want nothing", tc.name, stderr)
-		case tc.warn && (!strings.Contains(stderr, "warning: no key under") || !strings.Contains(stderr, "w1800000p1000 (")):
-			t.Errorf("%s: stderr %q, want a warning naming the Bucket's tag w1800000p1000...", tc.name, stderr)
+		case tc.warn && (!strings.Contains(stderr, "warning: no key under") || !strings.Contains(stderr, "w1800000p1000b16 (")):
+			t.Errorf("%s: stderr %q, want a warning naming the Bucket's tag w1800000p1000b16...", tc.name, stderr)
 		case tc.warn && strings.Contains(stdout, "warning"):
 			t.Errorf("%s: the warning went to stdout: %q", tc.name, stdout)
 		}

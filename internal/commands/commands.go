@@ -69,7 +69,7 @@ var Strategies = map[string]map[Method]Sends{
 		FlushAll: {false, []string{"scan", "del"}, nil},
 	},
 	"windows": {
-		Allow: {false, append(slices.Clone(Txn), "set", "time", "get", "hdel", "hincrby", "hsetnx", "hgetall", "pexpireat",
+		Allow: {false, append(slices.Clone(Txn), "set", "time", "get", "hdel", "hincrby", "hsetnx", "hgetall", "hmget", "hlen", "pexpireat",
 			"watch", "hget"), []string{"unwatch"}},
 		Peek:     {false, []string{"get", "hgetall", "time"}, nil},
 		Flush:    {false, []string{"multi", "hgetall", "del", "get", "time", "exec", "hincrby", "pexpireat", "set"}, nil},

@@ -62,6 +62,7 @@ type seenKey struct {
 type seenCount struct {
 	at     int64      // Redis time, ms
 	used   int        // the weight counted
+	bound  int        // what a coarse read counted, or would have (limits.Count.Bound), at least used
 	oldest []seenCall // the oldest calls counted, at most seenEntries
 }
 
@@ -80,7 +81,9 @@ func (f *Foresight) seenKeyOf(resource, client string, r int) seenKey {
 }
 
 // Foresee marks each call that some rule showed no room for, in order: a
-// call that is written counts for the calls after it. now is the estimate
+// call that is written counts for the calls after it. It marks Near each
+// call that some rule's coarse count (Count.Bound) showed too little room
+// to decide it: less than nearRoom beyond the call. now is the estimate
 // of Redis's time.
 func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 	f.mu.Lock()
@@ -88,6 +91,7 @@ func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 	var written map[seenKey]int // weight of the batch's calls marked to write
 	for i := range calls {
 		calls[i].Look = !f.roomFor(resource, calls[i], now, written)
+		calls[i].Near = calls[i].Look || f.near(resource, calls[i], now, written)
 		if calls[i].Look {
 			continue
 		}
@@ -112,6 +116,28 @@ func (f *Foresight) roomFor(resource string, c limits.Call, now int64, written m
 	}
 	return true
 }
+
+// near reports whether some rule's coarse count, as last seen, leaves c
+// less than nearRoom beyond it, on top of the batch's calls before it.
+// f.mu is held.
+func (f *Foresight) near(resource string, c limits.Call, now int64, written map[seenKey]int) bool {
+	for r, rule := range f.rules {
+		k := f.seenKeyOf(resource, c.Client, r)
+		s := f.seen[k]
+		// The coarse count falls as the exact one does, about.
+		bound := s.bound - (s.used - s.usedAt(rule, now))
+		if !rule.HasRoom(limits.AddCapped(max(bound, 0), written[k]), limits.AddCapped(c.N, nearRoom(rule))) {
+			return true
+		}
+	}
+	return false
+}
+
+// nearRoom is the room a call must leave under rule, by the counts last
+// seen, to be sent to be decided on a coarse read: its Margin, and an
+// eighth of the limit for what others may have admitted meanwhile, and
+// for how far the coarse count may move from the one seen.
+func nearRoom(rule limits.Rule) int { return rule.Margin() + rule.Requests/8 }
 
 // usedAt is what s counts at now: less the calls that have left rule's
 // window since. A count never seen counts nothing.
@@ -140,12 +166,13 @@ func (f *Foresight) Saw(resource, client string, v limits.View, n int, recorded 
 	for r, c := range v.Counts {
 		k := f.seenKeyOf(resource, client, r)
 		// The old count's room is reused: it is read only under f.mu.
-		s := seenCount{at: v.Now, used: c.Used, oldest: f.seen[k].oldest[:0]}
+		s := seenCount{at: v.Now, used: c.Used, bound: max(c.Bound, c.Used), oldest: f.seen[k].oldest[:0]}
 		for _, e := range c.Oldest[:min(len(c.Oldest), seenEntries)] {
 			s.oldest = append(s.oldest, seenCall{at: e.At, weight: e.Weight})
 		}
 		if recorded {
 			s.used = limits.AddCapped(s.used, n)
+			s.bound = limits.AddCapped(s.bound, n)
 			if len(s.oldest) < seenEntries {
 				s.oldest = append(s.oldest, seenCall{at: c.Stamp, weight: n})
 			}

@@ -82,7 +82,19 @@ type Layout struct {
 	Spans   []int64  // the spans, shortest first (see New)
 	names   []string // the spans in decimal, as the fields name them: kept, not formatted per field
 	LanesOf [][]int  // the lanes of each span
+	// Blocks is, by span, how many intervals one coarse block sums (see
+	// Block); 0 where a span keeps none: it has a fixed lane, or its
+	// windows hold too few intervals for a block to sum two.
+	Blocks []int64
+	// Coarse: every span keeps blocks, so that a decision may read the
+	// blocks alone (see the Windows store).
+	Coarse bool
 }
+
+// BlocksPerWindow is how many coarse blocks the longest window of a span
+// spans, about: a coarse read reads that many fields, and one more on
+// each side.
+const BlocksPerWindow = 16
 
 // New returns the layout of rules under Windows(precision): a rule
 // without a precision of its own counts in intervals of precision, or in
@@ -114,7 +126,65 @@ func New(precision time.Duration, rules []limits.Rule) Layout {
 		want := laneOf(r)
 		y.OfRule = append(y.OfRule, slices.IndexFunc(y.Lanes, want.same))
 	}
+	y.Coarse = len(y.Spans) > 0
+	for g := range y.Spans {
+		y.Blocks = append(y.Blocks, y.blockOf(g))
+		y.Coarse = y.Coarse && y.Blocks[g] > 0
+	}
 	return y
+}
+
+// minBlock is the fewest intervals a block sums: a window of fewer than
+// minBlock*BlocksPerWindow intervals keeps none, as a whole read of its
+// hash costs little more than a read of its blocks would.
+const minBlock = 8
+
+// blockOf is span group g's block length, in intervals: its longest
+// window's intervals over BlocksPerWindow, rounded up; 0 if the group has
+// a fixed lane (a fixed window is one interval, read whole) or a block
+// would sum fewer than minBlock intervals.
+func (y Layout) blockOf(g int) int64 {
+	var longest int64
+	for _, l := range y.LanesOf[g] {
+		if y.Lanes[l].Fixed {
+			return 0
+		}
+		longest = max(longest, y.Lanes[l].Longest)
+	}
+	intervals := (longest + y.Spans[g] - 1) / y.Spans[g]
+	if n := (intervals + BlocksPerWindow - 1) / BlocksPerWindow; n >= minBlock {
+		return n
+	}
+	return 0
+}
+
+// Kinds reports whether span group g has a fixed lane, and a sliding one.
+func (y Layout) Kinds(g int) (fixed, sliding bool) {
+	for _, l := range y.LanesOf[g] {
+		fixed, sliding = fixed || y.Lanes[l].Fixed, sliding || !y.Lanes[l].Fixed
+	}
+	return fixed, sliding
+}
+
+// Block is the block of interval index in span group g, which keeps
+// blocks.
+func (y Layout) Block(g int, index int64) int64 { return index / y.Blocks[g] }
+
+// BlockName names block k of span group g: "b" and the name its first
+// interval's field would have, so that no interval's field is a block's.
+func (y Layout) BlockName(g int, k int64) string { return "b" + y.FieldName(g, k) }
+
+// BlockLast is the last interval of block k of span group g.
+func (y Layout) BlockLast(g int, k int64) int64 { return (k+1)*y.Blocks[g] - 1 }
+
+// ParseBlock parses a block's field: its span group and block; ok is
+// false for a field that is not a block of a span that keeps them.
+func (y Layout) ParseBlock(field string) (g int, k int64, ok bool) {
+	if len(field) < 2 || field[0] != 'b' {
+		return 0, 0, false
+	}
+	g, k, ok = y.Interval(field[1:])
+	return g, k, ok && y.Blocks[g] > 0
 }
 
 // addLane adds a rule of window ms to lane l, made if need be.
@@ -257,14 +327,23 @@ func (y Layout) GenLife() time.Duration {
 // for a fixed one): Buckets whose lanes differ in span, stamping or
 // longest window number or keep their intervals differently. A Bucket of
 // one precision has the Tag it had before rules had precisions.
+//
+// A layout whose spans keep coarse blocks ends in "b16" (BlocksPerWindow):
+// its hashes hold block fields, which a decision may read alone, so a
+// process that wrote none (an older version) must not share them.
 func (y Layout) Tag() string {
 	var b strings.Builder
+	blocks := false
 	for _, l := range y.Lanes {
 		kind := "p"
 		if l.Fixed {
 			kind = "f"
 		}
 		b.WriteString("w" + strconv.FormatInt(l.Longest, 10) + kind + strconv.FormatInt(l.Span, 10))
+		blocks = blocks || y.Blocks[l.Group] > 0
+	}
+	if blocks {
+		b.WriteString("b" + strconv.Itoa(BlocksPerWindow))
 	}
 	return b.String()
 }

@@ -13,11 +13,13 @@ import (
 const minute = int64(60_000)
 
 // A Bucket of one precision keeps the key layout it had before rules had
-// precisions; several lanes tag apart, and lanes of one span share it.
+// precisions, but for the coarse blocks (b16) that its windows of more than
+// 16 intervals keep; several lanes tag apart, and lanes of one span share
+// it.
 func TestLayoutTag(t *testing.T) {
 	one := New(time.Second, []limits.Rule{{PerClient: true, Requests: 1, Window: minute}, {Requests: 5, Window: 60 * minute}})
-	if got := one.Tag(); got != "w3600000p1000" {
-		t.Errorf("tag of one precision = %q, want w3600000p1000", got)
+	if got := one.Tag(); got != "w3600000p1000b16" {
+		t.Errorf("tag of one precision = %q, want w3600000p1000b16", got)
 	}
 	y := mixedLayout()
 	if got, want := y.Tag(), "w1800000p60000w3600000p1800000w1800000f1800000"; got != want {

@@ -37,6 +37,10 @@ type Count struct {
 	// least as many as must leave the window for the call to fit.
 	Oldest []Entry
 	Newest int64 // the stamp of the newest counted call, if Used > 0
+	// Bound is what a coarse read would count (Windows' blocks, counted
+	// whole: see the Windows store), at least Used: foresight keeps it to
+	// tell which calls a coarse read could decide.
+	Bound int
 }
 
 // A Call is one call to decide, of weight N by Client.
@@ -46,12 +50,19 @@ type Call struct {
 	// Look: the call writes nothing, and is only judged (foresight saw
 	// no room for it): a store must neither record it nor take it back.
 	Look bool
+	// Near: some rule may leave the call less than Margin's room, so its
+	// counts must be read exactly (Windows reads its hashes whole).
+	Near bool
 }
 
 // A View is what was read for one call.
 type View struct {
 	Now    int64   // Redis time, ms
 	Counts []Count // by rule, in the order of the rules
+	// Undecided: what was read bounds the counts but cannot decide the
+	// call (Windows read its coarse blocks, and they left too little room):
+	// it was not recorded, and must be decided again, Near.
+	Undecided bool
 }
 
 // Counts reports whether r counts e at time now.
@@ -95,6 +106,12 @@ func (r Rule) UntilRoom(entries []Entry, now int64, used, n int) int64 {
 	}
 	return 0 // unreachable while n <= Requests, which AllowN checks
 }
+
+// Margin is the room a call must leave under r for a count that is only
+// an upper bound to decide it: a tenth of the limit, rounded up. Below
+// it, a Result's Remaining must be exact, so the count must be read
+// exactly.
+func (r Rule) Margin() int { return r.Requests/10 + min(r.Requests%10, 1) }
 
 // AddCapped adds weights, stopping at math.MaxInt instead of wrapping
 // around: a count that wrapped would admit. Past the cap a wait errs

@@ -25,7 +25,7 @@ import (
 // NewWindows returns the store of Windows(precision) for p: of
 // FixedWindows if precision is 0.
 func NewWindows(p Plan, precision time.Duration) Store {
-	return windowsStore{Plan: p, Layout: intervals.New(precision, p.Rules), gens: &sync.Map{}}
+	return windowsStore{Plan: p, Layout: intervals.New(precision, p.Rules), gens: &sync.Map{}, tidy: &untidy{}}
 }
 
 // windowsStore is the Windows strategy: precision-bucket sliding windows,
@@ -63,6 +63,7 @@ type windowsStore struct {
 	intervals.Layout
 	lockFree
 	gens *sync.Map // by resource (keys.Space.base): the latest generation seen
+	tidy *untidy   // the hashes to read whole next, for their dead fields
 }
 
 // gen is the generation of keys' hashes as last seen.
@@ -132,6 +133,9 @@ type hBatch struct {
 	ofCalls  []*hash // each call's hashes, as hashes names them: found once, not by name per call
 	genReply int
 	token    string // the incarnation of the clients' hashes it makes
+	// coarse: the hashes are read by their blocks (HMGET), not whole:
+	// every call is far from its limits, as foresight saw them.
+	coarse bool
 }
 
 // hash is one hash of a batch: its weight in the batch, where its read is
@@ -148,6 +152,8 @@ type hash struct {
 	admitted    int              // the batch's weight admitted so far
 	denied      int              // the batch's weight to take back
 	dead        []string         // fields no window counts any more
+	blocks      [][]blockSum     // by span: the live blocks read (see intervals.Layout.Block)
+	size        int              // where HLEN's reply is, when read coarse
 
 	// Room for lanes and current in the usual case, one lane, so that
 	// reading a hash allocates no more than the intervals it holds.
@@ -155,11 +161,19 @@ type hash struct {
 	currentRoom [1]int
 }
 
+// blockSum is one block's field as read: its block and weight.
+type blockSum struct {
+	k int64
+	w int
+}
+
 func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *hBatch {
 	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byKey: map[string]*hash{},
 		ofCalls: make([]*hash, 0, 2*len(calls)),
-		token:   strconv.FormatUint(rand.Uint64(), 36)}
+		token:   strconv.FormatUint(rand.Uint64(), 36),
+		coarse:  s.Coarse && !s.RecordDenied}
 	for _, c := range calls {
+		b.coarse = b.coarse && !c.Near && !c.Look
 		hashKeys := s.hashes(ks, b.gen, c.Client)
 		for i, key := range hashKeys {
 			h := b.byKey[key]
@@ -167,6 +181,7 @@ func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *h
 				h = &hash{key: key, client: s.HasClientRule && i == len(hashKeys)-1}
 				b.byKey[key] = h
 				b.order = append(b.order, h)
+				b.coarse = b.coarse && !s.tidy.has(key)
 			}
 			if !c.Look {
 				h.added += c.N
@@ -190,14 +205,13 @@ func (b *hBatch) queue(t *txn.Txn) {
 		wrote = wrote || h.added > 0
 		key := any(h.key) // boxed once for its commands
 		if h.added > 0 {
-			if h.client {
-				t.Add("hsetnx", key, txn.IncarnationField, b.token)
-			}
-			for g := range b.Spans {
-				t.Add("hincrby", key, b.Current(g, b.now), h.added)
-			}
+			b.queueWrite(t, h, key)
 		}
-		h.read = t.Add("hgetall", key)
+		if b.coarse {
+			h.read, h.size = t.Add(b.coarseRead(h)...), t.Add("hlen", key)
+		} else {
+			h.read = t.Add("hgetall", key)
+		}
 		if h.added > 0 {
 			for _, cmd := range txn.ExtendTo(h.key, b.ExpireAt(b.now)) {
 				t.Add(cmd...)
@@ -210,6 +224,20 @@ func (b *hBatch) queue(t *txn.Txn) {
 	}
 }
 
+// queueWrite queues the batch's weight into h: into the current interval
+// of each span, and its block.
+func (b *hBatch) queueWrite(t *txn.Txn, h *hash, key any) {
+	if h.client {
+		t.Add("hsetnx", key, txn.IncarnationField, b.token)
+	}
+	for g, span := range b.Spans {
+		t.Add("hincrby", key, b.Current(g, b.now), h.added)
+		if b.Blocks[g] > 0 {
+			t.Add("hincrby", key, b.BlockName(g, b.Block(g, b.now/span)), h.added)
+		}
+	}
+}
+
 // tidyAt is how many dead intervals a hash may hold before a decision that
 // read them deletes them (HDEL). Deleting the intervals that might have
 // died in every transaction would cost a command per hash for nothing most
@@ -219,25 +247,29 @@ func (b *hBatch) queue(t *txn.Txn) {
 const tidyAt = 16
 
 // judge asks judge about each call in order, and queues on back the
-// take-back of the calls not recorded, and the deletion of dead fields the
-// transaction did not delete.
+// take-back of the calls not recorded, the move of those recorded to the
+// interval Redis ran them in (see moves), and the deletion of dead fields
+// the transaction did not delete.
 func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error {
 	if !b.saw(b.keys, b.gen, t.Replies[b.genReply]) {
 		return errStaleGeneration
 	}
-	for _, h := range b.order {
-		h.parse(b.Layout, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
-		for g := range h.current {
-			h.current[g] -= h.added
-		}
+	if b.crossedMixed(now) {
+		b.takeAll(t, back)
+		return errCrossed
 	}
+	undecided := !b.read(t, now)
 	for i, c := range b.calls {
 		hashes := b.hashesOf(i)
 		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
 		for r, rule := range b.Rules {
 			h := hashes[b.hashOf(rule)]
-			v.Counts[r] = h.count(b.Layout, r, rule, b.now, now, h.admitted)
+			v.Counts[r] = b.countOf(h, r, rule, now)
+			undecided = undecided || b.coarse && !rule.HasRoom(v.Counts[r].Used, limits.AddCapped(c.N, rule.Margin()))
 		}
+		// A call after one left undecided is too: it must not take the
+		// room of the one before it.
+		v.Undecided = undecided
 		recorded := judge(i, v)
 		for _, h := range hashes {
 			switch {
@@ -249,8 +281,232 @@ func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 			}
 		}
 	}
+	b.queueMoves(back, now)
 	b.queueBack(back, func(h *hash) int { return h.denied })
 	return nil
+}
+
+// read reads the hashes from t's replies, without the batch's weight,
+// and reports whether what it read can decide the calls (see readCoarse).
+func (b *hBatch) read(t *txn.Txn, now int64) bool {
+	covered := true
+	for _, h := range b.order {
+		if b.coarse {
+			covered = b.readCoarse(h, t, now) && covered
+		} else {
+			h.parseAt(b.Layout, now, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
+			b.tidy.done(h.key)
+		}
+		b.unbatch(h, now)
+	}
+	return covered
+}
+
+// errCrossed: Redis ran the transaction in a later interval than its
+// stamp's, in a span that has both a fixed lane (judged at the stamp) and
+// a sliding one (which must count a call no earlier than Redis ran it):
+// no one interval serves both, so the decision is made again.
+var errCrossed = fmt.Errorf("%w: Redis ran it in a later interval than its stamp's", errRedo)
+
+// crossedMixed reports whether Redis's time now is in a later interval
+// than the stamp's in a span with both a fixed and a sliding lane.
+func (b *hBatch) crossedMixed(now int64) bool {
+	for g, span := range b.Spans {
+		if fixed, sliding := b.Kinds(g); fixed && sliding && now/span != b.now/span {
+			return true
+		}
+	}
+	return false
+}
+
+// at is when span group g's calls of the batch count as made: see
+// readAt.
+func (b *hBatch) at(g int, now int64) int64 { return readAt(b.Layout, g, now, b.now) }
+
+// readAt is when the calls of span group g of a decision stamped at stamp,
+// which Redis ran at now, count as made: at now, so that no call counts
+// earlier than Redis ran it, and leaves a window early, however long its
+// process stalled between stamping and sending; at the stamp for a span
+// with a fixed lane, whose calls are judged with the window the stamp
+// chose (see count).
+func readAt(y intervals.Layout, g int, now, stamp int64) int64 {
+	if fixed, _ := y.Kinds(g); fixed {
+		return stamp
+	}
+	return now
+}
+
+// unbatch takes the batch's weight out of what was read of h: of the
+// interval it was written to, the stamp's, and of its block.
+func (b *hBatch) unbatch(h *hash, now int64) {
+	for g, span := range b.Spans {
+		written := b.now / span
+		if b.Blocks[g] > 0 {
+			k := b.Block(g, written)
+			for i := range h.blocks[g] {
+				if h.blocks[g][i].k == k {
+					h.blocks[g][i].w -= h.added
+				}
+			}
+		}
+		switch {
+		case b.coarse:
+		case b.at(g, now)/span == written:
+			h.current[g] -= h.added
+		default: // Redis ran it in a later interval: the written one is a past one now
+			for _, l := range b.LanesOf[g] {
+				h.lanes[l] = withWeight(h.lanes[l], b.Lanes[l].At(written), -h.added)
+			}
+		}
+	}
+}
+
+// withWeight adds n to the entry stamped at among entries, oldest first,
+// and drops it if it holds no weight then.
+func withWeight(entries []limits.Entry, at int64, n int) []limits.Entry {
+	i, found := slices.BinarySearchFunc(entries, at, func(e limits.Entry, t int64) int { return cmp.Compare(e.At, t) })
+	if !found {
+		return entries
+	}
+	if entries[i].Weight += n; entries[i].Weight <= 0 {
+		return slices.Delete(entries, i, i+1)
+	}
+	return entries
+}
+
+// countOf is what rule r counts in h for the batch's next call: exactly,
+// or at most if h was read coarse; with the weight the batch admitted in
+// h so far.
+func (b *hBatch) countOf(h *hash, r int, rule limits.Rule, now int64) limits.Count {
+	at := b.at(b.Lane(r).Group, now)
+	if b.coarse {
+		return h.bound(b.Layout, r, rule, at, now, h.admitted)
+	}
+	c := h.count(b.Layout, r, rule, at, now, h.admitted)
+	c.Bound = c.Used
+	if b.Coarse {
+		c.Bound = h.bound(b.Layout, r, rule, at, now, h.admitted).Used
+	}
+	return c
+}
+
+// queueMoves queues on back, for each hash, the move of the weight the
+// batch recorded from the interval it was written to, the stamp's, to the
+// one Redis ran the transaction in, where it was judged (see at), if they
+// differ: so that no call counts as made before Redis ran it. Until the
+// move lands, others count the calls in the earlier interval, a round
+// trip, long before it leaves any window. The written interval's block
+// keeps the weight (blocks only grow: see bound). A hash gone meanwhile
+// (a FlushAll deleted it) is not made again; the deadline only moves
+// later, to cover the new interval.
+func (b *hBatch) queueMoves(back *txn.Txn, now int64) {
+	for _, h := range b.order {
+		moved := false
+		for g, span := range b.Spans {
+			from, to := b.now/span, b.at(g, now)/span
+			if h.admitted <= 0 || from == to {
+				continue
+			}
+			moved = true
+			back.Add("hincrby", h.key, b.FieldName(g, from), -h.admitted)
+			back.Add("hincrby", h.key, b.FieldName(g, to), h.admitted)
+			if b.Blocks[g] > 0 && b.Block(g, to) != b.Block(g, from) {
+				back.Add("hincrby", h.key, b.BlockName(g, b.Block(g, to)), h.admitted)
+			}
+		}
+		if moved {
+			back.Add(txn.DropIfMade(h.key)...)
+			back.Add("pexpireat", h.key, b.ExpireAt(now), "gt")
+		}
+	}
+}
+
+// coarseRead is the read of h's blocks: HMGET of the incarnation (of a
+// client's hash), and of each span's blocks from the one the oldest live
+// interval is in to the one after the current interval's (another
+// process's estimate may be ahead).
+func (b *hBatch) coarseRead(h *hash) []any {
+	cmd := []any{"hmget", h.key}
+	if h.client {
+		cmd = append(cmd, txn.IncarnationField)
+	}
+	for g := range b.Spans {
+		first, last := b.blockRange(g)
+		for k := first; k <= last; k++ {
+			cmd = append(cmd, b.BlockName(g, k))
+		}
+	}
+	return cmd
+}
+
+// blockRange is the blocks of span group g a coarse read names.
+func (b *hBatch) blockRange(g int) (first, last int64) {
+	bounds := b.Bounds(g, b.now)
+	return b.Block(g, bounds.Dead+1), b.Block(g, bounds.Current) + 1
+}
+
+// readCoarse reads h's blocks from t's replies, and reports whether they
+// cover every interval that may hold weight: up to Redis's time now (every
+// interval written before holds calls stamped, or moved, no later). If h
+// holds many more fields than its live blocks can account for, it is read
+// whole next time, to find its dead fields (tidyAt).
+func (b *hBatch) readCoarse(h *hash, t *txn.Txn, now int64) bool {
+	values, _ := t.Replies[h.read].([]any)
+	h.clearBlocks(len(b.Spans))
+	if h.client && len(values) > 0 {
+		h.incarnation, values = replyValue(values[0]), values[1:]
+	}
+	covered, fields := true, 1
+	for g := range b.Spans {
+		first, last := b.blockRange(g)
+		for k := first; k <= last && len(values) > 0; k++ {
+			w, err := strconv.Atoi(replyValue(values[0]))
+			values = values[1:]
+			if err == nil {
+				h.blocks[g] = append(h.blocks[g], blockSum{k: k, w: w})
+				fields += 1 + int(min(int64(max(w, 0)), b.Blocks[g]))
+			}
+		}
+		covered = covered && b.Block(g, now/b.Spans[g]) <= last
+	}
+	if int(txn.ReplyInt(t.Replies[h.size])) > fields+tidyAt {
+		b.tidy.add(h.key)
+	}
+	return covered
+}
+
+// replyValue reads one value of an HMGET reply: "" for a field the hash
+// does not hold.
+func replyValue(v any) string {
+	if v == nil {
+		return ""
+	}
+	return txn.ReplyString(v)
+}
+
+// bound is at most what rule r counts in h at now, from its blocks alone,
+// for a call made at at with extra weight on top of what h held: every
+// block the window reaches, counted whole, and until its last interval
+// leaves. A block holds every weight ever written to its intervals (a
+// decision adds to both, and nothing takes weight out of a block), so it
+// is at least what they hold now. The newest interval counted is at most
+// the call's own, at (Redis's time): no call is counted later than Redis
+// ran its transaction, a stamp being no later than that and a move going
+// no further (see queueMoves); so ResetAfter is exact for a call the
+// bound admits.
+func (h *hash) bound(y intervals.Layout, r int, rule limits.Rule, at, now int64, extra int) limits.Count {
+	l := y.Lane(r)
+	c := limits.Count{Stamp: l.Stamp(at), Used: extra}
+	for _, b := range h.blocks[l.Group] {
+		if b.w > 0 && l.At(y.BlockLast(l.Group, b.k))+rule.Window > now {
+			c.Used = limits.AddCapped(c.Used, b.w)
+		}
+	}
+	if c.Used > 0 {
+		c.Newest = c.Stamp
+	}
+	c.Bound = c.Used
+	return c
 }
 
 func (b *hBatch) idempotent() bool { return false }
@@ -260,7 +516,13 @@ func (b *hBatch) idempotent() bool { return false }
 // as read; else only if the batch made them (see guard).
 func (b *hBatch) takeAll(t, back *txn.Txn) {
 	for _, h := range b.order {
-		if t.Replies != nil {
+		switch {
+		case t.Replies == nil:
+		case b.coarse:
+			if values, _ := t.Replies[h.read].([]any); h.client && len(values) > 0 {
+				h.incarnation = replyValue(values[0])
+			}
+		default:
 			h.incarnation = incarnation(txn.ReplyFields(t.Replies[h.read]))
 		}
 	}
@@ -340,23 +602,32 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
 }
 
 // parse reads a hash's fields at now, of which there are size: its
-// intervals, and the fields no window counts any more. Fields that are not
-// an interval are not ours.
+// intervals, its blocks, and the fields no window counts any more. Fields
+// that are neither are not ours.
 func (h *hash) parse(y intervals.Layout, now int64, fields iter.Seq2[string, string], size int) {
+	h.parseAt(y, now, now, fields, size)
+}
+
+// parseAt is parse for a decision stamped at stamp that Redis ran at now:
+// the spans with a fixed lane are read at the stamp, which chose the
+// window their calls are judged with; the others at now.
+func (h *hash) parseAt(y intervals.Layout, now, stamp int64, fields iter.Seq2[string, string], size int) {
 	h.clear(y, size)
-	first := y.Bounds(0, now)
+	h.clearBlocks(len(y.Spans))
+	at := func(g int) int64 { return readAt(y, g, now, stamp) }
+	first := y.Bounds(0, at(0))
 	for field, value := range fields {
 		g, index, ok := y.Interval(field)
 		if !ok {
 			// Not parsed: the incarnation's value is no number, and a
 			// failed parse allocates its error.
-			h.other(field, value)
+			h.other(y, field, value, now)
 			continue
 		}
 		n, err := strconv.Atoi(value)
 		live := first // the usual case, found once
 		if g != 0 {
-			live = y.Bounds(g, now)
+			live = y.Bounds(g, at(g))
 		}
 		switch {
 		case err != nil: // not ours
@@ -434,11 +705,31 @@ func sortStamps(entries []limits.Entry, span int64) {
 
 func byStamp(a, b limits.Entry) int { return cmp.Compare(a.At, b.At) }
 
-// other reads a field that is not an interval: the incarnation, or not
-// ours.
-func (h *hash) other(field, value string) {
+// other reads a field that is not an interval: the incarnation, a block
+// (dead once its last interval is, at now), or not ours.
+func (h *hash) other(y intervals.Layout, field, value string, now int64) {
 	if field == txn.IncarnationField {
 		h.incarnation = value
+		return
+	}
+	g, k, ok := y.ParseBlock(field)
+	if !ok {
+		return
+	}
+	if y.BlockLast(g, k) <= y.Bounds(g, now).Dead {
+		h.dead = append(h.dead, field)
+	} else if w, err := strconv.Atoi(value); err == nil {
+		h.blocks[g] = append(h.blocks[g], blockSum{k: k, w: w})
+	}
+}
+
+// clearBlocks empties h's blocks, for spans spans.
+func (h *hash) clearBlocks(spans int) {
+	if len(h.blocks) != spans {
+		h.blocks = make([][]blockSum, spans)
+	}
+	for g := range h.blocks {
+		h.blocks[g] = h.blocks[g][:0]
 	}
 }
 
@@ -627,3 +918,37 @@ func (s windowsStore) FlushAll(ctx context.Context, where Site) error {
 func (s windowsStore) Counting() Counting { return Counting{Layout: &s.Layout} }
 
 func (s windowsStore) tag() string { return s.Layout.Tag() }
+
+// untidy is the hashes a coarse read found holding more fields than their
+// live blocks account for: dead intervals, which only a whole read names,
+// and deletes (tidyAt). The next batch that touches one reads it whole.
+type untidy struct {
+	mu     sync.Mutex
+	hashes map[string]struct{}
+}
+
+// maxUntidy bounds the hashes kept: past it they are forgotten, and a
+// hash still untidy is found again by its next coarse read.
+const maxUntidy = 1 << 14
+
+func (u *untidy) add(key string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.hashes == nil || len(u.hashes) >= maxUntidy {
+		u.hashes = map[string]struct{}{}
+	}
+	u.hashes[key] = struct{}{}
+}
+
+func (u *untidy) has(key string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	_, ok := u.hashes[key]
+	return ok
+}
+
+func (u *untidy) done(key string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.hashes, key)
+}
