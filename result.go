@@ -9,6 +9,18 @@ import (
 // Result is the answer to Allow, AllowN, Peek and PeekN. All its durations are
 // computed from Redis time and the counts Redis holds, exact to the
 // millisecond (under Windows, rounded up to the end of an interval).
+//
+// Every field is exact, but one: under Windows and FixedWindows, when
+// the window of a rule spans at least 128 intervals, an admitted call far
+// from every limit is decided on coarse sums of the intervals, and its
+// Remaining, and each rule's Used and Remaining, are bounds: Remaining
+// never above the exact room, Used never below the exact count. A rule's
+// Remaining is exact whenever the exact one is below a tenth of its
+// Requests, and Result.Remaining whenever it is below a tenth of the
+// smallest Requests of the Bucket's rules. Whether the call is admitted
+// is always exactly what the exact counts decide, and a denial, RetryAfter
+// and ResetAfter are always exact; so are Peek, PeekN, NewLocal, Logs and
+// SortedSet in every field.
 type Result struct {
 	// Allowed reports whether every rule had room for the request and it was
 	// recorded under all of them (for Peek: whether Allow would admit it).
@@ -17,6 +29,8 @@ type Result struct {
 
 	// Remaining is the least room left over all rules after this call: the
 	// weight the same resource and client could still be admitted now.
+	// Under Windows, for a call admitted far from every limit, it may be
+	// less (see Result).
 	Remaining int
 
 	// RetryAfter is 0 when Allowed. Otherwise it is how long until the same
@@ -41,10 +55,12 @@ type RuleResult struct {
 	Rule Rule
 
 	// Used is the weight the rule counts in its window after the call.
+	// Under Windows, for a call admitted far from every limit, it may be
+	// more (see Result).
 	Used int
 
 	// Remaining is Requests minus Used, or 0 if the limit was lowered below
-	// what is already counted.
+	// what is already counted: exact whenever below a tenth of Requests.
 	Remaining int
 
 	// RetryAfter is how long until this rule alone has room for the call; 0
