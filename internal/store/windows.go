@@ -154,6 +154,7 @@ type hash struct {
 	dead        []string         // fields no window counts any more
 	blocks      [][]blockSum     // by span: the live blocks read (see intervals.Layout.Block)
 	size        int              // where HLEN's reply is, when read coarse
+	named       int              // how many fields the coarse read named
 
 	// Room for lanes and current in the usual case, one lane, so that
 	// reading a hash allocates no more than the intervals it holds.
@@ -208,7 +209,8 @@ func (b *hBatch) queue(t *txn.Txn) {
 			b.queueWrite(t, h, key)
 		}
 		if b.coarse {
-			h.read, h.size = t.Add(b.coarseRead(h)...), t.Add("hlen", key)
+			read := b.coarseRead(h)
+			h.read, h.size, h.named = t.Add(read...), t.Add("hlen", key), len(read)-2
 		} else {
 			h.read = t.Add("hgetall", key)
 		}
@@ -453,13 +455,16 @@ func (b *hBatch) blockRange(g int) (first, last int64) {
 func (b *hBatch) readCoarse(h *hash, t *txn.Txn, now int64) bool {
 	values, _ := t.Replies[h.read].([]any)
 	h.clearBlocks(len(b.Spans))
-	if h.client && len(values) > 0 {
+	if len(values) != h.named {
+		return false // not the reply of the fields named: nothing to decide on
+	}
+	if h.client {
 		h.incarnation, values = replyValue(values[0]), values[1:]
 	}
 	covered, fields := true, 1
 	for g := range b.Spans {
 		first, last := b.blockRange(g)
-		for k := first; k <= last && len(values) > 0; k++ {
+		for k := first; k <= last; k++ {
 			w, err := strconv.Atoi(replyValue(values[0]))
 			values = values[1:]
 			if err == nil {
