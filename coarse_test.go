@@ -30,8 +30,8 @@ func TestWindowsCoarseMatchesWholeRead(t *testing.T) {
 		rules []Option
 		most  int // the largest weight
 	}{
-		"small limits": {[]Option{PerResource(Per(12, 1500*ms)), PerClient(Per(5, 300*ms)), PerClient(Per(3, 100*ms))}, 3},
-		"large limits": {[]Option{PerResource(Per(300, 2*time.Second)), PerClient(Per(60, time.Second).WithPrecision(5 * ms))}, 8},
+		"one precision":  {[]Option{PerResource(Per(2000, 1500*ms)), PerClient(Per(500, 300*ms)), PerClient(Per(200, 200*ms))}, 60},
+		"two precisions": {[]Option{PerResource(Per(3000, 2*time.Second)), PerClient(Per(600, time.Second).WithPrecision(5 * ms))}, 80},
 	}
 	for name, c := range configs {
 		t.Run(name, func(t *testing.T) {

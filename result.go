@@ -10,8 +10,8 @@ import (
 // computed from Redis time and the counts Redis holds, exact to the
 // millisecond (under Windows, rounded up to the end of an interval).
 //
-// Every field is exact, but one: under Windows and FixedWindows, when
-// the window of a rule spans at least 128 intervals, an admitted call far
+// Every field is exact, but one: under Windows, when the windows span at
+// least 128 intervals and every rule admits at least 128, an admitted call far
 // from every limit is decided on coarse sums of the intervals, and its
 // Remaining, and each rule's Used and Remaining, are bounds: Remaining
 // never above the exact room, Used never below the exact count. A rule's

@@ -162,6 +162,22 @@ type hash struct {
 	currentRoom [1]int
 }
 
+// coarseRequests is the fewest Requests of every rule for a Bucket's
+// hashes to be read coarse: a hash holds at most about its rules'
+// Requests of live intervals (only admitted weight stays), and one of
+// fewer fields costs little more to read whole than its blocks.
+const coarseRequests = 128
+
+// manyCalls reports whether every rule admits at least coarseRequests.
+func (s windowsStore) manyCalls() bool {
+	for _, r := range s.Rules {
+		if r.Requests < coarseRequests {
+			return false
+		}
+	}
+	return true
+}
+
 // blockSum is one block's field as read: its block and weight.
 type blockSum struct {
 	k int64
@@ -172,7 +188,7 @@ func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *h
 	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byKey: map[string]*hash{},
 		ofCalls: make([]*hash, 0, 2*len(calls)),
 		token:   strconv.FormatUint(rand.Uint64(), 36),
-		coarse:  s.Coarse && !s.RecordDenied}
+		coarse:  s.Coarse && !s.RecordDenied && s.manyCalls()}
 	for _, c := range calls {
 		b.coarse = b.coarse && !c.Near && !c.Look
 		hashKeys := s.hashes(ks, b.gen, c.Client)
@@ -296,7 +312,7 @@ func (b *hBatch) read(t *txn.Txn, now int64) bool {
 		if b.coarse {
 			covered = b.readCoarse(h, t, now) && covered
 		} else {
-			h.parseAt(b.Layout, now, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
+			h.parseAt(b.Layout, func(g int) int64 { return b.at(g, now) }, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
 			b.tidy.done(h.key)
 		}
 		b.unbatch(h, now)
@@ -321,21 +337,29 @@ func (b *hBatch) crossedMixed(now int64) bool {
 	return false
 }
 
-// at is when span group g's calls of the batch count as made: see
-// readAt.
-func (b *hBatch) at(g int, now int64) int64 { return readAt(b.Layout, g, now, b.now) }
-
-// readAt is when the calls of span group g of a decision stamped at stamp,
-// which Redis ran at now, count as made: at now, so that no call counts
-// earlier than Redis ran it, and leaves a window early, however long its
-// process stalled between stamping and sending; at the stamp for a span
-// with a fixed lane, whose calls are judged with the window the stamp
-// chose (see count).
-func readAt(y intervals.Layout, g int, now, stamp int64) int64 {
-	if fixed, _ := y.Kinds(g); fixed {
-		return stamp
+// at is when span group g's calls of the batch count as made: at the
+// stamp, which chose the interval they were written to, unless they are
+// moved to the interval Redis ran the transaction in (see moves).
+func (b *hBatch) at(g int, now int64) int64 {
+	if b.moves(g, now) {
+		return now
 	}
-	return now
+	return b.now
+}
+
+// moves reports whether span group g's calls of the batch, written to
+// the stamp's interval, are moved to the one Redis ran the transaction in
+// (now), so that none counts as made before Redis ran it, and leaves a
+// window early, however long this process stalled between stamping and
+// sending: when that interval is a later one, and the stamp's ended more
+// than maxEarly before (as SortedSet scores again), in a span of sliding
+// lanes only. A fixed lane's calls are judged with the window the stamp
+// chose (see count), and a span with both kinds is made again
+// (crossedMixed).
+func (b *hBatch) moves(g int, now int64) bool {
+	span := b.Spans[g]
+	fixed, _ := b.Kinds(g)
+	return !fixed && now/span != b.now/span && now-b.Lanes[b.LanesOf[g][0]].At(b.now/span) > maxEarly
 }
 
 // unbatch takes the batch's weight out of what was read of h: of the
@@ -405,8 +429,8 @@ func (b *hBatch) queueMoves(back *txn.Txn, now int64) {
 	for _, h := range b.order {
 		moved := false
 		for g, span := range b.Spans {
-			from, to := b.now/span, b.at(g, now)/span
-			if h.admitted <= 0 || from == to {
+			from, to := b.now/span, now/span
+			if h.admitted <= 0 || !b.moves(g, now) {
 				continue
 			}
 			moved = true
@@ -610,17 +634,17 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
 // intervals, its blocks, and the fields no window counts any more. Fields
 // that are neither are not ours.
 func (h *hash) parse(y intervals.Layout, now int64, fields iter.Seq2[string, string], size int) {
-	h.parseAt(y, now, now, fields, size)
+	h.parseAt(y, func(int) int64 { return now }, fields, size)
 }
 
-// parseAt is parse for a decision stamped at stamp that Redis ran at now:
-// the spans with a fixed lane are read at the stamp, which chose the
-// window their calls are judged with; the others at now.
-func (h *hash) parseAt(y intervals.Layout, now, stamp int64, fields iter.Seq2[string, string], size int) {
+// parseAt is parse with each span group g read at at(g): a decision's
+// batch reads a span at the time its calls count as made (hBatch.at).
+// Blocks are dead once their last interval is, at the first span's time.
+func (h *hash) parseAt(y intervals.Layout, at func(g int) int64, fields iter.Seq2[string, string], size int) {
 	h.clear(y, size)
 	h.clearBlocks(len(y.Spans))
-	at := func(g int) int64 { return readAt(y, g, now, stamp) }
-	first := y.Bounds(0, at(0))
+	now := at(0)
+	first := y.Bounds(0, now)
 	for field, value := range fields {
 		g, index, ok := y.Interval(field)
 		if !ok {
