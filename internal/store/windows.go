@@ -193,13 +193,7 @@ func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *h
 		b.coarse = b.coarse && !c.Near && !c.Look
 		hashKeys := s.hashes(ks, b.gen, c.Client)
 		for i, key := range hashKeys {
-			h := b.byKey[key]
-			if h == nil {
-				h = &hash{key: key, client: s.HasClientRule && i == len(hashKeys)-1}
-				b.byKey[key] = h
-				b.order = append(b.order, h)
-				b.coarse = b.coarse && !s.tidy.has(key)
-			}
+			h := b.hashNamed(key, s.HasClientRule && i == len(hashKeys)-1)
 			if !c.Look {
 				h.added += c.N
 			}
@@ -207,6 +201,19 @@ func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *h
 		}
 	}
 	return b
+}
+
+// hashNamed returns the batch's hash of key, made if need be; a hash
+// to be read whole for its dead fields makes the batch read whole.
+func (b *hBatch) hashNamed(key string, client bool) *hash {
+	h := b.byKey[key]
+	if h == nil {
+		h = &hash{key: key, client: client}
+		b.byKey[key] = h
+		b.order = append(b.order, h)
+		b.coarse = b.coarse && !b.tidy.has(key)
+	}
+	return h
 }
 
 // hashesOf returns call i's hashes, as hashes orders them.
