@@ -28,6 +28,7 @@ type config struct {
 	procs      procsSpec
 	steady     []steadySpec
 	memory     memorySpec
+	inflight   []inflightSpec
 	costLimits []int  // of the SortedSet cost table
 	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
 	command    string // the command line, for the report
@@ -186,6 +187,8 @@ type results struct {
 	procs  []procsRow
 	steady []steadyRow
 	memory []memoryRow
+	// Package inflight's acquisitions and releases.
+	inflight []inflightRow
 }
 
 // Names of the tables, for -table.
@@ -199,9 +202,10 @@ const (
 	procsTable      = "processes"
 	steadyTable     = "steady"
 	memoryTable     = "memory"
+	inflightTable   = "inflight"
 )
 
-var tableNames = []string{throughputTable, steadyTable, hammerTable, noisyTable, abuserTable, procsTable, costTable, memoryTable, inProcessTable}
+var tableNames = []string{throughputTable, steadyTable, hammerTable, noisyTable, abuserTable, procsTable, costTable, memoryTable, inProcessTable, inflightTable}
 
 // run measures every table that -table selects, in order.
 func (r *runner) run(ctx context.Context) (results, error) {
@@ -219,6 +223,7 @@ func (r *runner) run(ctx context.Context) (results, error) {
 		{costTable, r.costAll},
 		{memoryTable, r.memoryAll},
 		{inProcessTable, r.inProcessAll},
+		{inflightTable, r.inflightAll},
 	}
 	for _, s := range steps {
 		if !r.cfg.tables.MatchString(s.name) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,6 +82,11 @@ func quickRows() map[string][]string {
 	}
 	for _, im := range inProcessImpls(quickInProcess) {
 		want["In process"] = append(want["In process"], "| "+im.name+" | ")
+	}
+	for _, im := range inflightImpls() {
+		for _, s := range quickInflight {
+			want["In flight"] = append(want["In flight"], fmt.Sprintf("| %s | %d | %d | %v | ", im.name, s.Goroutines, s.N, s.Hold))
+		}
 	}
 	for _, im := range implementations() {
 		for _, w := range quickWorkloads() {

@@ -6,7 +6,8 @@
 // CPU a decision costs each side; the steady state at two windows; the
 // hammer, the noisy neighbour, an abuser, processes on one key,
 // SortedSet's cost by limit, Redis memory per client, the in-process
-// limiter, and the targets. From the repository root:
+// limiter, package inflight against a Lua semaphore and
+// golang.org/x/sync/semaphore, and the targets. From the repository root:
 //
 //	cd bench && go run .            # the full run, about 10 minutes; writes BENCHMARKS.md and benchmarks.png
 //	cd bench && go run . -quick     # a smoke run of about a minute; writes nothing unless -out is given
@@ -116,10 +117,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 func (f flags) config() (config, error) {
 	cfg := config{timeout: f.timeout, window: f.window, limits: throughputLimits, quick: f.quick, out: f.out,
 		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy, costLimits: fullCostLimits,
-		abuser: fullAbuser, procs: fullProcs, steady: fullSteady, memory: fullMemory}
+		abuser: fullAbuser, procs: fullProcs, steady: fullSteady, memory: fullMemory, inflight: fullInflight}
 	if f.quick {
 		cfg.workloads, cfg.cell, cfg.hammer, cfg.noisy = quickWorkloads(), 150*time.Millisecond, quickHammer, quickNoisy
 		cfg.costLimits, cfg.abuser, cfg.procs, cfg.steady, cfg.memory = quickCostLimits, quickAbuser, quickProcs, quickSteady, quickMemory
+		cfg.inflight = quickInflight
 	} else if cfg.out == "" {
 		cfg.out = "."
 	}
@@ -275,6 +277,7 @@ func violations(res results) error {
 	bad = append(bad, badRows("noisy neighbour", res.noisy, func(n noisyRow) (string, string, bool) { return n.Impl, n.Check, n.Violation })...)
 	bad = append(bad, badRows("abuser", res.abuser, func(a abuserRow) (string, string, bool) { return a.Impl, a.Check, a.Violation })...)
 	bad = append(bad, badRows("processes", res.procs, func(p procsRow) (string, string, bool) { return p.Impl, p.Check, p.Violation })...)
+	bad = append(bad, badRows("in flight", res.inflight, func(i inflightRow) (string, string, bool) { return i.Impl, i.Check, i.Violation })...)
 	if len(bad) > 0 {
 		return errors.New("a limiter admitted more than its limit:\n  " + strings.Join(bad, "\n  "))
 	}

@@ -119,6 +119,7 @@ func tables(cfg config, res results) string {
 		{"SortedSet cost", len(res.cost) > 0, func() string { return costTableMD(res.cost, cfg.window) }},
 		{"Memory", len(res.memory) > 0, func() string { return memoryTableMD(res.memory) }},
 		{"In process", len(res.inProcess) > 0, func() string { return inProcessTableMD(res.inProcess) }},
+		{"In flight", len(res.inflight) > 0, func() string { return inflightTableMD(res.inflight) }},
 	}
 	for _, p := range parts {
 		if p.present {
@@ -151,6 +152,7 @@ func document(cfg config, res results, run runInfo, chart string) string {
 		{len(res.cost) > 0, func() { costSection(&b, cfg, res.cost) }},
 		{len(res.memory) > 0, func() { memorySection(&b, res.memory) }},
 		{len(res.inProcess) > 0, func() { inProcessSection(&b, res.inProcess) }},
+		{len(res.inflight) > 0, func() { inflightSection(&b, res.inflight) }},
 	}
 	for _, s := range sections {
 		if s.present {

@@ -30,12 +30,30 @@ func script(cmd redis.Cmder) bool {
 	return false
 }
 
+// phaseKey keys, in a call's context, a counter of the round trips of one
+// phase of the work (the in-flight table counts an acquisition's apart from
+// a release's), counted beside the hook's total.
+type phaseKey struct{}
+
+// withPhase returns ctx, whose round trips are also counted in c.
+func withPhase(ctx context.Context, c *atomic.Int64) context.Context {
+	return context.WithValue(ctx, phaseKey{}, c)
+}
+
+// add counts one round trip, and in the phase of ctx if it has one.
+func (t *trips) add(ctx context.Context) {
+	t.n.Add(1)
+	if c, ok := ctx.Value(phaseKey{}).(*atomic.Int64); ok {
+		c.Add(1)
+	}
+}
+
 func (t *trips) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (t *trips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if !handshake(cmd) {
-			t.n.Add(1)
+			t.add(ctx)
 		}
 		if script(cmd) {
 			t.scripts.Add(1)
@@ -47,7 +65,7 @@ func (t *trips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (t *trips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if len(cmds) > 0 && !handshake(cmds[0]) {
-			t.n.Add(1)
+			t.add(ctx)
 		}
 		for _, c := range cmds {
 			if script(c) {
