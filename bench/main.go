@@ -250,6 +250,10 @@ func noRefusals(ctx context.Context, lib *server) error {
 
 // write writes BENCHMARKS.md and the chart into cfg.out.
 func write(cfg config, res results, run runInfo) error {
+	// A run of minutes must not be lost to an -out folder not made yet.
+	if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		return err
+	}
 	var png bytes.Buffer
 	title := fmt.Sprintf("leakybucket vs redis_rate, ulule/limiter, naive redislock and one round trip; Redis %s, %s", run.version, run.started.UTC().Format("2006-01-02"))
 	if len(res.rows) > 0 || len(res.cost) > 0 {
