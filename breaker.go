@@ -3,9 +3,12 @@ package leakybucket
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leakybucket/leakybucket/internal/batch"
+	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
@@ -33,6 +36,44 @@ func (r *remote) breakerOf(ctx context.Context, resource string) (*outage.Breake
 		return nil, classify(err)
 	}
 	return r.breakers.Of(node), nil
+}
+
+// watch returns the breaker of the server that holds resource (nil
+// WithoutBreaker) and a channel that closes when it opens, or the error
+// that a call to it fails with at once: the breaker is open.
+func (r *remote) watch(ctx context.Context, resource string) (*outage.Breaker, <-chan struct{}, error) {
+	br, err := r.breakerOf(ctx, resource)
+	if err != nil || br == nil {
+		return nil, nil, err
+	}
+	cut := br.Watch() // before Admit: an opening in between cuts the call
+	if err := br.Admit(); err != nil {
+		return nil, nil, err
+	}
+	return br, cut, nil
+}
+
+// guarded runs f, the work of a call at resource that reads or flushes
+// (PeekN, Usage, Flush, FlushAll), as a decision runs (see decide and
+// decideBatch): at once ErrUnavailable while the breaker of its server is
+// open; the probe looks once it has waited SuspectAfter; and it is cut
+// short, with ErrUnavailable and the cause, should the breaker open
+// meanwhile. It returns by ctx's deadline (see bounded).
+func guarded[T any](ctx context.Context, r *remote, resource string, f func(context.Context, *lock.View) (T, error)) (T, error) {
+	var zero T
+	br, cut, err := r.watch(ctx, resource)
+	if err != nil {
+		return zero, err
+	}
+	if br != nil {
+		suspect := time.AfterFunc(outage.SuspectAfter, br.Suspect)
+		defer suspect.Stop()
+	}
+	v, err := bounded(ctx, cut, f)
+	if errors.Is(err, batch.ErrCut) {
+		return zero, br.Refusal()
+	}
+	return v, err
 }
 
 // settle is what a call of the Bucket returns instead of err, the error

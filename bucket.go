@@ -26,7 +26,7 @@ type backend interface {
 	// allow decides a call of weight n and writes its Result into res.
 	allow(ctx context.Context, resource, client string, n int, res *Result) error
 	// read returns what every rule counts for a call of weight n,
-	// writing nothing.
+	// writing nothing, by ctx's deadline.
 	read(ctx context.Context, resource, client string, n int) (limits.View, error)
 	// flush forgets client's counts at resource, and its share of the
 	// resource's.

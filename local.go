@@ -77,9 +77,11 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 	return nil
 }
 
-// read is Peek: in process, a read cannot fail (the Bucket's bound saw
-// ctx).
-func (l *localCounts) read(_ context.Context, resource, client string, n int) (limits.View, error) {
+// read is Peek: in process, a read fails only if ctx has ended.
+func (l *localCounts) read(ctx context.Context, resource, client string, n int) (limits.View, error) {
+	if ctx.Err() != nil {
+		return limits.View{}, batch.GivenUp(ctx, false, nil)
+	}
 	return l.counts.Peek(resource, client, n), nil
 }
 
