@@ -3,19 +3,15 @@
 package httplimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/leakybucket/leakybucket"
+	"github.com/leakybucket/leakybucket/internal/redisserver"
 	"github.com/leakybucket/leakybucket/internal/stall"
 	"github.com/redis/go-redis/v9"
 )
@@ -30,8 +26,8 @@ import (
 func TestOutageFailsFast(t *testing.T) {
 	for _, open := range []bool{false, true} {
 		t.Run(fmt.Sprint("fail open ", open), func(t *testing.T) {
-			srv := startServer(t)
-			rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
+			srv := redisserver.Start(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			t.Cleanup(func() { _ = rdb.Close() })
 			b := bucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(1_000_000)))
 			var reported []error
@@ -43,7 +39,7 @@ func TestOutageFailsFast(t *testing.T) {
 			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK {
 				t.Fatalf("before the kill: %d %q", w.Code, w.Body)
 			}
-			srv.kill()
+			srv.Kill()
 			want := http.StatusServiceUnavailable
 			if open {
 				want = http.StatusOK
@@ -52,7 +48,7 @@ func TestOutageFailsFast(t *testing.T) {
 			if open && countUnavailable(reported) < len(reported)*95/100 {
 				t.Errorf("%d of %d reported errors match ErrUnavailable", countUnavailable(reported), len(reported))
 			}
-			srv.restart(t)
+			srv.Restart(t)
 			checkRecovery(t, h)
 		})
 	}
@@ -117,68 +113,6 @@ func countUnavailable(errs []error) int {
 	return n
 }
 
-// server is a redis-server of the test's own, which it kills and starts
-// again on the same port.
-type server struct {
-	bin, addr string
-	args      []string
-	cmd       *exec.Cmd
-}
-
-// startServer starts a redis-server on a free port, denied scripting as
-// make test's is; it skips the test where there is none (fails under CI).
-func startServer(t *testing.T) *server {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("redis-server is not installed: CI must run the outage test (use make test)")
-		}
-		t.Skip("redis-server is not installed")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &server{bin: bin, addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-@scripting"}}
-	s.start(t)
-	t.Cleanup(s.kill)
-	return s
-}
-
-// start runs the server and waits until it answers.
-func (s *server) start(t *testing.T) {
-	t.Helper()
-	s.cmd = exec.Command(s.bin, s.args...)
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
-	defer rdb.Close()
-	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(context.Background()).Err() != nil; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not answer within 10s", s.addr)
-		}
-	}
-}
-
-// kill ends the server at once (SIGKILL), as a crash would.
-func (s *server) kill() {
-	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	}
-}
-
-// restart starts the server again on its port.
-func (s *server) restart(t *testing.T) {
-	t.Helper()
-	s.start(t)
-}
-
 // TestOutageEachStrategy: the middleware, failing open, under every
 // strategy, with ten clients in turn and Redis killed: after the first
 // request that failed to be decided, the p99 of the middleware's own time
@@ -188,8 +122,8 @@ func (s *server) restart(t *testing.T) {
 func TestOutageEachStrategy(t *testing.T) {
 	for _, s := range []leakybucket.Strategy{leakybucket.Logs, leakybucket.SortedSet, leakybucket.Windows(time.Millisecond)} {
 		t.Run(s.String(), func(t *testing.T) {
-			srv := startServer(t)
-			rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
+			srv := redisserver.Start(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			t.Cleanup(func() { _ = rdb.Close() })
 			b := bucket(t, rdb, leakybucket.WithStrategy(s), leakybucket.PerClient(leakybucket.PerMinute(1_000_000)))
 			var reported []error
@@ -198,7 +132,7 @@ func TestOutageEachStrategy(t *testing.T) {
 			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK {
 				t.Fatalf("before the kill: %d %q", w.Code, w.Body)
 			}
-			srv.kill()
+			srv.Kill()
 			meter := stall.Start()
 			var own []time.Duration
 			for c := range 10 {
@@ -224,7 +158,7 @@ func TestOutageEachStrategy(t *testing.T) {
 			if p99 := own[len(own)*99/100]; p99 > 20*time.Millisecond {
 				t.Errorf("p99 of the %d requests after the first failed one = %v, want at most 20ms", len(own), p99)
 			}
-			srv.restart(t)
+			srv.Restart(t)
 			checkRecovery(t, h)
 		})
 	}
