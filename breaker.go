@@ -3,7 +3,6 @@ package leakybucket
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -56,7 +55,7 @@ func (r *remote) watch(ctx context.Context, resource string) (*outage.Breaker, <
 // guarded runs f, the work of a call at resource that reads or flushes
 // (PeekN, Usage, Flush, FlushAll), as a decision runs (see decide and
 // decideBatch): at once ErrUnavailable while the breaker of its server is
-// open; the probe looks once it has waited SuspectAfter; and it is cut
+// open; the probe looks once it has waited SuspectAfter (Suspecting); and it is cut
 // short, with ErrUnavailable and the cause, should the breaker open
 // meanwhile. It returns by ctx's deadline (see bounded).
 func guarded[T any](ctx context.Context, r *remote, resource string, f func(context.Context, *lock.View) (T, error)) (T, error) {
@@ -66,8 +65,7 @@ func guarded[T any](ctx context.Context, r *remote, resource string, f func(cont
 		return zero, err
 	}
 	if br != nil {
-		suspect := time.AfterFunc(outage.SuspectAfter, br.Suspect)
-		defer suspect.Stop()
+		defer br.Suspecting()()
 	}
 	v, err := bounded(ctx, cut, f)
 	if errors.Is(err, batch.ErrCut) {

@@ -135,8 +135,7 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	if !r.cfg.noBreaker {
 		// A batch that waits this long for Redis makes the breaker look
 		// whether the server is gone: see breaker.go.
-		suspect := time.AfterFunc(outage.SuspectAfter, r.breakers.Of(where.Node).Suspect)
-		defer suspect.Stop()
+		defer r.breakers.Of(where.Node).Suspecting()()
 	}
 	requests := make([]limits.Call, len(calls))
 	for i, c := range calls {
