@@ -84,18 +84,34 @@ func (r *remote) settle(ctx context.Context, resource string, err error) error {
 	if !r.feedsBreaker(resource, err) {
 		return err
 	}
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		r.gone(ctx, resource, err)
+		return err
+	}
 	node, nerr := r.node(ctx, r.keysOf(resource).Slot())
 	if nerr != nil {
 		return err
 	}
-	br := r.breakers.Of(node)
-	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return br.Late(err)
-	case outage.Gone(err):
-		br.Open(err)
+	return r.breakers.Of(node).Late(err)
+}
+
+// gone reports whether err, the error of a call at resource, says that
+// the server that holds it is gone: the breaker refused the call or cut
+// it, or the call found the server unreachable (outage.Gone), which opens
+// the breaker.
+func (r *remote) gone(ctx context.Context, resource string, err error) bool {
+	if outage.Refused(err) {
+		return true
 	}
-	return err
+	if !r.feedsBreaker(resource, err) || !outage.Gone(err) {
+		return false
+	}
+	node, nerr := r.node(ctx, r.keysOf(resource).Slot())
+	if nerr != nil {
+		return false
+	}
+	r.breakers.Of(node).Open(err)
+	return true
 }
 
 // feedsBreaker reports whether err of a call at resource says anything

@@ -105,12 +105,12 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res
 // a call that can never be admitted. A call heavier than every rule reads
 // as one of the largest Requests: no rule reads further for it.
 func (b *Bucket) look(ctx context.Context, resource, client string, n int, res *Result) error {
-	v, err := b.counts.read(ctx, resource, client, min(n, b.plan.largest))
+	rd, err := b.counts.read(ctx, resource, client, min(n, b.plan.largest))
 	if err != nil {
 		*res = Result{}
 		return err
 	}
-	b.plan.evaluateInto(res, v, n, b.cfg.recordDenied)
+	rd.plan.evaluateInto(res, rd.View, n, b.cfg.recordDenied)
 	return nil
 }
 
@@ -123,11 +123,11 @@ func (b *Bucket) Usage(ctx context.Context, resource, client string) ([]RuleResu
 	if err := b.check(resource, client, 1); err != nil {
 		return nil, err
 	}
-	v, err := b.counts.read(ctx, resource, client, 1)
+	rd, err := b.counts.read(ctx, resource, client, 1)
 	if err != nil {
 		return nil, err
 	}
-	now, one := b.plan.evaluate(v, 0, false), b.plan.evaluate(v, 1, false)
+	now, one := rd.plan.evaluate(rd.View, 0, false), rd.plan.evaluate(rd.View, 1, false)
 	for i := range now.Rules {
 		now.Rules[i].RetryAfter = one.Rules[i].RetryAfter
 	}

@@ -194,8 +194,8 @@ func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*
 
 // read reads what every rule counts for a call of weight n by client at
 // resource, without writing anything.
-func (r *remote) read(ctx context.Context, resource, client string, n int) (limits.View, error) {
-	return guarded(ctx, r, resource, func(ctx context.Context, _ *lock.View) (limits.View, error) {
+func (r *remote) read(ctx context.Context, resource, client string, n int) (reading, error) {
+	v, err := guarded(ctx, r, resource, func(ctx context.Context, _ *lock.View) (limits.View, error) {
 		where, err := r.siteOf(ctx, resource, nil)
 		if err != nil {
 			return limits.View{}, err
@@ -203,6 +203,7 @@ func (r *remote) read(ctx context.Context, resource, client string, n int) (limi
 		v, err := r.store.Peek(ctx, where, client, n)
 		return v, classify(r.route.Redirected(err))
 	})
+	return reading{View: v, plan: &r.plan}, err
 }
 
 // flush is Flush on Redis: the cached denials are forgotten before and
