@@ -85,7 +85,7 @@ func testOutage(t *testing.T, s leakybucket.Strategy, open bool) {
 	}
 	checkFast(t, calls, open, len(reported))
 	srv.Restart(t)
-	checkDecidedAgain(t, c)
+	checkDecidedAgain(t, c, "c0", "")
 }
 
 // outageCall is one call of the outage: how long it took less the
@@ -181,15 +181,16 @@ func checkFast(t *testing.T, calls []outageCall, open bool, reported int) {
 	}
 }
 
-// checkDecidedAgain checks that a call is decided again, served with the
-// RateLimit fields, within a second of the restart.
-func checkDecidedAgain(t *testing.T, c healthpb.HealthClient) {
+// checkDecidedAgain checks that a call of client is decided again,
+// served with the RateLimit fields (RateLimit-Policy policy, if not
+// empty), within a second of the restart.
+func checkDecidedAgain(t *testing.T, c healthpb.HealthClient, client, policy string) {
 	t.Helper()
 	start := time.Now()
 	for time.Since(start) < 5*time.Second {
 		var trailer metadata.MD
-		_, err := c.Check(as(context.Background(), "c0"), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
-		if err == nil && len(trailer.Get(TrailerRateLimit)) == 1 {
+		_, err := c.Check(as(context.Background(), client), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+		if got := trailer.Get(TrailerPolicy); err == nil && len(trailer.Get(TrailerRateLimit)) == 1 && (policy == "" || got[0] == policy) {
 			if took := time.Since(start); took > time.Second {
 				t.Errorf("decided again %v after the restart, want within 1s", took)
 			}
@@ -198,4 +199,42 @@ func checkDecidedAgain(t *testing.T, c healthpb.HealthClient) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatal("no call decided within 5s of the restart")
+}
+
+// TestOutageFallback: with the Bucket's fallback (WithFallback(2)), Redis
+// killed: no call is refused Unavailable; each is decided in process by
+// the rule's share, 5 of 10 a minute, which the trailer's fields
+// advertise (5 served, then ResourceExhausted with RetryInfo); and calls
+// are decided by Redis again, with the rule's own quota, within a second
+// of a restart.
+func TestOutageFallback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a real server")
+	}
+	srv := redisserver.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := newBucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(10)), leakybucket.WithFallback(2))
+	c := serve(t, b, WithKey(clientKey))
+	ctx := context.Background()
+	const onRedis, inProcess = `"per-client-60s";q=10;w=60`, `"per-client-60s";q=5;w=60`
+	var trailer metadata.MD
+	if _, err := c.Check(as(ctx, "a"), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer)); err != nil {
+		t.Fatalf("before the kill: %v", err)
+	}
+	checkTrailer(t, trailer, TrailerPolicy, onRedis)
+	srv.Kill()
+	for i := range 8 {
+		var trailer metadata.MD
+		_, err := c.Check(as(ctx, "b"), &healthpb.HealthCheckRequest{}, grpc.Trailer(&trailer))
+		if i < 5 && err != nil {
+			t.Errorf("call %d in process: %v, want served", i, err)
+		}
+		if i >= 5 {
+			checkDenied(t, err)
+		}
+		checkTrailer(t, trailer, TrailerPolicy, inProcess)
+	}
+	srv.Restart(t)
+	checkDecidedAgain(t, c, "c", onRedis)
 }

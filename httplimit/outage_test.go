@@ -90,9 +90,18 @@ func checkOutage(t *testing.T, h http.Handler, want int) {
 // of the restart.
 func checkRecovery(t *testing.T, h http.Handler) {
 	t.Helper()
+	checkDecidedBy(t, h, "203.0.113.9:1", "")
+}
+
+// checkDecidedBy checks that a request from remote is served with the
+// RateLimit fields (RateLimit-Policy policy, if not empty) within a
+// second of the restart.
+func checkDecidedBy(t *testing.T, h http.Handler, remote, policy string) {
+	t.Helper()
 	start := time.Now()
 	for time.Since(start) < 5*time.Second {
-		if w := get(h, "203.0.113.9:1"); w.Code == http.StatusOK && w.Result().Header.Get("RateLimit") != "" {
+		w := get(h, remote)
+		if h := w.Result().Header; w.Code == http.StatusOK && h.Get("RateLimit") != "" && (policy == "" || h.Get("RateLimit-Policy") == policy) {
 			if took := time.Since(start); took > time.Second {
 				t.Errorf("decided again %v after the restart, want within 1s", took)
 			}
@@ -160,6 +169,52 @@ func TestOutageEachStrategy(t *testing.T) {
 			}
 			srv.Restart(t)
 			checkRecovery(t, h)
+		})
+	}
+}
+
+// TestOutageFallback: with the Bucket's fallback (WithFallback(2)), under
+// every strategy, Redis killed: no request waits for it nor reaches the
+// failure policy; each is decided in process by the share of the rule, 5
+// of 10 a minute, which RateLimit-Policy advertises while it applies: 5
+// served, then 429 with Retry-After; and requests are decided by Redis
+// again, with the rule's own quota, within a second of a restart.
+func TestOutageFallback(t *testing.T) {
+	for _, s := range []leakybucket.Strategy{leakybucket.Logs, leakybucket.SortedSet, leakybucket.Windows(time.Millisecond)} {
+		t.Run(s.String(), func(t *testing.T) {
+			srv := redisserver.Start(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { _ = rdb.Close() })
+			b := bucket(t, rdb, leakybucket.WithStrategy(s), leakybucket.PerClient(leakybucket.PerMinute(10)), leakybucket.WithFallback(2))
+			var reported []error
+			h := handler(t, b, WithFailOpen(func(_ *http.Request, err error) { reported = append(reported, err) }))
+			const onRedis, inProcess = `"per-client-60s";q=10;w=60`, `"per-client-60s";q=5;w=60`
+			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK || w.Header().Get("RateLimit-Policy") != onRedis {
+				t.Fatalf("before the kill: %v, policy %q", responseOf(w), w.Header().Get("RateLimit-Policy"))
+			}
+			srv.Kill()
+			var took []time.Duration
+			for i := range 8 {
+				start := time.Now()
+				w := get(h, "203.0.113.10:1")
+				took = append(took, time.Since(start))
+				want := http.StatusOK
+				if i >= 5 {
+					want = http.StatusTooManyRequests
+				}
+				if w.Code != want || w.Header().Get("RateLimit-Policy") != inProcess || (i >= 5) != (w.Header().Get("Retry-After") != "") {
+					t.Errorf("request %d in process: %v, policy %q; want %d, policy %s", i, responseOf(w), w.Header().Get("RateLimit-Policy"), want, inProcess)
+				}
+			}
+			t.Logf("requests in process took %v", took)
+			if slowest := slices.Max(took[1:]); slowest > 10*time.Millisecond {
+				t.Errorf("a request after the first took %v in process, want at most 10ms", slowest)
+			}
+			if len(reported) > 0 {
+				t.Errorf("the failure policy heard %v, want nothing: the fallback decides", reported)
+			}
+			srv.Restart(t)
+			checkDecidedBy(t, h, "203.0.113.11:1", onRedis)
 		})
 	}
 }
