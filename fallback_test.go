@@ -3,6 +3,7 @@ package leakybucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	locals "github.com/leakybucket/leakybucket/internal/local"
 )
 
 // The fallback's logic on fake time: miniredis in a synctest bubble
@@ -260,4 +263,36 @@ func TestFallbackOptions(t *testing.T) {
 	if res, err := b.Allow(context.Background(), "r", "c"); err != nil || res.Fallback || res.Remaining != 9 {
 		t.Errorf("NewLocal WithFallback: %+v, %v; want the whole rule, no fallback", res, err)
 	}
+}
+
+// TestFallbackForgets: what the process counted during an outage is freed
+// once it has left its windows, by the calls decided on Redis after it,
+// as NewLocal's calls free what they no longer count: an outage's clients
+// do not stay in memory.
+func TestFallbackForgets(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sw := newOutageSwitch(t, true)
+		b := fallbackNew(t, sw.client(t, redis.Options{}), WithStrategy(SortedSet), PerClient(Per(10, time.Second)), WithFallback(2))
+		ctx := context.Background()
+		sw.Down()
+		for c := range 100 {
+			if res, err := b.Allow(ctx, "r", fmt.Sprint("c", c)); err != nil || !res.Fallback {
+				t.Fatalf("client %d in process: %+v, %v", c, res, err)
+			}
+		}
+		local := b.counts.(*fallback).local.counts
+		if n := len(local.Keys()); n != 100 {
+			t.Fatalf("the process counts %d clients, want 100", n)
+		}
+		sw.Up()
+		time.Sleep(2 * time.Second) // Redis back, the outage's calls out of their windows
+		for range locals.SweepCycle {
+			if res, err := b.Allow(ctx, "r", "on-redis"); err != nil || res.Fallback {
+				t.Fatalf("on Redis: %+v, %v", res, err)
+			}
+		}
+		if keys := local.Keys(); len(keys) != 0 {
+			t.Errorf("the process still counts %d clients after the outage: %v", len(keys), keys[:min(len(keys), 5)])
+		}
+	})
 }
