@@ -166,8 +166,9 @@ func waitOpen(t *testing.T, b *Bucket) {
 // TestBreakerKillOtherMethods: PeekN, Usage, Flush and FlushAll meet an
 // outage as AllowN does. With Redis killed and the client of the Quick
 // start, the first of them (on a Bucket that has not failed yet) returns
-// ErrUnavailable with the cause soon after the probe's 10 ms (it waits
-// no second for go-redis's dial retries), and the next ones at once.
+// ErrUnavailable with the cause soon after the probe's 10 ms, or 110 ms
+// at worst (it waits no second for go-redis's dial retries), and the next
+// ones at once.
 func TestBreakerKillOtherMethods(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a real server")
@@ -209,8 +210,11 @@ func TestBreakerKillOtherMethods(t *testing.T) {
 				took[i] = max(s[1].Sub(s[0])-meter.During(s[0], s[1]), 0)
 			}
 			t.Logf("the first call took %v, the slowest later one %v", took[0], slices.Max(took[1:]))
-			if took[0] > 100*time.Millisecond {
-				t.Errorf("the first call took %v (less the scheduler's stalls), want about 10ms: it waited for go-redis's dial retries", took[0])
+			// 10 ms as a rule; 110 ms when a probe made on a suspicion
+			// (the calls before the kill, slow on a loaded machine) found
+			// the server there just before (see Breaker.Suspecting).
+			if took[0] > 250*time.Millisecond {
+				t.Errorf("the first call took %v (less the scheduler's stalls), want 10ms, or 110ms at worst: it waited for go-redis's dial retries", took[0])
 			}
 			if slowest := slices.Max(took[1:]); slowest > breakerP99 {
 				t.Errorf("a later call took %v, want at most %v", slowest, breakerP99)

@@ -33,7 +33,15 @@ const (
 	fkAfter      = 1500 * time.Millisecond
 	fkP99        = time.Millisecond
 	fkBack       = time.Second
-	fkDeadline   = 500 * time.Millisecond
+	// fkDeadline is long, so that a call fails only if it could not be
+	// decided, not because this loaded machine stalled the test (it has
+	// been seen to stall every goroutine for 600 ms).
+	fkDeadline = 5 * time.Second
+	// fkRaceP99 bounds the p99 under the race detector, which slows every
+	// decision several times over: still well under the SuspectAfter
+	// (10 ms) that a call waiting for a dead Redis waits at least.
+	// scripts/test.sh runs the test again without it, for fkP99.
+	fkRaceP99 = 5 * time.Millisecond
 )
 
 // TestFallbackKill: under each strategy, with Redis killed under load and
@@ -42,7 +50,8 @@ const (
 //   - no call fails: each is decided on Redis or in process;
 //   - once a process's breaker has opened (its first call decided in
 //     process returned), every call until the restart is decided in
-//     process, p99 within 1 ms (less the scheduler's stalls while it ran);
+//     process, p99 within 1 ms (less the scheduler's stalls while it ran;
+//     under the race detector, 5 ms);
 //   - no call is admitted past the limits: in any window, the admissions
 //     a process decided in process hold at most its shares (20 a second
 //     for the resource, 5 per client), and those Redis decided at most the
@@ -217,8 +226,12 @@ func (r *fkRun) checkOutage(t *testing.T, p int) {
 	p99 := took[len(took)*99/100]
 	t.Logf("process %d: breaker open %v after the kill; %d calls in process until the restart, p99 %v, slowest %v",
 		p, opened.Sub(r.killed).Round(time.Millisecond), len(took), p99, took[len(took)-1])
-	if p99 > fkP99 {
-		t.Errorf("process %d: p99 of the calls decided in process = %v, want at most %v", p, p99, fkP99)
+	bound := fkP99
+	if raceOn {
+		bound = fkRaceP99
+	}
+	if p99 > bound {
+		t.Errorf("process %d: p99 of the calls decided in process = %v, want at most %v", p, p99, bound)
 	}
 }
 

@@ -187,7 +187,10 @@ func TestOutageFallback(t *testing.T) {
 			t.Cleanup(func() { _ = rdb.Close() })
 			b := bucket(t, rdb, leakybucket.WithStrategy(s), leakybucket.PerClient(leakybucket.PerMinute(10)), leakybucket.WithFallback(2))
 			var reported []error
-			h := handler(t, b, WithFailOpen(func(_ *http.Request, err error) { reported = append(reported, err) }))
+			// A decision timeout long enough that only a request the
+			// fallback could not decide fails, not one that this loaded
+			// machine stalled.
+			h := handler(t, b, WithDecisionTimeout(5*time.Second), WithFailOpen(func(_ *http.Request, err error) { reported = append(reported, err) }))
 			const onRedis, inProcess = `"per-client-60s";q=10;w=60`, `"per-client-60s";q=5;w=60`
 			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK || w.Header().Get("RateLimit-Policy") != onRedis {
 				t.Fatalf("before the kill: %v, policy %q", responseOf(w), w.Header().Get("RateLimit-Policy"))
