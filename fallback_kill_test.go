@@ -59,7 +59,8 @@ const (
 //     Redis restarts empty. Only admissions whose stamps surely lie in one
 //     window count (see admission.surely);
 //   - each process decides on Redis again within 1 s of the restart, and
-//     its observer heard the switch both ways.
+//     its observer heard the switch both ways (the switch back may flap,
+//     see check).
 //
 // Each process is a Bucket, or a Tiers of two tiers of those rules, whose
 // calls pick a tier at random: each tier's fallback has counts of its
@@ -192,8 +193,12 @@ func (r *fkRun) check(t *testing.T) {
 	for p := range r.processes {
 		r.checkOutage(t, p)
 		r.checkBack(t, p)
-		if got := r.observed[p].switches(); !slices.Equal(got, []bool{false, true, false}) {
-			t.Errorf("process %d: the observer heard Fallback %v, want [false true false]", p, got)
+		// Redis, the process, and Redis again at the end. The switch back
+		// may flap: go-redis's pool, after PoolSize failed dials, answers
+		// with the last dial error for up to a second after the restart,
+		// and a call that gets it opens the breaker again for a moment.
+		if got := r.observed[p].switches(); len(got) < 3 || got[0] || !got[1] || got[len(got)-1] {
+			t.Errorf("process %d: the observer heard Fallback %v, want [false true ... false]", p, got)
 		}
 	}
 	r.checkLimits(t)
