@@ -100,6 +100,9 @@ type Site struct {
 	// line, while busy says calls wait in it; nil outside a batch.
 	Carry *Carried
 	Busy  func() bool
+	// Ahead holds urgent take-backs for the batch's next decision, which
+	// decides their calls again (see txn.Txn.Urgent); nil outside a batch.
+	Ahead *Carried
 	// Refind looks up the node that owns the keys again, after a
 	// redirect.
 	Refind func(context.Context) (*redis.Client, error)

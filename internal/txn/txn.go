@@ -37,8 +37,9 @@ type Txn struct {
 	Cmds    [][]any
 	Guards  []Guard // commands that apply only while a hash is what it was
 	Replies []any   // after the EXEC, by command
-	// Urgent: a take-back to send at once, never to carry on a later
-	// transaction: a call it takes back is decided again right after.
+	// Urgent: a take-back that must run before the calls it takes back
+	// are decided again, right after: sent ahead of that decision, never
+	// carried by a later batch.
 	Urgent bool
 }
 
