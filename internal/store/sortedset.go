@@ -26,6 +26,7 @@ func NewSortedSet(p Plan) Store {
 		if s.setOf[i] < 0 {
 			s.setOf[i] = len(s.sets)
 			s.sets = append(s.sets, spec)
+			s.lives = append(s.lives, spec.window+clock.LagLimit.Milliseconds())
 		}
 	}
 	return s
@@ -63,6 +64,7 @@ type sortedSetStore struct {
 	lockFree
 	sets  []setSpec // the distinct (scope, window, limit) of the rules
 	setOf []int     // by rule: its set
+	lives []any     // by set: how long after a write it lives (ms, boxed once)
 }
 
 // setSpec is what one set counts: rules with the same one share it.
@@ -129,9 +131,11 @@ type zBatch struct {
 	sortedSetStore
 	now    int64
 	calls  []limits.Call
-	sets   []*zSet     // in order of first use
-	of     [][]*zWrite // by call, by rule: the write to that rule's set
-	writes [][]*zWrite // by call: its writes, each once (rules may share a set)
+	sets   []*zSet        // in order of first use
+	of     [][]*zWrite    // by call, by rule: the write to that rule's set
+	writes [][]*zWrite    // by call: its writes, each once (rules may share a set)
+	args   []any          // the commands' arguments, in one array
+	counts []limits.Count // the view of the call being judged (see Judge)
 }
 
 // zSet is one set in a batch: where its reads are among the replies, then
@@ -140,6 +144,7 @@ type zSet struct {
 	key  string
 	arg  any // key, boxed once for the set's commands
 	spec setSpec
+	kind int // the index of spec in the store's
 	// full: some call of the batch on the set was not sent Far
 	// (limits.Call), so its oldest members are read for a denial's
 	// RetryAfter; a Far call's Result, if admitted, needs none, and it is
@@ -147,7 +152,7 @@ type zSet struct {
 	full     bool
 	heaviest int   // the heaviest call of the batch on the set
 	read     int   // WithRecordDenied: how many of the oldest to read
-	members  []any // what the batch adds, in the calls' order (not WithRecordDenied)
+	members  []any // what the batch adds, in the calls' order
 	written  bool  // some call of the batch adds members (others only look)
 
 	card, first, latest int // replies
@@ -164,37 +169,52 @@ type zWrite struct {
 	evicted int // WithRecordDenied, the reply: how many the cap removed
 }
 
+// zRoom is where a batch makes its sets and writes: each call writes to
+// at most one set per spec, so they are made in arrays sized once.
+type zRoom struct {
+	byKey  map[string]*zSet
+	sets   []zSet
+	writes []zWrite
+	refs   []*zWrite // the calls' writes, by call (zBatch.writes)
+}
+
 func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *zBatch {
+	most := len(calls) * len(s.sets) // sets, and writes
 	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls)), writes: make([][]*zWrite, len(calls))}
-	byKey := map[string]*zSet{}
+	room := zRoom{byKey: make(map[string]*zSet, most), sets: make([]zSet, 0, most), writes: make([]zWrite, 0, most), refs: make([]*zWrite, 0, most)}
 	prefixes := make([]string, len(s.sets)) // of each set's key
 	for i, spec := range s.sets {
 		prefixes[i] = s.setPrefix(ks, spec)
 	}
+	of := make([]*zWrite, len(calls)*len(s.Rules))
 	for i, c := range calls {
 		id := strconv.FormatUint(rand.Uint64(), 36)
-		b.of[i] = make([]*zWrite, len(s.Rules))
+		b.of[i] = of[i*len(s.Rules) : (i+1)*len(s.Rules)]
+		first := len(room.refs)
 		for r := range s.Rules {
 			if j := slices.Index(s.setOf[:r], s.setOf[r]); j >= 0 {
 				b.of[i][r] = b.of[i][j] // rules with one set write once
 				continue
 			}
-			w := b.write(byKey, prefixes[s.setOf[r]], s.sets[s.setOf[r]], c, id)
+			w := b.write(&room, prefixes[s.setOf[r]], s.setOf[r], c, id)
 			b.of[i][r] = w
-			b.writes[i] = append(b.writes[i], w)
+			room.refs = append(room.refs, w)
 		}
+		b.writes[i] = room.refs[first:len(room.refs):len(room.refs)]
 	}
 	return b
 }
 
-// write returns call c's write to the set spec, whose key starts with
-// prefix, adding the set to the batch if it is new.
-func (b *zBatch) write(byKey map[string]*zSet, prefix string, spec setSpec, c limits.Call, id string) *zWrite {
+// write returns call c's write to its set of the store's kind, whose
+// key starts with prefix, adding the set to the batch if it is new.
+func (b *zBatch) write(room *zRoom, prefix string, kind int, c limits.Call, id string) *zWrite {
+	spec := b.sortedSetStore.sets[kind]
 	key := spec.keyOf(prefix, c.Client)
-	set := byKey[key]
+	set := room.byKey[key]
 	if set == nil {
-		set = &zSet{key: key, arg: key, spec: spec}
-		byKey[key] = set
+		room.sets = append(room.sets, zSet{key: key, arg: key, spec: spec, kind: kind})
+		set = &room.sets[len(room.sets)-1]
+		room.byKey[key] = set
 		b.sets = append(b.sets, set)
 	}
 	set.full = set.full || !c.Far || b.RecordDenied
@@ -202,55 +222,88 @@ func (b *zBatch) write(byKey map[string]*zSet, prefix string, spec setSpec, c li
 	if b.RecordDenied {
 		set.read = min(max(set.read, c.N)+c.N, spec.limit) // what the cap may drop, and the oldest left
 	}
-	w := &zWrite{set: set, evicted: -1}
+	room.writes = append(room.writes, zWrite{set: set, evicted: -1})
+	w := &room.writes[len(room.writes)-1]
 	if c.Look {
 		return w // it only reads the set
 	}
 	set.written = true
-	w.members = make([]any, c.N)
+	first := len(set.members)
 	for unit := range c.N {
-		w.members[unit] = member(spec, c.Client, id, unit)
+		set.members = append(set.members, member(spec, c.Client, id, unit))
 	}
-	if !b.RecordDenied {
-		set.members = append(set.members, w.members...)
-	}
+	w.members = set.members[first:len(set.members):len(set.members)]
 	return w
 }
 
-// queue adds the batch's commands: see sortedSetStore. Each argument is
-// boxed once (a key serves several commands).
+// add queues a command, its arguments in the batch's one array (see
+// queue).
+func (b *zBatch) add(t *txn.Txn, args ...any) int {
+	first := len(b.args)
+	b.args = append(b.args, args...)
+	return b.queueFrom(t, first)
+}
+
+// addZadd queues ZADD key score member ... for members, all scored with
+// score.
+func (b *zBatch) addZadd(t *txn.Txn, key, score any, members []any) int {
+	first := len(b.args)
+	b.args = appendZadd(b.args, key, score, members)
+	return b.queueFrom(t, first)
+}
+
+// queueFrom queues the command whose arguments are the batch's from first
+// on.
+func (b *zBatch) queueFrom(t *txn.Txn, first int) int {
+	return t.Add(b.args[first:len(b.args):len(b.args)]...)
+}
+
+// queue adds the batch's commands: see sortedSetStore. Their arguments
+// go in one array, about twenty a set and two a member, and each is boxed
+// once: a key serves several commands, and so do the bound its kind of
+// set is trimmed to and how long it lives.
 func (b *zBatch) queue(t *txn.Txn) {
-	now := any(b.now)
+	members := 0
 	for _, set := range b.sets {
-		b.queueReads(t, set)
+		members += len(set.members)
+	}
+	b.args = make([]any, 0, 24*len(b.sets)+4*members)
+	now, notBefore := any(b.now), any(b.notBefore())
+	trims := make([]any, len(b.sortedSetStore.sets))
+	for _, set := range b.sets {
+		if trims[set.kind] == nil {
+			trims[set.kind] = b.now - set.spec.window
+		}
+		b.queueReads(t, set, trims[set.kind], notBefore)
 	}
 	if b.RecordDenied {
 		b.queueCapped(t, now)
 	}
 	for _, set := range b.sets {
-		if len(set.members) > 0 {
-			t.Add(zadd(set.arg, now, set.members)...)
+		if len(set.members) > 0 && !b.RecordDenied {
+			b.addZadd(t, set.arg, now, set.members)
 		}
 		if set.written {
-			t.Add("pexpire", set.arg, set.spec.window+clock.LagLimit.Milliseconds())
+			b.add(t, "pexpire", set.arg, b.lives[set.kind])
 		}
 	}
 }
 
-// queueReads adds the trim of set and its reads.
-func (b *zBatch) queueReads(t *txn.Txn, set *zSet) {
-	t.Add("zremrangebyscore", set.arg, "-inf", b.now-set.spec.window)
-	set.card = t.Add("zcard", set.arg)
+// queueReads adds the trim of set, to trim, and its reads: if every call
+// on it is Far, only of a member scored after notBefore.
+func (b *zBatch) queueReads(t *txn.Txn, set *zSet, trim, notBefore any) {
+	b.add(t, "zremrangebyscore", set.arg, "-inf", trim)
+	set.card = b.add(t, "zcard", set.arg)
 	switch {
 	case !set.full:
-		set.latest = t.Add("zrange", set.arg, "+inf", b.notBefore(), "byscore", "rev", "limit", 0, 1, "withscores")
+		set.latest = b.add(t, "zrange", set.arg, "+inf", notBefore, "byscore", "rev", "limit", 0, 1, "withscores")
 		return
 	case b.RecordDenied:
-		set.first = t.Add("zrange", set.arg, 0, set.read-1, "withscores")
+		set.first = b.add(t, "zrange", set.arg, 0, set.read-1, "withscores")
 	default:
-		set.first = t.Add("zrange", set.arg, 0, b.oldestTo(set), "withscores")
+		set.first = b.add(t, "zrange", set.arg, 0, b.oldestTo(set), "withscores")
 	}
-	set.latest = t.Add("zrange", set.arg, -1, -1, "withscores")
+	set.latest = b.add(t, "zrange", set.arg, -1, -1, "withscores")
 }
 
 // oldestTo is the last rank of set's oldest members that a denial's
@@ -274,8 +327,8 @@ func (b *zBatch) queueCapped(t *txn.Txn, now any) {
 	for i := range b.calls {
 		for _, w := range b.writes[i] {
 			if len(w.members) > 0 { // else a call that only looks
-				t.Add(zadd(w.set.arg, now, w.members)...)
-				w.evicted = t.Add("zremrangebyrank", w.set.arg, 0, -w.set.spec.limit-1)
+				b.addZadd(t, w.set.arg, now, w.members)
+				w.evicted = b.add(t, "zremrangebyrank", w.set.arg, 0, -w.set.spec.limit-1)
 			}
 		}
 	}
@@ -294,10 +347,9 @@ func (b *zBatch) notBefore() string {
 	return "(" + strconv.FormatInt(b.now-clock.Jump.Milliseconds(), 10)
 }
 
-// zadd returns ZADD key score member ... for members, all scored with
-// score, in one slice.
-func zadd(key, score any, members []any, flags ...any) []any {
-	out := make([]any, 0, 2+len(flags)+2*len(members))
+// appendZadd appends ZADD key flags... score member ... for members, all
+// scored with score, to out.
+func appendZadd(out []any, key, score any, members []any, flags ...any) []any {
 	out = append(out, "zadd", key)
 	out = append(out, flags...)
 	for _, m := range members {
@@ -333,7 +385,7 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 			back.Add(append([]any{"zrem", set.key}, members...)...)
 		}
 		if members := due.late[set]; len(members) > 0 {
-			back.Add(zadd(set.key, now, members, "xx", "gt")...)
+			back.Add(appendZadd(make([]any, 0, 4+2*len(members)), set.key, now, members, "xx", "gt")...)
 		}
 	}
 	return nil
@@ -359,7 +411,10 @@ func (b *zBatch) decidedAgain(v limits.View, i int, recorded bool) bool {
 // view is what call i's rules counted before it: Short if a set of the
 // call was read without its oldest members.
 func (b *zBatch) view(i int, now, stamp int64) limits.View {
-	v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
+	if b.counts == nil {
+		b.counts = make([]limits.Count, len(b.Rules))
+	}
+	v := limits.View{Now: now, Counts: b.counts}
 	for r, w := range b.of[i] {
 		set := w.set
 		v.Counts[r] = limits.Count{Stamp: stamp, Used: set.held, Oldest: set.oldest, Newest: set.newest}
@@ -449,11 +504,14 @@ func (set *zSet) start(replies []any) {
 // Redis holds them: WithRecordDenied, less the evicted oldest.
 func (set *zSet) add(n, evicted int, stamp int64) {
 	set.held += n - evicted
+	set.newest = max(set.newest, stamp)
+	if !set.full {
+		return // no denial is answered from it (see zSet.full): no oldest kept
+	}
 	set.oldest = set.oldest[min(evicted, len(set.oldest)):]
 	for range n {
 		set.oldest = append(set.oldest, limits.Entry{At: stamp, Weight: 1})
 	}
-	set.newest = max(set.newest, stamp)
 }
 
 // Peek counts without writing: ZCOUNT of the live members, the oldest and
