@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -387,8 +388,10 @@ func uniquePrefix(t testing.TB) string {
 // is not counted.
 // roundTrips counts round trips. A transaction that only scores again
 // the members of a SortedSet decision that ran late (a loaded host, see
-// maxEarly) is counted apart, in late: it comes with the machine's load,
-// not with the call, and would make exact counts flaky.
+// maxEarly), or only moves a Windows decision's calls to the later
+// interval it ran in (the same), is counted apart, in late: it comes with
+// the machine's load, not with the call, and would make exact counts
+// flaky.
 type roundTrips struct{ n, late atomic.Int64 }
 
 func handshake(cmd redis.Cmder) bool { return isConnCommand(commandName(cmd)) }
@@ -408,7 +411,7 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		switch {
 		case len(cmds) == 0 || handshake(cmds[0]):
-		case restampOnly(cmds):
+		case restampOnly(cmds) || moveOnly(cmds):
 			r.late.Add(1)
 		default:
 			r.n.Add(1)
@@ -432,6 +435,29 @@ func restampOnly(cmds []redis.Cmder) bool {
 		}
 	}
 	return restamps > 0
+}
+
+// moveOnly reports whether a pipeline is a transaction that only moves
+// weight between intervals: HINCRBYs that add up to nothing, with the
+// expiry (PEXPIREAT) and incarnation (HSETNX) of the keys they touch and
+// its marker's SET. A take-back's add up to less, a decision's to more.
+func moveOnly(cmds []redis.Cmder) bool {
+	moves, sum := 0, int64(0)
+	for _, c := range cmds {
+		args := c.Args()
+		switch commandName(c) {
+		case "multi", "exec", "set", "pexpireat", "hsetnx":
+		case "hincrby":
+			n, err := strconv.ParseInt(fmt.Sprint(args[len(args)-1]), 10, 64)
+			if err != nil {
+				return false
+			}
+			moves, sum = moves+1, sum+n
+		default:
+			return false
+		}
+	}
+	return moves > 0 && sum == 0
 }
 
 // count returns the round trips made by f.

@@ -138,6 +138,14 @@ func fixedOrder(fixed bool) int {
 	return 0
 }
 
+// Kinds reports whether span group g has a fixed lane, and a sliding one.
+func (y Layout) Kinds(g int) (fixed, sliding bool) {
+	for _, l := range y.LanesOf[g] {
+		fixed, sliding = fixed || y.Lanes[l].Fixed, sliding || !y.Lanes[l].Fixed
+	}
+	return fixed, sliding
+}
+
 // Lane returns the Lane of rule r.
 func (y Layout) Lane(r int) Lane { return y.Lanes[y.OfRule[r]] }
 

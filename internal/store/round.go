@@ -24,7 +24,8 @@ type round interface {
 	queue(t *txn.Txn)
 	// judge reads t's replies, asks judge about each call in order, and
 	// queues on back the take-back of the calls not recorded. now is Redis's
-	// time when t ran (ms), which the Results count from.
+	// time when t ran (ms), which the Results count from. If it says redo
+	// (errRedo), back holds the take-back of what t wrote, if anything.
 	judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error
 	// takeAll queues on back the take-back of every call, for a
 	// transaction t that ran, although its reply was lost (t.replies is
@@ -95,6 +96,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	}
 	where.Clock.Sample(server, sent)
 	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
+		takeBack(where, back, r.idempotent()) // what a decision made again took back, if anything
 		return err
 	}
 	handOn(where, back, r.idempotent())

@@ -219,24 +219,28 @@ func (b *hBatch) queue(t *txn.Txn) {
 const tidyAt = 16
 
 // judge asks judge about each call in order, and queues on back the
-// take-back of the calls not recorded, and the deletion of dead fields the
-// transaction did not delete.
+// take-back of the calls not recorded, the move of those recorded to the
+// interval Redis ran them in (see moves), and the deletion of dead fields
+// the transaction did not delete.
 func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error {
 	if !b.saw(b.keys, b.gen, t.Replies[b.genReply]) {
 		return errStaleGeneration
 	}
+	if b.crossedFixed(now) {
+		b.takeAll(t, back)
+		return errCrossed
+	}
+	at := func(g int) int64 { return b.at(g, now) }
 	for _, h := range b.order {
-		h.parse(b.Layout, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
-		for g := range h.current {
-			h.current[g] -= h.added
-		}
+		h.parse(b.Layout, at, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
+		b.unbatch(h, now)
 	}
 	for i, c := range b.calls {
 		hashes := b.hashesOf(i)
 		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
 		for r, rule := range b.Rules {
 			h := hashes[b.hashOf(rule)]
-			v.Counts[r] = h.count(b.Layout, r, rule, b.now, now, h.admitted)
+			v.Counts[r] = h.count(b.Layout, r, rule, b.at(b.Lane(r).Group, now), now, h.admitted)
 		}
 		recorded := judge(i, v)
 		for _, h := range hashes {
@@ -249,8 +253,118 @@ func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 			}
 		}
 	}
+	b.queueMoves(back, now)
 	b.queueBack(back, func(h *hash) int { return h.denied })
 	return nil
+}
+
+// errCrossed: Redis ran the transaction in a later interval than its
+// stamp's, and too late to count its calls in the stamp's (see late), in
+// a span that is a fixed window: its calls, judged with the window of the
+// stamp, would count in a window that ended before Redis ran them, and
+// cannot be moved to the next, whose room they were not judged by. So the
+// decision is taken back and made again, stamped in the next window.
+var errCrossed = fmt.Errorf("%w: Redis ran it in a later window than its stamp's", errRedo)
+
+// crossedFixed reports whether Redis ran the transaction (at now) late
+// for the stamp's interval of a span with a fixed lane.
+func (b *hBatch) crossedFixed(now int64) bool {
+	for g := range b.Spans {
+		if fixed, _ := b.Kinds(g); fixed && b.late(g, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// late reports whether Redis ran the transaction (at now) in a later
+// interval of span group g than the batch's stamp's, and more than
+// maxEarly after the end of the stamp's: a sliding interval counts its
+// calls as made at its last millisecond, so that such a call, left there,
+// would count as made that much before Redis ran it, and leave its
+// windows as early (a process that stalled between stamping and sending).
+func (b *hBatch) late(g int, now int64) bool {
+	span := b.Spans[g]
+	return now/span > b.now/span && now-((b.now/span+1)*span-1) > maxEarly
+}
+
+// moves reports whether the batch's calls of span group g, written to the
+// stamp's interval, count in the one Redis ran the transaction in (now),
+// and are moved there (queueMoves): when it is late, in a span of sliding
+// lanes only (see crossedFixed for the others).
+func (b *hBatch) moves(g int, now int64) bool {
+	fixed, _ := b.Kinds(g)
+	return !fixed && b.late(g, now)
+}
+
+// at is when span group g's calls of the batch count as made: at now if
+// they are moved, else at the stamp.
+func (b *hBatch) at(g int, now int64) int64 {
+	if b.moves(g, now) {
+		return now
+	}
+	return b.now
+}
+
+// unbatch takes the batch's weight out of what was read of h: out of the
+// current interval, or, for a span whose calls are moved, out of the
+// stamp's interval, which is a past one there.
+func (b *hBatch) unbatch(h *hash, now int64) {
+	for g, span := range b.Spans {
+		if !b.moves(g, now) {
+			h.current[g] -= h.added
+			continue
+		}
+		for _, l := range b.LanesOf[g] {
+			h.lanes[l] = withWeight(h.lanes[l], b.Lanes[l].At(b.now/span), -h.added)
+		}
+	}
+}
+
+// withWeight adds n to the entry stamped at among entries, oldest first,
+// and drops it if it holds no weight then.
+func withWeight(entries []limits.Entry, at int64, n int) []limits.Entry {
+	i, found := slices.BinarySearchFunc(entries, at, func(e limits.Entry, t int64) int { return cmp.Compare(e.At, t) })
+	if !found {
+		return entries
+	}
+	if entries[i].Weight += n; entries[i].Weight <= 0 {
+		return slices.Delete(entries, i, i+1)
+	}
+	return entries
+}
+
+// queueMoves queues on back the move of the weight each hash recorded
+// from the stamp's interval to the one Redis ran the transaction in, for
+// the spans whose calls count there (see moves): so that no call counts
+// as made before Redis ran it. Until the move lands (the line's next
+// transaction, or one of its own before the callers are answered: see
+// handOn), others count the calls in the earlier interval, long before it
+// leaves any window. A move never lowers what any window counts from then
+// on: the later interval is in every window the earlier one is in. So it
+// needs no guard: after a Flush it leaves the weight counted in the later
+// interval, which errs on the side of denying. A hash gone meanwhile is
+// not made again; its deadline, and the generation's, only move later, to
+// cover the new interval.
+func (b *hBatch) queueMoves(back *txn.Txn, now int64) {
+	moved := false
+	for _, h := range b.order {
+		from := len(back.Cmds)
+		for g, span := range b.Spans {
+			if h.admitted > 0 && b.moves(g, now) {
+				back.Add("hincrby", h.key, b.FieldName(g, b.now/span), -h.admitted)
+				back.Add("hincrby", h.key, b.FieldName(g, now/span), h.admitted)
+			}
+		}
+		if len(back.Cmds) > from {
+			moved = true
+			back.Add(txn.DropIfMade(h.key)...)
+			back.Add("pexpireat", h.key, b.ExpireAt(now), "gt")
+		}
+	}
+	if moved && b.gen != "" {
+		back.Add("pexpireat", b.keys.Generation(), b.ExpireAt(now), "gt")
+	}
 }
 
 func (b *hBatch) idempotent() bool { return false }
@@ -339,12 +453,12 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
 	return append(cmds, txn.DropIfMade(h.key))
 }
 
-// parse reads a hash's fields at now, of which there are size: its
-// intervals, and the fields no window counts any more. Fields that are not
-// an interval are not ours.
-func (h *hash) parse(y intervals.Layout, now int64, fields iter.Seq2[string, string], size int) {
+// parse reads a hash's fields, of which there are size, each span group g
+// at at(g): its intervals, and the fields no window counts any more.
+// Fields that are not an interval are not ours.
+func (h *hash) parse(y intervals.Layout, at func(g int) int64, fields iter.Seq2[string, string], size int) {
 	h.clear(y, size)
-	first := y.Bounds(0, now)
+	first := y.Bounds(0, at(0))
 	for field, value := range fields {
 		g, index, ok := y.Interval(field)
 		if !ok {
@@ -356,7 +470,7 @@ func (h *hash) parse(y intervals.Layout, now int64, fields iter.Seq2[string, str
 		n, err := strconv.Atoi(value)
 		live := first // the usual case, found once
 		if g != 0 {
-			live = y.Bounds(g, now)
+			live = y.Bounds(g, at(g))
 		}
 		switch {
 		case err != nil: // not ours
@@ -375,6 +489,9 @@ func (h *hash) parse(y intervals.Layout, now int64, fields iter.Seq2[string, str
 		h.lanes[l] = entries
 	}
 }
+
+// always is the time of every span group, now, as parse takes it.
+func always(now int64) func(int) int64 { return func(int) int64 { return now } }
 
 // clear empties h for parse, with room for size fields.
 func (h *hash) clear(y intervals.Layout, size int) {
@@ -510,7 +627,7 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, where Site, clie
 		hashes := make([]*hash, len(keys))
 		for i, read := range reads {
 			hashes[i] = &hash{key: keys[i]}
-			hashes[i].parse(s.Layout, now, maps.All(read.Val()), len(read.Val()))
+			hashes[i].parse(s.Layout, always(now), maps.All(read.Val()), len(read.Val()))
 		}
 		return now, hashes, nil
 	}
@@ -560,7 +677,7 @@ func (s windowsStore) Flush(ctx context.Context, where Site, client string) erro
 		}
 		server, _ := txn.ReplyTime(take.Replies[timeAt])
 		mine := &hash{key: keys[len(keys)-1]}
-		mine.parse(s.Layout, server.UnixMilli(), txn.ReplyFields(take.Replies[read]), txn.ReplyLen(take.Replies[read]))
+		mine.parse(s.Layout, always(server.UnixMilli()), txn.ReplyFields(take.Replies[read]), txn.ReplyLen(take.Replies[read]))
 		if !s.ClientScoped {
 			takeBack(where, s.share(where.Keys, keys[0], mine, server.UnixMilli()), false)
 		}

@@ -16,7 +16,7 @@ func TestFixedWindowCountsAtTheEstimate(t *testing.T) {
 	var h hash
 	// The estimate is 999 (window 0, which held 3 calls before this
 	// one's); Redis ran it at 1000 (window 1, empty).
-	h.parse(y, 999, func(yield func(string, string) bool) { yield("0", "4") }, 1)
+	h.parse(y, always(999), func(yield func(string, string) bool) { yield("0", "4") }, 1)
 	h.current[0] -= 1
 	c := h.count(y, 0, rule, 999, 1000, 0)
 	if c.Used != 3 || c.Stamp != 0 {
