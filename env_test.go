@@ -261,24 +261,7 @@ func newMiniEnv(t *testing.T, s Strategy) *env {
 		}
 		return false
 	})
-	client := func() *redis.Client {
-		return redis.NewClient(&redis.Options{
-			Addr: "miniredis",
-			Dialer: func(context.Context, string, string) (net.Conn, error) {
-				c, err := m.Dial()
-				if err != nil {
-					return nil, err
-				}
-				return newQueuedConn(c), nil
-			},
-			// Fake time runs while a write to the pipe waits for
-			// miniredis to read it: contexts bound the calls instead.
-			ReadTimeout: -2, WriteTimeout: -2,
-			// Its endpoint detection would resolve the address with DNS,
-			// which cannot run inside a synctest bubble.
-			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		})
-	}
+	client := func() *redis.Client { return miniClient(m) }
 	e := &env{strategy: s, rdb: client(), admin: client(), prefix: "t", clock: newModelClock(), trips: &roundTrips{}, sent: &commandLog{}, mini: m}
 	e.rdb.AddHook(e.sent)
 	e.rdb.AddHook(e.trips)
@@ -292,6 +275,26 @@ func newMiniEnv(t *testing.T, s Strategy) *env {
 		e.checkSent(t, false)
 	})
 	return e
+}
+
+// miniClient returns a client of m, in the current synctest bubble.
+func miniClient(m *miniredis.Miniredis) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: "miniredis",
+		Dialer: func(context.Context, string, string) (net.Conn, error) {
+			c, err := m.Dial()
+			if err != nil {
+				return nil, err
+			}
+			return newQueuedConn(c), nil
+		},
+		// Fake time runs while a write to the pipe waits for
+		// miniredis to read it: contexts bound the calls instead.
+		ReadTimeout: -2, WriteTimeout: -2,
+		// Its endpoint detection would resolve the address with DNS,
+		// which cannot run inside a synctest bubble.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
 }
 
 // checkSent fails the test if the Bucket's client sent a command that

@@ -129,8 +129,9 @@ func (r *remote) batchKey(resource, client string) string {
 // reads the counts and calls judge once per call, in arrival order. Under
 // SortedSet and Windows, the calls foresight saw no room for only look
 // (package foresight); those that then had room are decided again, writing.
-// So are the calls sent Far that the counts deny, whose store read too
-// little for a denial's Result (limits.View.Short).
+// So are the calls sent Far that what was read cannot decide: denied by
+// counts read too little for a denial's Result (limits.View.Short), or
+// left too little room by a bound of the counts (limits.Count.Bounded).
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
@@ -176,17 +177,17 @@ func (r *remote) foresees() bool {
 }
 
 // decideRequests has the store decide calls (requests, by call), and
-// returns the calls that only looked and had room, or were read Short and
-// had none, to decide again.
+// returns the calls that only looked and had room, or that what was read
+// left undecided (limits.View.Undecided), to decide again.
 func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]int, error) {
 	var again []int
 	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
-		if requests[i].Look && res.Allowed || v.Short && !res.Allowed {
+		if undecided := v.Undecided(r.plan.Rules, c.n); requests[i].Look && res.Allowed || undecided {
 			// It looked and has room, or was read too little to be
-			// denied: not recorded, and decided again on a full read.
-			if v.Short {
+			// decided: not recorded, and decided again on a full read.
+			if undecided {
 				r.foresight.Saw(c.resource, c.client, v, c.n, false)
 			}
 			again = append(again, i)

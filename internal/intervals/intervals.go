@@ -14,6 +14,13 @@
 // others by "<span in ms>:<number>". Lanes are ordered by span, sliding
 // before fixed, not by the order of the rules: a deploy that only reorders
 // its rules keeps its keys, so its old and new processes share counts.
+//
+// The intervals of a span live in a hash per epoch: a stretch of time as
+// long as the longest window of its lanes, rounded up to a whole number
+// of intervals, counted from the Unix epoch. A window then reaches into
+// the current epoch and the one before, never further, and an epoch's
+// hash may expire, whole, once the last of its intervals left every
+// window (EpochExpireAt): no interval is ever deleted on its own.
 package intervals
 
 import (
@@ -49,23 +56,13 @@ func (l Lane) At(index int64) int64 {
 // Stamp is the Stamp of now's interval.
 func (l Lane) Stamp(now int64) int64 { return l.At(now / l.Span) }
 
-// lastDead is the newest interval that no rule of the lane counts at now:
-// the last whose stamp is at least longest before now. A fixed lane is
-// judged at its decision's stamp, which may trail Redis's time by up to
-// clock.LagLimit: its last window stays alive that much longer, so that a
-// decision stamped just before the boundary still finds it (and no HDEL
-// takes it first).
-func (l Lane) lastDead(now int64) int64 {
-	if l.Fixed {
-		return (now-clock.LagLimit.Milliseconds())/l.Span - 1
-	}
-	return (now+1-l.Longest)/l.Span - 1
-}
-
 // ExpireAt is when a hash may expire once a call stamped now counted in
 // it: when the call's interval leaves the lane's longest window (a sliding
 // lane counts at Redis's own time, so its reads never need more), and for
-// a fixed lane clock.LagLimit later (see lastDead).
+// a fixed lane clock.LagLimit later: a fixed lane is judged at its
+// decision's stamp, which may trail Redis's time by up to clock.LagLimit,
+// so its last window must outlive its end that much, for a decision
+// stamped just before the boundary to still find it.
 func (l Lane) ExpireAt(now int64) int64 {
 	at := l.Stamp(now) + l.Longest
 	if l.Fixed {
@@ -82,6 +79,7 @@ type Layout struct {
 	Spans   []int64  // the spans, shortest first (see New)
 	names   []string // the spans in decimal, as the fields name them: kept, not formatted per field
 	LanesOf [][]int  // the lanes of each span
+	Epochs  []int64  // the epoch of each span, ms: its lanes' longest window, in whole intervals
 }
 
 // New returns the layout of rules under Windows(precision): a rule
@@ -113,6 +111,13 @@ func New(precision time.Duration, rules []limits.Rule) Layout {
 	for _, r := range rules {
 		want := laneOf(r)
 		y.OfRule = append(y.OfRule, slices.IndexFunc(y.Lanes, want.same))
+	}
+	for g, span := range y.Spans {
+		var longest int64
+		for _, l := range y.LanesOf[g] {
+			longest = max(longest, y.Lanes[l].Longest)
+		}
+		y.Epochs = append(y.Epochs, (longest+span-1)/span*span)
 	}
 	return y
 }
@@ -212,37 +217,18 @@ func digits(field string) (int64, bool) {
 	return n, true
 }
 
-// lastDead is the newest interval of span group g that no rule counts at
-// now.
-func (y Layout) lastDead(g int, now int64) int64 {
-	dead := int64(0)
-	for i, l := range y.LanesOf[g] {
-		if d := y.Lanes[l].lastDead(now); i == 0 || d < dead {
-			dead = d
-		}
-	}
-	return dead
-}
+// Epoch is the epoch of span group g that time at (ms) is in.
+func (y Layout) Epoch(g int, at int64) int64 { return at / y.Epochs[g] }
 
-// Bounds are the intervals of a span group at some time: the newest that
-// no rule counts (lastDead), and the current one.
-type Bounds struct{ Dead, Current int64 }
-
-// Bounds returns span group g's at now.
-func (y Layout) Bounds(g int, now int64) Bounds {
-	return Bounds{Dead: y.lastDead(g, now), Current: now / y.Spans[g]}
-}
-
-// ExpireAt is when a hash written at now may expire: once no rule counts
-// the interval of a call stamped now (Lane.ExpireAt). That is at most one
-// precision after the window of a call made at now ends (its interval's
-// end), or clock.LagLimit after a fixed window's. A hash is only ever given a
-// later deadline, never an earlier one (PEXPIREAT NX, then GT: see the
-// Windows store).
-func (y Layout) ExpireAt(now int64) int64 {
+// EpochExpireAt is when the hash of span group g's epoch e may expire:
+// once its last interval left every window (Lane.ExpireAt of its last
+// millisecond). It is the same for every writer, so a hash's deadline is
+// set once and never moved, by whoever writes to it first or last.
+func (y Layout) EpochExpireAt(g int, e int64) int64 {
+	last := (e+1)*y.Epochs[g] - 1
 	var at int64
-	for _, l := range y.Lanes {
-		at = max(at, l.ExpireAt(now))
+	for _, l := range y.LanesOf[g] {
+		at = max(at, y.Lanes[l].ExpireAt(last))
 	}
 	return at
 }

@@ -79,7 +79,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	sent := time.Now()
 	switch o, err := t.Exec(ctx, where.Node); o {
 	case txn.NotRun:
-		handOn(where, &txn.Txn{Cmds: carried}, r.idempotent())
+		handOn(where, &txn.Txn{Cmds: txn.Resent(carried)}, r.idempotent())
 		return err
 	case txn.Unknown:
 		where.Clock.Reset()
@@ -150,7 +150,7 @@ func settleLost(where Site, r round, t *txn.Txn, carried [][]any) {
 		r.takeAll(t, back)
 	}
 	if o == txn.NotRun || o == txn.Unknown && r.idempotent() {
-		back.Cmds = append(back.Cmds, carried...)
+		back.Cmds = append(back.Cmds, txn.Resent(carried)...)
 	}
 	takeBack(where, back, r.idempotent())
 }

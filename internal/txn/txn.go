@@ -81,11 +81,37 @@ func New(ks keys.Space, marked bool) *Txn {
 }
 
 // Again returns t's commands as a new transaction, with a new marker, to
-// send after t did not run.
+// send after t did not run, or was found not to have run: but its
+// shrinks (see Resent).
 func (t *Txn) Again(ks keys.Space) *Txn {
 	fresh := New(ks, t.Marker != "")
-	fresh.Cmds, fresh.Guards = t.Cmds, t.Guards
+	fresh.Cmds, fresh.Guards = Resent(t.Cmds), make([]Guard, len(t.Guards))
+	for i, g := range t.Guards {
+		fresh.Guards[i] = Guard{Key: g.Key, Want: g.Want, Cmds: Resent(g.Cmds)}
+	}
 	return fresh
+}
+
+// TotalField is the field of a Windows hash that holds the total of its
+// epoch's intervals, which a decision far from its limits is judged on:
+// it must never be less than what the intervals hold.
+const TotalField = "t"
+
+// Resent returns cmds, to send again after the transaction that carried
+// them did not run or was found not to have run, without its shrinks: the
+// commands that take a total (TotalField) down. A verdict that a
+// transaction did not run can be wrong (its bytes reached Redis after the
+// verdict, and it ran late): then the take-backs sent again take their
+// intervals down twice, and a total taken down twice would be less than
+// they hold. Left up, it is more, which only errs on the side of denying.
+func Resent(cmds [][]any) [][]any {
+	out := make([][]any, 0, len(cmds))
+	for _, cmd := range cmds {
+		if n, ok := cmd[len(cmd)-1].(int); !ok || n >= 0 || len(cmd) != 4 || cmd[0] != "hincrby" || cmd[2] != TotalField {
+			out = append(out, cmd)
+		}
+	}
+	return out
 }
 
 // Add queues a command and returns its index among the replies.
