@@ -196,32 +196,30 @@ func modelUsed(t *testing.T, e *env, b *Bucket, rule Rule, client string) int {
 		span = rule.Limit.Window.Milliseconds()
 	}
 	now, window := time.Now().UnixMilli(), rule.Limit.Window.Milliseconds()
+	layout := r.store.Counting().Layout
 	used := 0
 	for _, key := range e.keys(t) {
 		rest, ok := strings.CutPrefix(key, scope+":")
-		if !ok || strings.Contains(rest, ":") { // another scope's, or a client's under the resource's
-			continue
+		g, epoch, ok2 := strings.Cut(rest, ".") // <span group>.<epoch>
+		gi, err1 := strconv.Atoi(g)
+		ei, err2 := strconv.ParseInt(epoch, 10, 64)
+		if !ok || !ok2 || err1 != nil || err2 != nil || layout.Spans[gi] != span {
+			continue // another scope's, a client's under the resource's, or another span's
 		}
+		perEpoch := layout.Epochs[gi] / span
 		for field, value := range e.admin.HGetAll(ctx, key).Val() {
-			index, err1 := strconv.ParseInt(strings.TrimPrefix(field, strconv.FormatInt(span, 10)+":"), 10, 64)
+			offset, err1 := strconv.ParseInt(field, 10, 64)
 			weight, err2 := strconv.Atoi(value)
-			if err1 != nil || err2 != nil || weight <= 0 || !fieldOfSpan(field, span, r) {
-				continue
+			if err1 != nil || err2 != nil || weight <= 0 || offset < 0 || offset >= perEpoch {
+				continue // the incarnation, the total, or an empty interval
 			}
+			index := ei*perEpoch + offset
 			if fixed && index == now/span || !fixed && (index+1)*span-1+window > now {
 				used += weight
 			}
 		}
 	}
 	return used
-}
-
-// fieldOfSpan reports whether a hash's field names an interval of span:
-// the shortest span's are numbers alone, the others' "<span>:<number>".
-func fieldOfSpan(field string, span int64, r *remote) bool {
-	shortest := r.store.Counting().Layout.Spans[0]
-	prefixed := strings.Contains(field, ":")
-	return prefixed == (span != shortest) && (!prefixed || strings.HasPrefix(field, strconv.FormatInt(span, 10)+":"))
 }
 
 // errLost is the error of a transaction whose reply loseReplies dropped.

@@ -8,12 +8,10 @@
 // boundary. A rule is thus one of a few lanes: a span and a way to stamp.
 //
 // The lanes of one span count the same calls, so they share the fields of
-// a hash: one per interval. The fields of the shortest span are named by
-// the interval's number alone, as they were when a Bucket had one
-// precision, so that a Bucket of one precision keeps its keys; those of the
-// others by "<span in ms>:<number>". Lanes are ordered by span, sliding
-// before fixed, not by the order of the rules: a deploy that only reorders
-// its rules keeps its keys, so its old and new processes share counts.
+// a hash: one per interval, named by its offset in its epoch (below).
+// Lanes are ordered by span, sliding before fixed, not by the order of the
+// rules: a deploy that only reorders its rules keeps its keys, so its old
+// and new processes share counts.
 //
 // The intervals of a span live in a hash per epoch: a stretch of time as
 // long as the longest window of its lanes, rounded up to a whole number
@@ -32,7 +30,6 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/limits"
-	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // Lane is how some of a Bucket's rules count: in intervals of span ms,
@@ -75,11 +72,10 @@ func (l Lane) ExpireAt(now int64) int64 {
 // named.
 type Layout struct {
 	Lanes   []Lane
-	OfRule  []int    // the lane of each rule
-	Spans   []int64  // the spans, shortest first (see New)
-	names   []string // the spans in decimal, as the fields name them: kept, not formatted per field
-	LanesOf [][]int  // the lanes of each span
-	Epochs  []int64  // the epoch of each span, ms: its lanes' longest window, in whole intervals
+	OfRule  []int   // the lane of each rule
+	Spans   []int64 // the spans, shortest first (see New)
+	LanesOf [][]int // the lanes of each span
+	Epochs  []int64 // the epoch of each span, ms: its lanes' longest window, in whole intervals
 }
 
 // New returns the layout of rules under Windows(precision): a rule
@@ -102,7 +98,6 @@ func New(precision time.Duration, rules []limits.Rule) Layout {
 	for i, l := range y.Lanes {
 		if len(y.Spans) == 0 || y.Spans[len(y.Spans)-1] != l.Span {
 			y.Spans = append(y.Spans, l.Span)
-			y.names = append(y.names, strconv.FormatInt(l.Span, 10))
 			y.LanesOf = append(y.LanesOf, nil)
 		}
 		y.Lanes[i].Group = len(y.Spans) - 1
@@ -154,49 +149,22 @@ func (y Layout) Kinds(g int) (fixed, sliding bool) {
 // Lane returns the Lane of rule r.
 func (y Layout) Lane(r int) Lane { return y.Lanes[y.OfRule[r]] }
 
-// FieldName names interval index of span group g.
-func (y Layout) FieldName(g int, index int64) string {
-	if g == 0 {
-		return strconv.FormatInt(index, 10)
-	}
-	return y.names[g] + ":" + strconv.FormatInt(index, 10)
-}
+// Current is the field of now's interval in span group g's epoch: its
+// offset in the epoch, in decimal (the epoch is in the hash's name), an
+// int64, which go-redis writes without a string made for it.
+func (y Layout) Current(g int, now int64) any { return y.offset(g, now/y.Spans[g]) }
 
-// Current is the field of now's interval in span group g: an int64 for
-// the first span, which go-redis writes without a string made for it.
-func (y Layout) Current(g int, now int64) any {
-	if g == 0 {
-		return now / y.Spans[0]
-	}
-	return y.FieldName(g, now/y.Spans[g])
-}
+// offset is interval index's place in its epoch of span group g.
+func (y Layout) offset(g int, index int64) int64 { return index % (y.Epochs[g] / y.Spans[g]) }
 
-// Interval parses a field: its span group and Interval; ok is false for a
-// field that is not one of ours.
-func (y Layout) Interval(field string) (g int, index int64, ok bool) {
-	if index, ok := digits(field); ok {
-		return 0, index, true // the first span's, as most are
+// Interval reads a field of the hash of span group g's epoch e: the
+// interval it names, and false for a field that names none.
+func (y Layout) Interval(g int, e int64, field string) (int64, bool) {
+	off, ok := digits(field)
+	if perEpoch := y.Epochs[g] / y.Spans[g]; ok && off < perEpoch {
+		return e*perEpoch + off, true
 	}
-	if field == txn.IncarnationField {
-		return 0, 0, false // no number: known without a parse, whose error allocates
-	}
-	span, number, prefixed := strings.Cut(field, ":")
-	if !prefixed {
-		number = field
-	}
-	index, err := strconv.ParseInt(number, 10, 64)
-	if err != nil {
-		return 0, 0, false
-	}
-	if !prefixed {
-		return 0, index, true
-	}
-	for g := 1; g < len(y.names); g++ {
-		if y.names[g] == span {
-			return g, index, true
-		}
-	}
-	return 0, 0, false
+	return 0, false
 }
 
 // digits reads a field of decimal digits alone, as FormatInt writes a

@@ -3,6 +3,7 @@ package intervals
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -80,21 +81,23 @@ var mixedRules = []limits.Rule{
 // mixedLayout is mixedRules' layout under FixedWindows.
 func mixedLayout() Layout { return New(0, mixedRules) }
 
-// Every span names its fields apart, and reads back only its own.
+// An interval's field is its offset in its epoch, read back as the
+// interval; a field that names no interval of the epoch is not ours.
 func TestLayoutFields(t *testing.T) {
 	y := mixedLayout()
-	for g := range y.Spans {
-		name := y.FieldName(g, 42)
-		if got, index, ok := y.Interval(name); !ok || got != g || index != 42 {
-			t.Errorf("interval(%q) = %d, %d, %v; want %d, 42", name, got, index, ok, g)
+	for g, span := range y.Spans {
+		for _, index := range []int64{0, 42, 7777} {
+			at := index * span
+			e := y.Epoch(g, at)
+			field := fmt.Sprint(y.Current(g, at))
+			if got, ok := y.Interval(g, e, field); !ok || got != index {
+				t.Errorf("span %d: interval(%q) in epoch %d = %d, %v; want %d", span, field, e, got, ok, index)
+			}
 		}
-		if fmt.Sprint(y.Current(g, 42*y.Spans[g])) != name {
-			t.Errorf("current(%d) = %v, want %q", g, y.Current(g, 42*y.Spans[g]), name)
-		}
-	}
-	for _, field := range []string{"x", "7:1", "60000:x", ""} {
-		if _, _, ok := y.Interval(field); ok {
-			t.Errorf("interval(%q) ok, want a field not ours", field)
+		for _, field := range []string{"x", "7:1", "-1", "", strconv.FormatInt(y.Epochs[g]/span, 10), "i", "t"} {
+			if _, ok := y.Interval(g, 3, field); ok {
+				t.Errorf("interval(%q) ok, want a field not ours", field)
+			}
 		}
 	}
 }

@@ -70,6 +70,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	}
 	r := newRound(now)
 	t := txn.New(where.Keys, !r.idempotent())
+	where.Carry.markIn(t)
 	carried := where.Carry.take()
 	for _, cmd := range carried {
 		t.Add(cmd...)
@@ -79,6 +80,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	sent := time.Now()
 	switch o, err := t.Exec(ctx, where.Node); o {
 	case txn.NotRun:
+		where.Carry.settled(t)
 		handOn(where, &txn.Txn{Cmds: txn.Resent(carried)}, r.idempotent())
 		return err
 	case txn.Unknown:
@@ -86,6 +88,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 		go settleLost(where, r, t, carried)
 		return err
 	}
+	where.Carry.settled(t)
 	back := txn.New(where.Keys, !r.idempotent())
 	server, ok := txn.ReplyTime(t.Replies[clock])
 	if !ok || stampOff(server, now, time.Since(sent), where.Clock.Pace()) {
@@ -145,6 +148,7 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 // resolve cannot tell: the calls stay counted, which is safe.
 func settleLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	o := t.Resolve(where.Node, true)
+	where.Carry.settled(t)
 	back := txn.New(where.Keys, !r.idempotent())
 	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
 		r.takeAll(t, back)
@@ -155,12 +159,47 @@ func settleLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	takeBack(where, back, r.idempotent())
 }
 
-// Carried is the take-backs that a line's next transaction carries.
+// Carried is what a line's decisions hand on to the next ones: the
+// take-backs that the next carries, and the keys of the markers of the
+// settled ones (txn.Txn.MarkIn), which the next ones set again, so that a
+// busy line keeps a few marker keys rather than one per transaction.
 type Carried struct {
 	mu         sync.Mutex
 	cmds       [][]any
-	where      Site // where to send them alone
-	idempotent bool // as the round's take-backs (round.idempotent)
+	where      Site     // where to send them alone
+	idempotent bool     // as the round's take-backs (round.idempotent)
+	markers    []string // the keys no transaction whose outcome is yet to be learned sets
+}
+
+// maxMarkers bounds the marker keys a line keeps for its next decisions:
+// about as many as it has decisions under way at once.
+const maxMarkers = 8
+
+// markIn marks t, if it is marked, in a marker key of the line's that no
+// unsettled transaction sets.
+func (c *Carried) markIn(t *txn.Txn) {
+	if c == nil || t.Marker == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := len(c.markers); n > 0 {
+		t.MarkIn(c.markers[n-1])
+		c.markers = c.markers[:n-1]
+	}
+}
+
+// settled gives t's marker key back to the line, once t's outcome is
+// known: no one reads t's marker any more.
+func (c *Carried) settled(t *txn.Txn) {
+	if c == nil || t.Marker == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.markers) < maxMarkers {
+		c.markers = append(c.markers, t.Marker)
+	}
 }
 
 // hand adds cmds, the take-backs of a batch at where, for the next one.

@@ -186,17 +186,18 @@ func (p *part) parse(y intervals.Layout, g, i int, fields iter.Seq2[string, stri
 			p.totals[i], _ = strconv.Atoi(value)
 			continue
 		}
-		p.readInterval(y, g, field, value, lanes, current)
+		p.readInterval(y, g, i, field, value, lanes, current)
 	}
 }
 
-// readInterval reads one field of a hash of span group g, if it is one of its
-// intervals: to lanes, or to p.current if it is the current one.
-func (p *part) readInterval(y intervals.Layout, g int, field, value string, lanes [][]limits.Entry, current int64) {
-	in, index, ok := y.Interval(field)
+// readInterval reads one field of p's i-th epoch's hash, of span group g,
+// if it is one of its intervals: to lanes, or to p.current if it is the
+// current one.
+func (p *part) readInterval(y intervals.Layout, g, i int, field, value string, lanes [][]limits.Entry, current int64) {
+	index, ok := y.Interval(g, p.epoch-1+int64(i), field)
 	n, err := strconv.Atoi(value)
 	switch {
-	case !ok || in != g || err != nil: // not ours
+	case !ok || err != nil: // not ours
 	case index == current:
 		p.current = n
 	case n > 0:

@@ -33,7 +33,8 @@ import (
 // (a paused server runs the buffered transaction as it resumes), so
 // resolve waits until Redis has answered for resolveSettle.
 type Txn struct {
-	Marker  string // "" if not marked
+	Marker  string // the marker's key, "" if not marked
+	mark    string // what the marker is set to: this transaction's own
 	Cmds    [][]any
 	Guards  []Guard // commands that apply only while a hash is what it was
 	Replies []any   // after the EXEC, by command
@@ -75,9 +76,19 @@ const (
 func New(ks keys.Space, marked bool) *Txn {
 	t := &Txn{}
 	if marked {
-		t.Marker = ks.Fence(strconv.FormatUint(rand.Uint64(), 36))
+		t.Marker, t.mark = ks.Fence(strconv.FormatUint(rand.Uint64(), 36)), strconv.FormatUint(rand.Uint64(), 36)
 	}
 	return t
+}
+
+// MarkIn makes a marked t set the marker key instead of one of its own:
+// one that no transaction whose outcome is still to be learned uses, so
+// that a busy line of decisions keeps a few marker keys, not one per
+// transaction. t sets it to a value of its own, which resolve looks for.
+func (t *Txn) MarkIn(key string) {
+	if t.Marker != "" {
+		t.Marker = key
+	}
 }
 
 // Again returns t's commands as a new transaction, with a new marker, to
@@ -199,7 +210,7 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any) (Outcome
 			queued[i] = pipe.Do(ctx, args...)
 		}
 		if t.Marker != "" {
-			pipe.Do(ctx, "set", t.Marker, "done", "px", fenceDoneGrace.Milliseconds())
+			pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds())
 		}
 		exec = pipe.Do(ctx, "exec")
 		return nil
@@ -317,7 +328,7 @@ func (t *Txn) look(ctx context.Context, node *redis.Client) (bool, error) {
 	if errors.Is(err, redis.Nil) {
 		err = nil
 	}
-	return done == "done", err
+	return done == t.mark, err
 }
 
 // ExtendTo returns the commands that make key expire at at (absolute Redis
