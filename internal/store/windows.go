@@ -154,12 +154,19 @@ type hBatch struct {
 	ofCalls  []*hash // each call's hashes, as scopes orders them: found once, not by name per call
 	genReply int
 	token    string // the incarnation of the clients' hashes it makes
+	// By span group, boxed once for every hash's commands: the field of
+	// the stamp's interval, and its epoch's deadline.
+	current, deadlines []any
 }
 
 func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *hBatch {
 	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byScope: map[string]*hash{},
 		ofCalls: make([]*hash, 0, 2*len(calls)),
 		token:   strconv.FormatUint(rand.Uint64(), 36)}
+	for g := range s.Spans {
+		b.current = append(b.current, s.Current(g, now))
+		b.deadlines = append(b.deadlines, s.EpochExpireAt(g, s.Epoch(g, now)))
+	}
 	for _, c := range calls {
 		scopes := s.scopes(ks, b.gen, c.Client)
 		for i, scope := range scopes {
@@ -237,15 +244,15 @@ func (b *hBatch) queue(t *txn.Txn) {
 // writer (EpochExpireAt): it never shortens a hash's life.
 func (b *hBatch) queueWrite(t *txn.Txn, h *hash, g int) {
 	p := &h.parts[g]
-	key := p.args[1]
+	key, added := p.args[1], any(h.added) // boxed once for their commands
 	if h.client {
 		t.Add("hsetnx", key, txn.IncarnationField, b.token)
 	}
 	if b.sliding(g) {
-		p.total = t.Add("hincrby", key, totalField, h.added)
+		p.total = t.Add("hincrby", key, totalField, added)
 	}
-	p.interval = t.Add("hincrby", key, b.Current(g, b.now), h.added)
-	t.Add("pexpireat", key, b.EpochExpireAt(g, p.epoch))
+	p.interval = t.Add("hincrby", key, b.current[g], added)
+	t.Add("pexpireat", key, b.deadlines[g])
 }
 
 // sliding reports whether span group g has a sliding lane, which counts

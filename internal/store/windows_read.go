@@ -144,12 +144,22 @@ func (s windowsStore) readAt(h *hash, replies []any, at func(g int) int64) {
 func (p *part) readEpoch(y intervals.Layout, g, i int, reply any, lanes [][]limits.Entry, current int64) {
 	switch p.kinds[i] {
 	case readTotal:
-		p.totals[i], _ = strconv.Atoi(replyValue(reply))
+		p.totals[i] = atoi(replyValue(reply))
 	case readIncarnation:
 		p.incarnation = replyValue(reply)
 	default:
 		p.parse(y, g, i, txn.ReplyFields(reply), lanes, current)
 	}
+}
+
+// atoi reads a number Redis wrote, 0 if there is none ("": a field the
+// hash does not hold), without the error a failed parse allocates.
+func atoi(s string) int {
+	if s == "" {
+		return 0
+	}
+	n, _ := strconv.Atoi(s)
+	return n
 }
 
 // replyValue reads the reply of HGET: "" for a field the hash does not
@@ -183,7 +193,7 @@ func (p *part) parse(y intervals.Layout, g, i int, fields iter.Seq2[string, stri
 			}
 			continue
 		case totalField:
-			p.totals[i], _ = strconv.Atoi(value)
+			p.totals[i] = atoi(value)
 			continue
 		}
 		p.readInterval(y, g, i, field, value, lanes, current)
