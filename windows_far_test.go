@@ -5,8 +5,10 @@ import (
 	"errors"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -254,4 +256,66 @@ func isDecision(cmds []redis.Cmder) bool {
 		time = time || commandName(c) == "time"
 	}
 	return len(cmds) > 0 && commandName(cmds[0]) == "multi" && hincrby && time
+}
+
+// TestFlushAllStorm: one Bucket calls FlushAll in a loop while goroutines
+// on three others (as processes) call AllowN, weights 1 to 3, on the same
+// resource. Under Windows every FlushAll ends the generation the deciders'
+// batches are writing to, so decisions keep being made stale and made
+// again; none of the calls may fail for it (a storm once failed them with
+// "decision to be made again" after 3 stale attempts). A denial is a
+// Result, so the only right outcome of every call is a nil error.
+func TestFlushAllStorm(t *testing.T) {
+	eachOf(t, []Strategy{Windows(ms), Windows(50 * ms), FixedWindows, SortedSet}, func(t *testing.T, e *env) {
+		rules := []Option{PerResource(Per(1000, time.Minute)), PerClient(Per(40, time.Second))}
+		deciders := []*Bucket{e.bucket(t, rules...), e.bucket(t, rules...), e.bucket(t, rules...)}
+		ops := e.bucket(t, rules...)
+		ctx := context.Background()
+		var done atomic.Bool
+		var flushes atomic.Int64
+		var flushErr error
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for !done.Load() {
+				if err := ops.FlushAll(ctx, "storm"); err != nil {
+					flushErr = err
+					return
+				}
+				flushes.Add(1)
+				runtime.Gosched()
+			}
+		})
+		var mu sync.Mutex
+		var errs []error
+		calls, admitted := 0, 0
+		var callers sync.WaitGroup
+		for g := range 8 {
+			callers.Go(func() {
+				for i := range 40 {
+					res, err := allowBounded(deciders[g%len(deciders)], 10*time.Second, "storm", "c"+strconv.Itoa(g%4), 1+(g+i)%3)
+					mu.Lock()
+					calls++
+					if err != nil {
+						errs = append(errs, err)
+					} else if res.Allowed {
+						admitted++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		callers.Wait()
+		done.Store(true)
+		wg.Wait()
+		if flushErr != nil {
+			t.Fatalf("FlushAll: %v", flushErr)
+		}
+		if len(errs) > 0 {
+			t.Fatalf("%d of %d calls failed during a storm of %d FlushAll calls, first: %v", len(errs), calls, flushes.Load(), errs[0])
+		}
+		if flushes.Load() < 10 && e.local == nil { // in process, no FlushAll makes a decision stale
+			t.Errorf("only %d FlushAll calls ran during %d calls: no storm", flushes.Load(), calls)
+		}
+		t.Logf("%d calls (%d admitted) during %d FlushAll calls, none failed", calls, admitted, flushes.Load())
+	})
 }

@@ -42,15 +42,27 @@ type round interface {
 // back or gone to keys nothing reads.
 var errRedo = errors.New("leakybucket: decision to be made again")
 
-// redoAttempts bounds how often a batch is decided again.
+// redoAttempts bounds how often a batch is decided again, but after a
+// FlushAll (errStaleGeneration).
 const redoAttempts = 3
 
 // decideRound decides the calls with rounds made by newRound for the
-// estimated Redis time, again if one says so (errRedo).
+// estimated Redis time, again if one says so (errRedo): up to
+// redoAttempts times, and after a FlushAll made the round stale, until
+// one is not or ctx ends. Each stale round means a FlushAll ran between
+// its transaction and the one before, so only a storm of them, racing
+// one decision, makes it wait, for as long as the storm lasts, and never
+// fails its callers (a bound of 3 stale rounds, then 15, failed calls
+// during a loop of FlushAll calls).
 func decideRound(ctx context.Context, where Site, newRound func(now int64) round, judge Judge) error {
 	var err error
-	for range redoAttempts {
-		if err = decideOnce(ctx, where, newRound, judge); !errors.Is(err, errRedo) {
+	for redos := 0; redos < redoAttempts; {
+		err = decideOnce(ctx, where, newRound, judge)
+		switch {
+		case errors.Is(err, errStaleGeneration) && ctx.Err() == nil:
+		case errors.Is(err, errRedo):
+			redos++
+		default:
 			return err
 		}
 	}

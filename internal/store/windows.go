@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -119,23 +118,14 @@ var errStaleGeneration = fmt.Errorf("%w: the counts were flushed meanwhile", err
 // staleRetries bounds how often a read is made again after a flush.
 const staleRetries = 3
 
-// staleDecisions bounds how often a decision is made again after a
-// FlushAll: each time, a FlushAll ran between its transaction and the
-// one before, so only a storm of them, racing one decision, can make its
-// callers get errStaleGeneration.
-const staleDecisions = 16
-
+// Decide decides calls in a round of their hashes (hBatch), made again
+// after a FlushAll as often as it takes (decideRound), then the calls the
+// round left undecided (confirm).
 func (s windowsStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
-	var err error
-	for range staleDecisions / redoAttempts {
-		var b *hBatch
-		err = decideRound(ctx, where, func(now int64) round { b = s.newBatch(where.Keys, now, calls); return b }, judge)
-		if err == nil && len(b.pending) > 0 {
-			b.confirm(ctx, where, judge)
-		}
-		if !errors.Is(err, errStaleGeneration) {
-			return err
-		}
+	var b *hBatch
+	err := decideRound(ctx, where, func(now int64) round { b = s.newBatch(where.Keys, now, calls); return b }, judge)
+	if err == nil && len(b.pending) > 0 {
+		b.confirm(ctx, where, judge)
 	}
 	return err
 }
