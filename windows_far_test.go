@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"runtime"
 	"strconv"
@@ -47,31 +48,53 @@ func TestWindowsDecidesAsTheWholeRead(t *testing.T) {
 	// Every config reads bounds: far calls are admitted on them; some
 	// calls are left undecided by them, and decided on a second read.
 	confirms := &confirmCount{}
-	for name, c := range configs {
-		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				e := newMiniEnv(t, c.strategy)
-				var procs []*Bucket
-				for i := range 3 {
-					rdb := miniClient(e.mini)
-					rdb.AddHook(&loseReplies{rng: rand.New(rand.NewPCG(uint64(i), 11))})
-					rdb.AddHook(confirms)
-					t.Cleanup(func() { rdb.Close() })
-					b, err := New(rdb, append([]Option{WithStrategy(c.strategy), WithPrefix(e.prefix), WithoutBreaker()}, c.rules...)...)
-					if err != nil {
-						t.Fatal(err)
+	base := propertySeed(t)
+	t.Run("configs", func(t *testing.T) {
+		for name, c := range configs {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				seed := base + uint64(len(name))
+				t.Logf("seed %d (LEAKYBUCKET_SEED=%d runs this config again)", seed, base)
+				synctest.Test(t, func(t *testing.T) {
+					e := newMiniEnv(t, c.strategy)
+					var procs []*Bucket
+					for i := range 3 {
+						rdb := miniClient(e.mini)
+						rdb.AddHook(&loseReplies{rng: rand.New(rand.NewPCG(seed+uint64(i), 11))})
+						rdb.AddHook(confirms)
+						t.Cleanup(func() { rdb.Close() })
+						b, err := New(rdb, append([]Option{WithStrategy(c.strategy), WithPrefix(e.prefix), WithoutBreaker()}, c.rules...)...)
+						if err != nil {
+							t.Fatal(err)
+						}
+						procs = append(procs, b)
 					}
-					procs = append(procs, b)
-				}
-				compareWholeRead(t, e, procs, c.most, uint64(len(name)))
+					compareWholeRead(t, e, procs, c.most, seed)
+				})
 			})
-		})
-	}
+		}
+	})
 	if n := confirms.n.Load(); n == 0 {
 		t.Error("no call was left undecided by a bound and read again: the test tested too little")
 	} else {
 		t.Logf("%d reads of calls left undecided by a bound", n)
 	}
+}
+
+// propertySeed is the seed of a property test's random calls:
+// LEAKYBUCKET_SEED if set, to run again what a failure logged, else 1, so
+// that every run makes the same calls.
+func propertySeed(t *testing.T) uint64 {
+	t.Helper()
+	v := os.Getenv("LEAKYBUCKET_SEED")
+	if v == "" {
+		return 1
+	}
+	seed, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		t.Fatalf("LEAKYBUCKET_SEED=%q: %v", v, err)
+	}
+	return seed
 }
 
 // confirmCount counts the transactions that read again the hashes of
