@@ -245,7 +245,8 @@ func checkReplication(ctx context.Context, node *redis.Client) verdict {
 		n, lag, max(lag, 1))}
 }
 
-// maxLag is the largest lag=N of the n slaveI lines of INFO replication.
+// maxLag is the largest lag=N of the n lines slave0, slave1, ... of INFO
+// replication.
 func maxLag(f map[string]string, n int) int {
 	worst := 0
 	for i := range n {

@@ -50,7 +50,7 @@ func NewWindows(p Plan, precision time.Duration) Store {
 // calls that every rule showed this process room for are written
 // (package foresight); the weight of those not recorded is then taken back
 // (HINCRBY of minus it), in a second fenced transaction, under a guard of
-// the client's hash (see guard) where there is one: until it lands,
+// the client's hash (see txn.Guard) where there is one: until it lands,
 // others count it.
 //
 // A take-back must never apply to a hash made again by a flush, or the
@@ -455,7 +455,7 @@ func (b *hBatch) idempotent() bool { return false }
 
 // takeAll queues the take-back of the batch's whole weight. Where t's
 // replies are known, the clients' hashes are known by their incarnation
-// as read; else only if the batch made them (see guard).
+// as read; else only if the batch made them (see txn.Guard).
 func (b *hBatch) takeAll(t, back *txn.Txn) {
 	for _, h := range b.order {
 		if t.Replies != nil {
@@ -467,7 +467,7 @@ func (b *hBatch) takeAll(t, back *txn.Txn) {
 
 // queueBack queues the take-back of weight(h) from each hash h. The
 // weight a client's hash holds is taken out of it and of the resource's
-// under a guard (see guard): not after a Flush took it out with the
+// under a guard (see txn.Guard): not after a Flush took it out with the
 // client's hash.
 func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 	resource := b.byScope[b.keys.Hash(b.gen)]

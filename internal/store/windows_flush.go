@@ -129,7 +129,7 @@ var ErrNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client 
 // decision of the client is in the hashes when they are taken, and then
 // taken out of the resource's too, or comes after and makes new ones; a
 // take-back of weight that the hashes held when they were taken does
-// nothing (see guard). Between the two transactions the resource counts
+// nothing (see txn.Guard). Between the two transactions the resource counts
 // the share still, which errs on the side of denying.
 func (s windowsStore) Flush(ctx context.Context, where Site, client string) error {
 	if !s.HasClientRule {
@@ -210,7 +210,7 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, replies 
 // raced it writes to the old generation, which nothing reads. When the
 // generation's key expires, the names start again from the first
 // generation's, so it must outlive every hash that holds an interval some
-// rule counts: those written before the flush (genLife after it: each
+// rule counts: those written before the flush (Layout.GenLife after it: each
 // was written by a call stamped before it) and those of its own generation
 // (each decision extends it to its hash's deadline, with GT). It lives no
 // longer than that.

@@ -49,9 +49,9 @@ type Txn struct {
 // resource's with it, the weight to be taken back included; a take-back
 // that came after must then do nothing, or that weight would be taken out
 // twice. Every client's hash carries a random incarnation (field
-// incarnationField, set by the decision that makes it); exec WATCHes the
+// IncarnationField, set by the decision that makes it); Exec WATCHes the
 // guarded hashes, reads their incarnations, and sends the commands of the
-// guards whose hash is still one of want.
+// guards whose hash is still one of Want.
 type Guard struct {
 	Key  string
 	Want []string
@@ -59,7 +59,7 @@ type Guard struct {
 }
 
 // IncarnationField is the field of a Windows client's hash that names the
-// hash's incarnation: see guard.
+// hash's incarnation: see Guard.
 const IncarnationField = "i"
 
 // fenceDoneGrace is how long a marker lives after its transaction ran, for
@@ -134,14 +134,14 @@ func (t *Txn) Add(args ...any) int {
 type Outcome uint8
 
 const (
-	Unknown Outcome = iota // the reply was lost: see resolve
+	Unknown Outcome = iota // the reply was lost: see Resolve
 	Ran
 	NotRun
 )
 
-// Exec sends t on node and reports whether it ran. With notRun the error
+// Exec sends t on node and reports whether it ran. With NotRun the error
 // says why (a command's own error, such as MOVED, or redis.TxFailedErr
-// when a guarded hash changed meanwhile); with unknown, why the reply was
+// when a guarded hash changed meanwhile); with Unknown, why the reply was
 // lost.
 func (t *Txn) Exec(ctx context.Context, node *redis.Client) (Outcome, error) {
 	if len(t.Guards) == 0 {
