@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -260,24 +261,7 @@ func newMiniEnv(t *testing.T, s Strategy) *env {
 		}
 		return false
 	})
-	client := func() *redis.Client {
-		return redis.NewClient(&redis.Options{
-			Addr: "miniredis",
-			Dialer: func(context.Context, string, string) (net.Conn, error) {
-				c, err := m.Dial()
-				if err != nil {
-					return nil, err
-				}
-				return newQueuedConn(c), nil
-			},
-			// Fake time runs while a write to the pipe waits for
-			// miniredis to read it: contexts bound the calls instead.
-			ReadTimeout: -2, WriteTimeout: -2,
-			// Its endpoint detection would resolve the address with DNS,
-			// which cannot run inside a synctest bubble.
-			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		})
-	}
+	client := func() *redis.Client { return miniClient(m) }
 	e := &env{strategy: s, rdb: client(), admin: client(), prefix: "t", clock: newModelClock(), trips: &roundTrips{}, sent: &commandLog{}, mini: m}
 	e.rdb.AddHook(e.sent)
 	e.rdb.AddHook(e.trips)
@@ -291,6 +275,26 @@ func newMiniEnv(t *testing.T, s Strategy) *env {
 		e.checkSent(t, false)
 	})
 	return e
+}
+
+// miniClient returns a client of m, in the current synctest bubble.
+func miniClient(m *miniredis.Miniredis) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: "miniredis",
+		Dialer: func(context.Context, string, string) (net.Conn, error) {
+			c, err := m.Dial()
+			if err != nil {
+				return nil, err
+			}
+			return newQueuedConn(c), nil
+		},
+		// Fake time runs while a write to the pipe waits for
+		// miniredis to read it: contexts bound the calls instead.
+		ReadTimeout: -2, WriteTimeout: -2,
+		// Its endpoint detection would resolve the address with DNS,
+		// which cannot run inside a synctest bubble.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
 }
 
 // checkSent fails the test if the Bucket's client sent a command that
@@ -387,8 +391,10 @@ func uniquePrefix(t testing.TB) string {
 // is not counted.
 // roundTrips counts round trips. A transaction that only scores again
 // the members of a SortedSet decision that ran late (a loaded host, see
-// maxEarly) is counted apart, in late: it comes with the machine's load,
-// not with the call, and would make exact counts flaky.
+// maxEarly), or only moves a Windows decision's calls to the later
+// interval it ran in (the same), is counted apart, in late: it comes with
+// the machine's load, not with the call, and would make exact counts
+// flaky.
 type roundTrips struct{ n, late atomic.Int64 }
 
 func handshake(cmd redis.Cmder) bool { return isConnCommand(commandName(cmd)) }
@@ -408,7 +414,7 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		switch {
 		case len(cmds) == 0 || handshake(cmds[0]):
-		case restampOnly(cmds):
+		case restampOnly(cmds) || moveOnly(cmds):
 			r.late.Add(1)
 		default:
 			r.n.Add(1)
@@ -432,6 +438,29 @@ func restampOnly(cmds []redis.Cmder) bool {
 		}
 	}
 	return restamps > 0
+}
+
+// moveOnly reports whether a pipeline is a transaction that only moves
+// weight between intervals: HINCRBYs that add up to nothing, with the
+// expiry (PEXPIREAT) and incarnation (HSETNX) of the keys they touch and
+// its marker's SET. A take-back's add up to less, a decision's to more.
+func moveOnly(cmds []redis.Cmder) bool {
+	moves, sum := 0, int64(0)
+	for _, c := range cmds {
+		args := c.Args()
+		switch commandName(c) {
+		case "multi", "exec", "set", "pexpireat", "hsetnx":
+		case "hincrby":
+			n, err := strconv.ParseInt(fmt.Sprint(args[len(args)-1]), 10, 64)
+			if err != nil {
+				return false
+			}
+			moves, sum = moves+1, sum+n
+		default:
+			return false
+		}
+	}
+	return moves > 0 && sum == 0
 }
 
 // count returns the round trips made by f.

@@ -13,9 +13,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The adversary of SortedSet's lean transaction: a call that every rule
-// showed room for, with a margin, is sent without the read of its sets'
-// oldest members, and decided again if the counts deny it. Several Buckets
+// The adversary of the lean transactions of SortedSet and Windows: a call
+// that every rule showed room for, with a margin, is sent without the
+// read of its sets' oldest members (SortedSet), or reading only the
+// totals of its hashes' epochs (Windows), and decided again if what was
+// read cannot decide it. Several Buckets
 // (as several processes) share one Redis; a client hammers its own limit
 // with weight 3 beside polite clients of weights 1 and 2, while another
 // Bucket calls Flush and FlushAll. Every call and flush takes a number
@@ -139,8 +141,8 @@ func (l *farLog) check(t *testing.T) {
 	}
 }
 
-// farTxns counts the decisions sent without reading any oldest member
-// (lean), and those that read some (full).
+// farTxns counts the decisions sent without reading any oldest member,
+// or any interval (lean), and those that read some (full).
 type farTxns struct {
 	mu         sync.Mutex
 	lean, full int
@@ -158,7 +160,7 @@ func (f *farTxns) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (f *farTxns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		writes, oldest := false, false
+		writes, oldest, adds, timed := false, false, false, false
 		for _, c := range cmds {
 			args := c.Args()
 			switch commandName(c) {
@@ -166,8 +168,15 @@ func (f *farTxns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 				writes = true
 			case "zrange":
 				oldest = oldest || len(args) > 2 && fmt.Sprint(args[2]) == "0"
+			case "hincrby":
+				adds = true
+			case "time":
+				timed = true
+			case "hgetall":
+				oldest = true
 			}
 		}
+		writes = writes || adds && timed // a Windows decision's, not a take-back's
 		f.mu.Lock()
 		switch {
 		case writes && oldest:
@@ -180,8 +189,8 @@ func (f *farTxns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-func TestSortedSetFarPathAdversary(t *testing.T) {
-	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+func TestFarPathAdversary(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet, Windows(ms), Windows(50 * ms)}, func(t *testing.T, e *env) {
 		e.needsRedis(t, "Buckets share their counts only in Redis")
 		txns := &farTxns{}
 		e.addHook(txns)

@@ -123,8 +123,9 @@ func (r *remote) batchKey(resource, client string) string {
 // reads the counts and calls judge once per call, in arrival order. Under
 // SortedSet and Windows, the calls foresight saw no room for only look
 // (package foresight); those that then had room are decided again, writing.
-// So are the calls sent Far that the counts deny, whose store read too
-// little for a denial's Result (limits.View.Short).
+// So are the calls sent Far that what was read cannot decide: denied by
+// counts read too little for a denial's Result (limits.View.Short), or
+// left too little room by a bound of the counts (limits.Count.Bounded).
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
@@ -161,10 +162,11 @@ type redo struct {
 }
 
 // decideAgain decides again the calls of a round that again lists: those
-// that looked and had room, writing; those read Short that their counts
-// denied, looking, for the full read that their denial's Result needs
-// (and if they find room after all, once more, writing). So no call is
-// decided more than three times. requests is the round's, reused. Only
+// that looked and had room, and those a bound of their counts left
+// undecided (Windows), writing, on a full read; those read Short that
+// their counts denied (SortedSet), looking, for the full read that their
+// denial's Result needs (and if they find room after all, once more,
+// writing). So no call is decided more than three times. requests is the round's, reused. Only
 // the callers of a round that fails get its error.
 func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call, again []redo) {
 	for len(again) > 0 {
@@ -190,17 +192,19 @@ func (r *remote) foresees() bool {
 }
 
 // decideRequests has the store decide calls (requests, by call), and
-// returns the calls that only looked and had room, or were read Short and
-// had none, to decide again.
+// returns the calls that only looked and had room, or that what was read
+// left undecided (limits.View.Undecided), to decide again: looking, if
+// their counts were read Short (SortedSet wrote them, and takes them
+// back ahead of the next decision), else writing, on a full read.
 func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]redo, error) {
 	var again []redo
 	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
-		if requests[i].Look && res.Allowed || v.Short && !res.Allowed {
+		if undecided := v.Undecided(r.plan.Rules, c.n); requests[i].Look && res.Allowed || undecided {
 			// It looked and has room, or was read too little to be
-			// denied: not recorded, and decided again on a full read.
-			if v.Short {
+			// decided: not recorded, and decided again on a full read.
+			if undecided {
 				r.foresight.Saw(c.resource, c.client, v, c.n, false)
 			}
 			again = append(again, redo{i: i, look: v.Short})

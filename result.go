@@ -11,6 +11,20 @@ import (
 // millisecond (under Windows, rounded up to the end of an interval); those
 // of a Result whose Fallback is true, from this host's clock and the counts
 // this process holds.
+//
+// Every field is exact, but where Windows (or FixedWindows, for a rule with
+// a precision) admits a call far from every limit: it may then decide it on
+// a bound of a sliding rule's count (the totals of the epochs its window
+// reaches, see docs/strategies.md) instead of the count, and admits
+// exactly the calls the count would. In such a Result, each such rule's Used
+// is never below the exact count and its Remaining never above the exact
+// room, and exact wherever the exact Remaining is below a tenth of its
+// Requests; Remaining is never above the exact one, and exact wherever the
+// exact one is below a tenth of the least Requests of the rules; ResetAfter
+// is never before the exact one, and at most one precision after it.
+// Allowed, DeniedBy and RetryAfter are always exact, and so is every field
+// of a denial, and of Peek and PeekN. Logs, SortedSet and NewLocal are exact
+// in every field.
 type Result struct {
 	// Allowed reports whether every rule had room for the request and it was
 	// recorded under all of them (for Peek: whether Allow would admit it).
@@ -18,7 +32,8 @@ type Result struct {
 	Allowed bool
 
 	// Remaining is the least room left over all rules after this call: the
-	// weight the same resource and client could still be admitted now.
+	// weight the same resource and client could still be admitted now (or
+	// less, under Windows, for a call far from every limit: see Result).
 	Remaining int
 
 	// RetryAfter is 0 when Allowed. Otherwise it is how long until the same
@@ -28,7 +43,8 @@ type Result struct {
 	RetryAfter time.Duration
 
 	// ResetAfter is how long until every call counted by any rule, this one
-	// included, has left its window, so that every rule is back to full room.
+	// included, has left its window, so that every rule is back to full room
+	// (or up to a precision more, under Windows: see Result).
 	ResetAfter time.Duration
 
 	// DeniedBy lists the rules that had no room for the request, in the order
@@ -55,7 +71,8 @@ type RuleResult struct {
 	// Rule is the rule reported on.
 	Rule Rule
 
-	// Used is the weight the rule counts in its window after the call.
+	// Used is the weight the rule counts in its window after the call (or
+	// more, under Windows, for a call far from every limit: see Result).
 	Used int
 
 	// Remaining is Requests minus Used, or 0 if the limit was lowered below
@@ -67,7 +84,7 @@ type RuleResult struct {
 	RetryAfter time.Duration
 
 	// ResetAfter is how long until every call this rule counts has left its
-	// window.
+	// window (or up to a precision more: see Result).
 	ResetAfter time.Duration
 }
 

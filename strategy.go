@@ -18,7 +18,8 @@ import (
 //	strategy            round trips  exact              a decision walks     memory per count
 //	Logs                2, locked    to the ms          the whole database   one key per batch of calls in the window
 //	SortedSet           1            to the ms          O(log n) of one set  at most Requests members per rule
-//	Windows(precision)  1            up to a precision  one hash per scope   one field per interval of each precision in the window
+//	Windows(precision)  1            up to a precision  a few totals, or     one field per interval of each precision in the window,
+//	                                                    the window's hashes  and in the one before
 //
 // Choose SortedSet or Windows for speed (one MULTI/EXEC per decision, no
 // lock: docs/design.md says why that never over-admits); Logs for nothing
@@ -54,13 +55,18 @@ var (
 )
 
 // Windows returns the strategy that keeps, per scope (the resource, and
-// each (resource, client) if a rule is per-client), one hash of the weight
-// admitted in each interval of precision (a one-hour window at a precision
-// of one minute is at most 61 fields). A decision is one MULTI/EXEC that
-// adds the call to its interval with HINCRBY and decides from the value it
-// returned; a denied call is then taken back (a second round trip, whose
-// cost the caller does not wait for). Memory is bounded by window/precision
-// however many calls are made. A rule's Requests may be at most 2^50.
+// each (resource, client) if a rule is per-client), the weight admitted in
+// each interval of precision, in a hash per epoch (as long as the longest
+// window, counted from the Unix epoch: a one-hour window at a precision of
+// one minute is at most 60 fields per epoch), and their total. A decision
+// is one MULTI/EXEC that adds the call to its interval and its epoch's
+// total with HINCRBY; a call this Bucket saw far from every limit is
+// decided on the totals of the epochs its windows reach, a bound of its
+// count (Result says what that leaves exact), and any other on every
+// interval; a denied call is then taken back (a second round trip, whose
+// cost the caller does not wait for). Memory is bounded by
+// window/precision however many calls are made. A rule's Requests may be
+// at most 2^50.
 //
 // A call is counted as if it was made at the end of its interval, so it
 // leaves each window up to precision later than it would under Logs: Windows
@@ -90,10 +96,10 @@ func Windows(precision time.Duration) Strategy { return windowsStrategy{precisio
 //
 // A call counts in the window of its stamp: this host's estimate of Redis's
 // time, never later than Redis's own and normally less than a millisecond
-// earlier (at most 50 ms and a round trip, beyond which the call is made
-// again). So no fixed window ever holds more than its limit, and a
-// call that Redis ran in the first moment of a window may count in the
-// one before.
+// earlier (a decision Redis ran more than a millisecond into the next
+// window is made again). So no fixed window ever holds more than its
+// limit, and a call that Redis ran in the first millisecond of a window
+// may count in the one before.
 var FixedWindows Strategy = windowsStrategy{fixed: true}
 
 // plan is what the stores need to know of the rules and options, and the

@@ -260,7 +260,13 @@ func TestWindowsTIsTrue(t *testing.T) {
 		// 10.2s after the first call, more than w, it still counts: t=10
 		// would have been false.
 		{10500 * time.Millisecond, `"per-client-10s";r=3;t=11`},
-		{11500 * time.Millisecond, `"per-client-10s";r=3;t=11`}, // it left; the 2nd and 3rd count
+		// It left; the 2nd and 3rd count, 3 left. This Bucket saw the
+		// client far from its limit, so the call is decided on the totals
+		// of the epochs (10 s each) its window reaches, which still hold
+		// the first call: admitted as the count admits it, with a
+		// Remaining of 2, a bound that is never above the exact 3 (see
+		// leakybucket.Result). t is exact.
+		{11500 * time.Millisecond, `"per-client-10s";r=2;t=11`},
 	} {
 		mr.SetTime(start.Add(s.after))
 		if got := responseOf(get(h, "203.0.113.9:1")).rateLimit; got != s.want {

@@ -31,13 +31,13 @@ func TestWarnOtherKeys(t *testing.T) {
 			t.Errorf("%s: exit %d, stderr %q", tc.name, code, stderr)
 		case !tc.warn && stderr != "":
 			t.Errorf("%s: stderr %q, want nothing", tc.name, stderr)
-		case tc.warn && (!strings.Contains(stderr, "warning: no key under") || !strings.Contains(stderr, "w1800000p1000 (")):
-			t.Errorf("%s: stderr %q, want a warning naming the Bucket's tag w1800000p1000...", tc.name, stderr)
+		case tc.warn && (!strings.Contains(stderr, "warning: no key under") || !strings.Contains(stderr, "w1800000p1000e (")):
+			t.Errorf("%s: stderr %q, want a warning naming the Bucket's tag w1800000p1000e...", tc.name, stderr)
 		case tc.warn && strings.Contains(stdout, "warning"):
 			t.Errorf("%s: the warning went to stdout: %q", tc.name, stdout)
 		}
 	}
-	if keys := e.r.keys(t); !slices.ContainsFunc(keys, func(k string) bool { return strings.Contains(k, ":w1800000p1000") }) {
+	if keys := e.r.keys(t); !slices.ContainsFunc(keys, func(k string) bool { return strings.Contains(k, ":w1800000p1000e") }) {
 		t.Errorf("the Bucket's keys %q lack the tag the test expects", keys)
 	}
 }

@@ -69,10 +69,10 @@ var Strategies = map[string]map[Method]Sends{
 		FlushAll: {false, []string{"scan", "del"}, nil},
 	},
 	"windows": {
-		Allow: {false, append(slices.Clone(Txn), "set", "time", "get", "hdel", "hincrby", "hsetnx", "hgetall", "pexpireat",
-			"watch", "hget"), []string{"unwatch"}},
-		Peek:     {false, []string{"get", "hgetall", "time"}, nil},
-		Flush:    {false, []string{"multi", "hgetall", "del", "get", "time", "exec", "hincrby", "pexpireat", "set"}, nil},
+		Allow: {false, append(slices.Clone(Txn), "set", "time", "get", "hincrby", "hsetnx", "hget", "hgetall", "pexpireat",
+			"watch"), []string{"unwatch"}},
+		Peek:     {false, []string{"time", "get", "hgetall"}, nil},
+		Flush:    {false, []string{"time", "multi", "hgetall", "del", "get", "exec", "hincrby", "pexpireat", "set"}, nil},
 		FlushAll: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},
 	},
 }

@@ -15,7 +15,9 @@
 //
 // A call that every rule showed room for with a margin beside it is sent
 // Far (limits.Call): its store may leave out the reads only a denial
-// needs, and decides it again, on a full read, if it is denied after all.
+// needs, or read only a bound of the counts, and the call is decided
+// again, on a full read, if what was read cannot decide it
+// (limits.View.Undecided).
 //
 // What foresight saw can only be too full where it is stale (counts fall
 // only by flushes and take-backs, which the second round catches), or too
@@ -66,6 +68,7 @@ type seenKey struct {
 type seenCount struct {
 	at     int64      // Redis time, ms
 	used   int        // the weight counted
+	bound  int        // limits.Count.Bound, 0 if none
 	oldest []seenCall // the oldest calls counted, at most seenEntries
 }
 
@@ -106,28 +109,36 @@ func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 }
 
 // roomFor reports whether every rule showed room for c, on top of the
-// batch's calls before it, and whether each showed its margin beside it
-// too (see margin). f.mu is held.
+// batch's calls before it, and whether each showed its margin
+// (limits.Rule.Margin) beside it too, on what a Far call's read would show
+// (farUsed). f.mu is held.
 func (f *Foresight) roomFor(resource string, c limits.Call, now int64, written map[seenKey]int) (room, far bool) {
 	far = true
 	for r, rule := range f.rules {
 		k := f.seenKeyOf(resource, c.Client, r)
-		used := limits.AddCapped(f.seen[k].usedAt(rule, now), written[k])
+		seen := f.seen[k]
+		used := limits.AddCapped(seen.usedAt(rule, now), written[k])
 		if !rule.HasRoom(used, c.N) {
 			return false, false
 		}
-		far = far && rule.HasRoom(limits.AddCapped(used, margin(rule)), c.N)
+		farUsed := limits.AddCapped(seen.farUsed(rule, now), written[k])
+		far = far && rule.HasRoom(limits.AddCapped(farUsed, rule.Margin()), c.N)
 	}
 	return true, far
 }
 
-// margin is the room a rule must show beside a call for the call to be
-// sent Far: a tenth of its limit, at least 1. Other processes, and the
-// batches of this one still under way, may take room that was seen: a
-// call sent Far that then has none is decided again (limits.View.Short),
-// a second round trip, so the margin makes that rare without costing the
-// calls far from every limit anything.
-func margin(rule limits.Rule) int { return max(rule.Requests/10, 1) }
+// farUsed is what a Far call's read would show of s at now: its bound
+// where the store keeps one (limits.Count.Bound), which is not moved on
+// (the totals of an epoch only grow until it passes), else usedAt. A call
+// whose read then leaves less than a margin is decided again (see
+// limits.View.Undecided): foreseeing the bound keeps a client that its
+// bound shows near its limit from paying that every other call.
+func (s seenCount) farUsed(rule limits.Rule, now int64) int {
+	if s.bound > 0 {
+		return s.bound
+	}
+	return s.usedAt(rule, now)
+}
 
 // usedAt is what s counts at now: less the calls that have left rule's
 // window since. A count never seen counts nothing.
@@ -156,12 +167,15 @@ func (f *Foresight) Saw(resource, client string, v limits.View, n int, recorded 
 	for r, c := range v.Counts {
 		k := f.seenKeyOf(resource, client, r)
 		// The old count's room is reused: it is read only under f.mu.
-		s := seenCount{at: v.Now, used: c.Used, oldest: f.seen[k].oldest[:0]}
+		s := seenCount{at: v.Now, used: c.Used, bound: c.Bound, oldest: f.seen[k].oldest[:0]}
 		for _, e := range c.Oldest[:min(len(c.Oldest), seenEntries)] {
 			s.oldest = append(s.oldest, seenCall{at: e.At, weight: e.Weight})
 		}
 		if recorded {
 			s.used = limits.AddCapped(s.used, n)
+			if s.bound > 0 {
+				s.bound = limits.AddCapped(s.bound, n)
+			}
 			if len(s.oldest) < seenEntries {
 				s.oldest = append(s.oldest, seenCall{at: c.Stamp, weight: n})
 			}

@@ -8,12 +8,17 @@
 // boundary. A rule is thus one of a few lanes: a span and a way to stamp.
 //
 // The lanes of one span count the same calls, so they share the fields of
-// a hash: one per interval. The fields of the shortest span are named by
-// the interval's number alone, as they were when a Bucket had one
-// precision, so that a Bucket of one precision keeps its keys; those of the
-// others by "<span in ms>:<number>". Lanes are ordered by span, sliding
-// before fixed, not by the order of the rules: a deploy that only reorders
-// its rules keeps its keys, so its old and new processes share counts.
+// a hash: one per interval, named by its offset in its epoch (below).
+// Lanes are ordered by span, sliding before fixed, not by the order of the
+// rules: a deploy that only reorders its rules keeps its keys, so its old
+// and new processes share counts.
+//
+// The intervals of a span live in a hash per epoch: a stretch of time as
+// long as the longest window of its lanes, rounded up to a whole number
+// of intervals, counted from the Unix epoch. A window then reaches into
+// the current epoch and the one before, never further, and an epoch's
+// hash may expire, whole, once the last of its intervals left every
+// window (EpochExpireAt): no interval is ever deleted on its own.
 package intervals
 
 import (
@@ -25,7 +30,6 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/limits"
-	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // Lane is how some of a Bucket's rules count: in intervals of span ms,
@@ -49,23 +53,13 @@ func (l Lane) At(index int64) int64 {
 // Stamp is the Stamp of now's interval.
 func (l Lane) Stamp(now int64) int64 { return l.At(now / l.Span) }
 
-// lastDead is the newest interval that no rule of the lane counts at now:
-// the last whose stamp is at least longest before now. A fixed lane is
-// judged at its decision's stamp, which may trail Redis's time by up to
-// clock.LagLimit: its last window stays alive that much longer, so that a
-// decision stamped just before the boundary still finds it (and no HDEL
-// takes it first).
-func (l Lane) lastDead(now int64) int64 {
-	if l.Fixed {
-		return (now-clock.LagLimit.Milliseconds())/l.Span - 1
-	}
-	return (now+1-l.Longest)/l.Span - 1
-}
-
 // ExpireAt is when a hash may expire once a call stamped now counted in
 // it: when the call's interval leaves the lane's longest window (a sliding
 // lane counts at Redis's own time, so its reads never need more), and for
-// a fixed lane clock.LagLimit later (see lastDead).
+// a fixed lane clock.LagLimit later: a fixed lane is judged at its
+// decision's stamp, which may trail Redis's time by up to clock.LagLimit,
+// so its last window must outlive its end that much, for a decision
+// stamped just before the boundary to still find it.
 func (l Lane) ExpireAt(now int64) int64 {
 	at := l.Stamp(now) + l.Longest
 	if l.Fixed {
@@ -78,10 +72,10 @@ func (l Lane) ExpireAt(now int64) int64 {
 // named.
 type Layout struct {
 	Lanes   []Lane
-	OfRule  []int    // the lane of each rule
-	Spans   []int64  // the spans, shortest first (see New)
-	names   []string // the spans in decimal, as the fields name them: kept, not formatted per field
-	LanesOf [][]int  // the lanes of each span
+	OfRule  []int   // the lane of each rule
+	Spans   []int64 // the spans, shortest first (see New)
+	LanesOf [][]int // the lanes of each span
+	Epochs  []int64 // the epoch of each span, ms: its lanes' longest window, in whole intervals
 }
 
 // New returns the layout of rules under Windows(precision): a rule
@@ -104,7 +98,6 @@ func New(precision time.Duration, rules []limits.Rule) Layout {
 	for i, l := range y.Lanes {
 		if len(y.Spans) == 0 || y.Spans[len(y.Spans)-1] != l.Span {
 			y.Spans = append(y.Spans, l.Span)
-			y.names = append(y.names, strconv.FormatInt(l.Span, 10))
 			y.LanesOf = append(y.LanesOf, nil)
 		}
 		y.Lanes[i].Group = len(y.Spans) - 1
@@ -113,6 +106,13 @@ func New(precision time.Duration, rules []limits.Rule) Layout {
 	for _, r := range rules {
 		want := laneOf(r)
 		y.OfRule = append(y.OfRule, slices.IndexFunc(y.Lanes, want.same))
+	}
+	for g, span := range y.Spans {
+		var longest int64
+		for _, l := range y.LanesOf[g] {
+			longest = max(longest, y.Lanes[l].Longest)
+		}
+		y.Epochs = append(y.Epochs, (longest+span-1)/span*span)
 	}
 	return y
 }
@@ -138,52 +138,33 @@ func fixedOrder(fixed bool) int {
 	return 0
 }
 
+// Kinds reports whether span group g has a fixed lane, and a sliding one.
+func (y Layout) Kinds(g int) (fixed, sliding bool) {
+	for _, l := range y.LanesOf[g] {
+		fixed, sliding = fixed || y.Lanes[l].Fixed, sliding || !y.Lanes[l].Fixed
+	}
+	return fixed, sliding
+}
+
 // Lane returns the Lane of rule r.
 func (y Layout) Lane(r int) Lane { return y.Lanes[y.OfRule[r]] }
 
-// FieldName names interval index of span group g.
-func (y Layout) FieldName(g int, index int64) string {
-	if g == 0 {
-		return strconv.FormatInt(index, 10)
-	}
-	return y.names[g] + ":" + strconv.FormatInt(index, 10)
-}
+// Current is the field of now's interval in span group g's epoch: its
+// offset in the epoch, in decimal (the epoch is in the hash's name), an
+// int64, which go-redis writes without a string made for it.
+func (y Layout) Current(g int, now int64) any { return y.offset(g, now/y.Spans[g]) }
 
-// Current is the field of now's interval in span group g: an int64 for
-// the first span, which go-redis writes without a string made for it.
-func (y Layout) Current(g int, now int64) any {
-	if g == 0 {
-		return now / y.Spans[0]
-	}
-	return y.FieldName(g, now/y.Spans[g])
-}
+// offset is interval index's place in its epoch of span group g.
+func (y Layout) offset(g int, index int64) int64 { return index % (y.Epochs[g] / y.Spans[g]) }
 
-// Interval parses a field: its span group and Interval; ok is false for a
-// field that is not one of ours.
-func (y Layout) Interval(field string) (g int, index int64, ok bool) {
-	if index, ok := digits(field); ok {
-		return 0, index, true // the first span's, as most are
+// Interval reads a field of the hash of span group g's epoch e: the
+// interval it names, and false for a field that names none.
+func (y Layout) Interval(g int, e int64, field string) (int64, bool) {
+	off, ok := digits(field)
+	if perEpoch := y.Epochs[g] / y.Spans[g]; ok && off < perEpoch {
+		return e*perEpoch + off, true
 	}
-	if field == txn.IncarnationField {
-		return 0, 0, false // no number: known without a parse, whose error allocates
-	}
-	span, number, prefixed := strings.Cut(field, ":")
-	if !prefixed {
-		number = field
-	}
-	index, err := strconv.ParseInt(number, 10, 64)
-	if err != nil {
-		return 0, 0, false
-	}
-	if !prefixed {
-		return 0, index, true
-	}
-	for g := 1; g < len(y.names); g++ {
-		if y.names[g] == span {
-			return g, index, true
-		}
-	}
-	return 0, 0, false
+	return 0, false
 }
 
 // digits reads a field of decimal digits alone, as FormatInt writes a
@@ -204,37 +185,18 @@ func digits(field string) (int64, bool) {
 	return n, true
 }
 
-// lastDead is the newest interval of span group g that no rule counts at
-// now.
-func (y Layout) lastDead(g int, now int64) int64 {
-	dead := int64(0)
-	for i, l := range y.LanesOf[g] {
-		if d := y.Lanes[l].lastDead(now); i == 0 || d < dead {
-			dead = d
-		}
-	}
-	return dead
-}
+// Epoch is the epoch of span group g that time at (ms) is in.
+func (y Layout) Epoch(g int, at int64) int64 { return at / y.Epochs[g] }
 
-// Bounds are the intervals of a span group at some time: the newest that
-// no rule counts (lastDead), and the current one.
-type Bounds struct{ Dead, Current int64 }
-
-// Bounds returns span group g's at now.
-func (y Layout) Bounds(g int, now int64) Bounds {
-	return Bounds{Dead: y.lastDead(g, now), Current: now / y.Spans[g]}
-}
-
-// ExpireAt is when a hash written at now may expire: once no rule counts
-// the interval of a call stamped now (Lane.ExpireAt). That is at most one
-// precision after the window of a call made at now ends (its interval's
-// end), or clock.LagLimit after a fixed window's. A hash is only ever given a
-// later deadline, never an earlier one (PEXPIREAT NX, then GT: see the
-// Windows store).
-func (y Layout) ExpireAt(now int64) int64 {
+// EpochExpireAt is when the hash of span group g's epoch e may expire:
+// once its last interval left every window (Lane.ExpireAt of its last
+// millisecond). It is the same for every writer, so a hash's deadline is
+// set once and never moved, by whoever writes to it first or last.
+func (y Layout) EpochExpireAt(g int, e int64) int64 {
+	last := (e+1)*y.Epochs[g] - 1
 	var at int64
-	for _, l := range y.Lanes {
-		at = max(at, l.ExpireAt(now))
+	for _, l := range y.LanesOf[g] {
+		at = max(at, y.Lanes[l].ExpireAt(last))
 	}
 	return at
 }

@@ -3,6 +3,7 @@ package intervals
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -33,26 +34,38 @@ func TestLayoutTag(t *testing.T) {
 	}
 }
 
-// A hash outlives every interval a rule counts of a call stamped now, and
-// no more than one precision beyond its window (a fixed window: clock.LagLimit
-// beyond it, for a decision whose stamp trails Redis's time).
-func TestExpiryBounds(t *testing.T) {
+// An epoch's hash outlives every interval a rule counts of a call stamped
+// in it, and no more than an epoch and a window beyond the call (a fixed
+// window: clock.LagLimit beyond its end, for a decision whose stamp trails
+// Redis's time). Every writer of the epoch gives it the same deadline.
+func TestEpochExpiry(t *testing.T) {
 	y := mixedLayout()
-	for _, now := range []int64{30*60_000 - 1, 30 * 60_000, 17} {
-		at := y.ExpireAt(now)
-		for _, l := range y.Lanes {
-			if counted := l.Stamp(now) + l.Longest; at < counted {
-				t.Errorf("expireAt(%d) = %d: lane %+v counts the call until %d", now, at, l, counted)
+	for _, now := range []int64{30*60_000 - 1, 30 * 60_000, 17, 95*60_000 + 3} {
+		for g := range y.Spans {
+			e := y.Epoch(g, now)
+			at := y.EpochExpireAt(g, e)
+			for _, l := range y.LanesOf[g] {
+				if counted := y.Lanes[l].ExpireAt(now); at < counted {
+					t.Errorf("EpochExpireAt(%d, %d) = %d: lane %+v counts a call at %d until %d", g, e, at, y.Lanes[l], now, counted)
+				}
+			}
+			if most := now + y.Epochs[g] + 60*minute + clock.LagLimit.Milliseconds(); at > most {
+				t.Errorf("EpochExpireAt(%d, %d) = %d: more than an epoch and the window after %d, %d", g, e, at, now, most)
+			}
+			if other := y.EpochExpireAt(g, y.Epoch(g, e*y.Epochs[g])); other != at {
+				t.Errorf("epoch %d of span %d: deadline %d from its start, %d from %d", e, g, other, at, now)
 			}
 		}
-		// The longest window is the hour's, at a precision of 30 minutes.
-		if most := now + 60*minute + 30*minute; at > most {
-			t.Errorf("expireAt(%d) = %d: more than a precision after the window, %d", now, at, most)
-		}
+	}
+	if !slices.Equal(y.Epochs, []int64{30 * minute, 60 * minute}) {
+		t.Errorf("epochs %v: want the longest window of each span, in whole intervals", y.Epochs)
 	}
 	fixed := New(0, []limits.Rule{{Requests: 1, Window: minute}})
-	if got, want := fixed.ExpireAt(61_000), 120_000+clock.LagLimit.Milliseconds(); got != want {
-		t.Errorf("fixed expireAt = %d, want the window's end and clock.LagLimit, %d", got, want)
+	if got, want := fixed.EpochExpireAt(0, fixed.Epoch(0, 61_000)), 120_000+clock.LagLimit.Milliseconds(); got != want {
+		t.Errorf("fixed EpochExpireAt = %d, want the window's end and clock.LagLimit, %d", got, want)
+	}
+	if odd := New(7*time.Millisecond, []limits.Rule{{Requests: 1, Window: 100}}); odd.Epochs[0] != 105 {
+		t.Errorf("epoch of a 100 ms window at 7 ms = %d, want 105: whole intervals", odd.Epochs[0])
 	}
 }
 
@@ -68,21 +81,23 @@ var mixedRules = []limits.Rule{
 // mixedLayout is mixedRules' layout under FixedWindows.
 func mixedLayout() Layout { return New(0, mixedRules) }
 
-// Every span names its fields apart, and reads back only its own.
+// An interval's field is its offset in its epoch, read back as the
+// interval; a field that names no interval of the epoch is not ours.
 func TestLayoutFields(t *testing.T) {
 	y := mixedLayout()
-	for g := range y.Spans {
-		name := y.FieldName(g, 42)
-		if got, index, ok := y.Interval(name); !ok || got != g || index != 42 {
-			t.Errorf("interval(%q) = %d, %d, %v; want %d, 42", name, got, index, ok, g)
+	for g, span := range y.Spans {
+		for _, index := range []int64{0, 42, 7777} {
+			at := index * span
+			e := y.Epoch(g, at)
+			field := fmt.Sprint(y.Current(g, at))
+			if got, ok := y.Interval(g, e, field); !ok || got != index {
+				t.Errorf("span %d: interval(%q) in epoch %d = %d, %v; want %d", span, field, e, got, ok, index)
+			}
 		}
-		if fmt.Sprint(y.Current(g, 42*y.Spans[g])) != name {
-			t.Errorf("current(%d) = %v, want %q", g, y.Current(g, 42*y.Spans[g]), name)
-		}
-	}
-	for _, field := range []string{"x", "7:1", "60000:x", ""} {
-		if _, _, ok := y.Interval(field); ok {
-			t.Errorf("interval(%q) ok, want a field not ours", field)
+		for _, field := range []string{"x", "7:1", "-1", "", strconv.FormatInt(y.Epochs[g]/span, 10), "i", "t"} {
+			if _, ok := y.Interval(g, 3, field); ok {
+				t.Errorf("interval(%q) ok, want a field not ours", field)
+			}
 		}
 	}
 }

@@ -8,8 +8,8 @@
 //	P:T:{R}:log:C:<ms>:<n>:<uuid> Logs: calls of total weight n made at Redis time <ms>
 //	P:T:{R}:zlog:W:L[:C]          SortedSet: the calls of a rule of window W ms and
 //	                              limit L, the resource's or the client's
-//	P:T:{R}:hash[@G][:C]          Windows: weight per interval in generation G,
-//	                              the resource's or the client's
+//	P:T:{R}:hash[@G][:C]:<g>.<e>  Windows: weight per interval of span g's epoch e
+//	                              in generation G, the resource's or the client's
 //	P:T:{R}:gen                   Windows: the generation, once FlushAll ran
 //	P:T:{R}:fence:<id>            SortedSet, Windows: one transaction's marker
 //
@@ -115,8 +115,16 @@ func (k Space) Hash(gen string) string {
 	return k.Hashes() + "@" + gen
 }
 
-// ClientHash is client's Windows hash in generation gen.
+// ClientHash is what client's Windows hashes in generation gen start
+// with.
 func (k Space) ClientHash(gen, client string) string { return k.Hash(gen) + ":" + Encode(client) }
+
+// Epoch names the hash of span g's epoch e among the hashes of one scope,
+// whose names start with scope (Hash, or ClientHash). base64url has no
+// '.', so no client's scope is another scope's epoch.
+func Epoch(scope string, g int, e int64) string {
+	return scope + ":" + strconv.Itoa(g) + "." + strconv.FormatInt(e, 10)
+}
 
 // Generation holds the generation of the resource's Windows hashes.
 func (k Space) Generation() string { return k.base + "gen" }

@@ -37,6 +37,15 @@ type Count struct {
 	// least as many as must leave the window for the call to fit.
 	Oldest []Entry
 	Newest int64 // the stamp of the newest counted call, if Used > 0
+	// Bound is at least Used: what a read of fewer fields shows of the
+	// count (under Windows, the totals of the epochs a window reaches),
+	// for foresight to foresee such a read; 0 where there is none.
+	Bound int
+	// Bounded: Used is Bound, not the count, which was not read (a call
+	// sent Far). A call it admits is one the count admits, with no more
+	// Remaining; Oldest is empty and Newest at least the newest counted's.
+	// See View.Undecided.
+	Bounded bool
 }
 
 // A Call is one call to decide, of weight N by Client.
@@ -61,6 +70,32 @@ type View struct {
 	// the call, it is not recorded, and is decided again on a full read.
 	Short bool
 }
+
+// Undecided reports whether v leaves a call of weight n to be decided
+// again, on a full read, without being recorded: denied where some count
+// was read too little for a denial's Result (Short, or Bounded); or with
+// a Bounded count that leaves less than its rule's Margin beside the
+// call, where the count itself may deny it, or leave less Remaining than
+// the bound may stand for.
+func (v View) Undecided(rules []Rule, n int) bool {
+	bounded, denied := false, false
+	for r, rule := range rules {
+		c := v.Counts[r]
+		if c.Bounded && !rule.HasRoom(AddCapped(c.Used, rule.Margin()), n) {
+			return true
+		}
+		bounded = bounded || c.Bounded
+		denied = denied || !rule.HasRoom(c.Used, n)
+	}
+	return denied && (v.Short || bounded)
+}
+
+// Margin is the room a rule must show beside a call for the call to be
+// far from its limit: a tenth of its Requests, at least 1. A call sent Far
+// (package foresight) and decided on a Bounded count is one with at least
+// this much room left beside it, so that its Remaining, a bound, is exact
+// wherever the exact one is less than this.
+func (r Rule) Margin() int { return max(r.Requests/10, 1) }
 
 // Counts reports whether r counts e at time now.
 func (r Rule) Counts(e Entry, now int64) bool { return e.At+r.Window > now }

@@ -50,11 +50,11 @@ func run(t *testing.T, rdb *redis.Client, cmds ...[]any) {
 }
 
 // A late writer never shortens a key's life, and a late take-back whose key
-// is gone makes none: the adversary sends a take-back stamped 20 s before
-// the hash's newest call (as late as resolveFor and takeBackFor allow),
-// once while the hash lives and once after it was deleted. A hash made
-// again of the negative count would let a sixth call into a window of
-// five.
+// is gone makes none: the adversary sends a take-back stamped up to 20 s
+// before the hash's newest call (as late as resolveFor and takeBackFor
+// allow; in the same epoch, whose hash it is), once while the hash lives
+// and once after it was deleted. A hash made again of the negative count
+// would let a sixth call into a window of five.
 func TestLateTakeBackKeepsCounts(t *testing.T) {
 	ctx := context.Background()
 	for name, rdb := range servers(t) {
@@ -73,11 +73,11 @@ func TestLateTakeBackKeepsCounts(t *testing.T) {
 				if outcome, err := tx.Exec(ctx, rdb); outcome != txn.Ran {
 					t.Fatalf("the decision's transaction: %v, %v", outcome, err)
 				}
-				hash := ks.Hash("")
+				hash := write.order[0].parts[0].keys[1]
 				t.Cleanup(func() { rdb.Del(ctx, hash) }) // the marker expires in half a second
 				before := rdb.PExpireTime(ctx, hash).Val()
-				late := s.newBatch(ks, now-20_000, calls)
-				back := late.subtract(nil, late.order[0], 1)
+				late := s.newBatch(ks, now-min(20_000, now%s.Epochs[0]), calls)
+				back := late.subtract(nil, late.order[0], 0, 1)
 				run(t, rdb, back...)
 				if after := rdb.PExpireTime(ctx, hash).Val(); after != before {
 					t.Errorf("PEXPIRETIME after a late take-back = %v; want %v: unchanged", after, before)

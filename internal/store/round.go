@@ -24,7 +24,8 @@ type round interface {
 	queue(t *txn.Txn)
 	// judge reads t's replies, asks judge about each call in order, and
 	// queues on back the take-back of the calls not recorded. now is Redis's
-	// time when t ran (ms), which the Results count from.
+	// time when t ran (ms), which the Results count from. If it says redo
+	// (errRedo), back holds the take-back of what t wrote, if anything.
 	judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error
 	// takeAll queues on back the take-back of every call, for a
 	// transaction t that ran, although its reply was lost (t.replies is
@@ -41,15 +42,27 @@ type round interface {
 // back or gone to keys nothing reads.
 var errRedo = errors.New("leakybucket: decision to be made again")
 
-// redoAttempts bounds how often a batch is decided again.
+// redoAttempts bounds how often a batch is decided again, but after a
+// FlushAll (errStaleGeneration).
 const redoAttempts = 3
 
 // decideRound decides the calls with rounds made by newRound for the
-// estimated Redis time, again if one says so (errRedo).
+// estimated Redis time, again if one says so (errRedo): up to
+// redoAttempts times, and after a FlushAll made the round stale, until
+// one is not or ctx ends. Each stale round means a FlushAll ran between
+// its transaction and the one before, so only a storm of them, racing
+// one decision, makes it wait, for as long as the storm lasts, and never
+// fails its callers (a bound of 3 stale rounds, then 15, failed calls
+// during a loop of FlushAll calls).
 func decideRound(ctx context.Context, where Site, newRound func(now int64) round, judge Judge) error {
 	var err error
-	for range redoAttempts {
-		if err = decideOnce(ctx, where, newRound, judge); !errors.Is(err, errRedo) {
+	for redos := 0; redos < redoAttempts; {
+		err = decideOnce(ctx, where, newRound, judge)
+		switch {
+		case errors.Is(err, errStaleGeneration) && ctx.Err() == nil:
+		case errors.Is(err, errRedo):
+			redos++
+		default:
 			return err
 		}
 	}
@@ -69,6 +82,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	}
 	r := newRound(now)
 	t := txn.New(where.Keys, !r.idempotent())
+	where.Carry.markIn(t)
 	carried := append(where.Carry.take(), where.Ahead.take()...)
 	for _, cmd := range carried {
 		t.Add(cmd...)
@@ -78,13 +92,15 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	sent := time.Now()
 	switch o, err := t.Exec(ctx, where.Node); o {
 	case txn.NotRun:
-		handOn(where, &txn.Txn{Cmds: carried}, r.idempotent())
+		where.Carry.settled(t)
+		handOn(where, &txn.Txn{Cmds: txn.Resent(carried)}, r.idempotent())
 		return err
 	case txn.Unknown:
 		where.Clock.Reset()
 		go settleLost(where, r, t, carried)
 		return err
 	}
+	where.Carry.settled(t)
 	back := txn.New(where.Keys, !r.idempotent())
 	server, ok := txn.ReplyTime(t.Replies[clock])
 	if !ok || stampOff(server, now, time.Since(sent), where.Clock.Pace()) {
@@ -95,6 +111,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	}
 	where.Clock.Sample(server, sent)
 	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
+		takeBack(where, back, r.idempotent()) // what a decision made again took back, if anything
 		return err
 	}
 	handOn(where, back, r.idempotent())
@@ -148,22 +165,63 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 // resolve cannot tell: the calls stay counted, which is safe.
 func settleLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	o := t.Resolve(where.Node, true)
+	if o == txn.Ran {
+		// Only then is t's marker key free for another: a transaction
+		// found not to have run, or not found, may still run late, and set
+		// it over the marker of the one that took it.
+		where.Carry.settled(t)
+	}
 	back := txn.New(where.Keys, !r.idempotent())
 	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
 		r.takeAll(t, back)
 	}
 	if o == txn.NotRun || o == txn.Unknown && r.idempotent() {
-		back.Cmds = append(back.Cmds, carried...)
+		back.Cmds = append(back.Cmds, txn.Resent(carried)...)
 	}
 	takeBack(where, back, r.idempotent())
 }
 
-// Carried is the take-backs that a line's next transaction carries.
+// Carried is what a line's decisions hand on to the next ones: the
+// take-backs that the next carries, and the keys of the markers of the
+// settled ones (txn.Txn.MarkIn), which the next ones set again, so that a
+// busy line keeps a few marker keys rather than one per transaction.
 type Carried struct {
 	mu         sync.Mutex
 	cmds       [][]any
-	where      Site // where to send them alone
-	idempotent bool // as the round's take-backs (round.idempotent)
+	where      Site     // where to send them alone
+	idempotent bool     // as the round's take-backs (round.idempotent)
+	markers    []string // the keys no transaction whose outcome is yet to be learned sets
+}
+
+// maxMarkers bounds the marker keys a line keeps for its next decisions:
+// about as many as it has decisions under way at once.
+const maxMarkers = 8
+
+// markIn marks t, if it is marked, in a marker key of the line's that no
+// unsettled transaction sets.
+func (c *Carried) markIn(t *txn.Txn) {
+	if c == nil || t.Marker == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n := len(c.markers); n > 0 {
+		t.MarkIn(c.markers[n-1])
+		c.markers = c.markers[:n-1]
+	}
+}
+
+// settled gives t's marker key back to the line, once t's outcome is
+// known: no one reads t's marker any more.
+func (c *Carried) settled(t *txn.Txn) {
+	if c == nil || t.Marker == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.markers) < maxMarkers {
+		c.markers = append(c.markers, t.Marker)
+	}
 }
 
 // hand adds cmds, the take-backs of a batch at where, for the next one.

@@ -1,21 +1,14 @@
 package store
 
 import (
-	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"iter"
-	"maps"
-	"math/bits"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/intervals"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
@@ -30,18 +23,27 @@ func NewWindows(p Plan, precision time.Duration) Store {
 
 // windowsStore is the Windows strategy: precision-bucket sliding windows,
 // and fixed ones, decided in one fenced MULTI/EXEC without a lock
-// (round.go). Each hash maps an interval to the weight added in it, per
-// span of the rules' intervals (package intervals), and one hash serves every
-// rule of its scope: a rule counts the intervals of its span whose stamp
-// is inside its window. The resource's hash exists when a rule is
-// per-resource, each client's when a rule is per-client. Per batch, the
-// transaction reads the resource's generation (GET, see below), adds the
-// batch's weight to the current interval of each span of each hash
-// (HINCRBY), reads every hash (HGETALL) and sets it to expire with the
-// current interval. The intervals that left every window are deleted
-// later, a few at a time (tidyAt).
+// (round.go). A scope (the resource when a rule is per-resource, each
+// client when a rule is per-client) keeps, per span of the rules'
+// intervals (package intervals), a hash per epoch: the weight added in
+// each of its intervals, and their total (field t). A rule counts the
+// intervals of its span whose stamp is inside its window: of the current
+// epoch and the one before, never more (an epoch is the longest window).
 //
-// The calls are then judged in order: each counts the intervals read, less
+// Per batch, the transaction reads the resource's generation (GET, see
+// below), and for each hash of the current epoch it writes to adds the
+// batch's weight to the current interval and to the total (HINCRBY),
+// whose reply is the epoch's total with it. A batch whose calls on a
+// scope were all sent Far (package foresight: far from every limit, as
+// this process last saw them) reads no more than the totals of the
+// epochs before and after (HGET): their sum bounds what any window
+// counts, and a call it leaves a margin beside is admitted on it, as the
+// intervals would admit it (limits.Count.Bounded); the others are read
+// whole (HGETALL of each epoch). An epoch's hash expires, whole, once
+// none of its intervals is in any window: nothing deletes an interval on
+// its own.
+//
+// The calls are then judged in order: each counts what was read, less
 // the batch's own weight, plus the weight of the batch's calls admitted
 // before it. So a call sees every call decided before it, in this process
 // or any other (transactions run one at a time), and nothing else. Only
@@ -88,9 +90,9 @@ func (s windowsStore) saw(ks keys.Space, used string, reply any) bool {
 	return false
 }
 
-// hashes returns the hashes a call by client writes and reads, in
-// generation gen: the resource's first.
-func (s windowsStore) hashes(ks keys.Space, gen, client string) []string {
+// scopes returns what the names of the hashes a call by client writes
+// and reads start with, in generation gen: the resource's first.
+func (s windowsStore) scopes(ks keys.Space, gen, client string) []string {
 	var out []string
 	if !s.ClientScoped {
 		out = append(out, ks.Hash(gen))
@@ -101,7 +103,7 @@ func (s windowsStore) hashes(ks keys.Space, gen, client string) []string {
 	return out
 }
 
-// hashOf is the index, among a call's hashes, of the one rule counts in.
+// hashOf is the index, among a call's scopes, of the one rule counts in.
 func (s windowsStore) hashOf(rule limits.Rule) int {
 	if rule.PerClient && !s.ClientScoped {
 		return 1
@@ -116,8 +118,16 @@ var errStaleGeneration = fmt.Errorf("%w: the counts were flushed meanwhile", err
 // staleRetries bounds how often a read is made again after a flush.
 const staleRetries = 3
 
+// Decide decides calls in a round of their hashes (hBatch), made again
+// after a FlushAll as often as it takes (decideRound), then the calls the
+// round left undecided (confirm).
 func (s windowsStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
-	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.Keys, now, calls) }, judge)
+	var b *hBatch
+	err := decideRound(ctx, where, func(now int64) round { b = s.newBatch(where.Keys, now, calls); return b }, judge)
+	if err == nil && len(b.pending) > 0 {
+		b.confirm(ctx, where, judge)
+	}
+	return err
 }
 
 // hBatch is the round of one batch on the hashes of a resource.
@@ -127,130 +137,318 @@ type hBatch struct {
 	gen      string
 	now      int64
 	calls    []limits.Call
-	byKey    map[string]*hash
+	ran      int64         // Redis's time when its transaction ran, ms
+	pending  []pendingCall // left undecided by a bound: see confirm
+	byScope  map[string]*hash
 	order    []*hash
-	ofCalls  []*hash // each call's hashes, as hashes names them: found once, not by name per call
+	ofCalls  []*hash // each call's hashes, as scopes orders them: found once, not by name per call
 	genReply int
 	token    string // the incarnation of the clients' hashes it makes
-}
-
-// hash is one hash of a batch: its weight in the batch, where its read is
-// among the replies, then its intervals.
-type hash struct {
-	key    string
-	client bool // a client's hash, not the resource's
-	added  int  // the batch's weight written to it
-	read   int
-
-	incarnation string           // a client's hash's, as read: see txn.Guard
-	lanes       [][]limits.Entry // by lane: the intervals other than the current ones, stamped for it, oldest first
-	current     []int            // by span: the current interval's weight before the batch
-	admitted    int              // the batch's weight admitted so far
-	denied      int              // the batch's weight to take back
-	dead        []string         // fields no window counts any more
-
-	// Room for lanes and current in the usual case, one lane, so that
-	// reading a hash allocates no more than the intervals it holds.
-	laneRoom    [1][]limits.Entry
-	currentRoom [1]int
+	// By span group, boxed once for every hash's commands: the field of
+	// the stamp's interval, and its epoch's deadline.
+	current, deadlines []any
 }
 
 func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *hBatch {
-	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byKey: map[string]*hash{},
+	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byScope: map[string]*hash{},
 		ofCalls: make([]*hash, 0, 2*len(calls)),
 		token:   strconv.FormatUint(rand.Uint64(), 36)}
+	for g := range s.Spans {
+		b.current = append(b.current, s.Current(g, now))
+		b.deadlines = append(b.deadlines, s.EpochExpireAt(g, s.Epoch(g, now)))
+	}
 	for _, c := range calls {
-		hashKeys := s.hashes(ks, b.gen, c.Client)
-		for i, key := range hashKeys {
-			h := b.byKey[key]
+		scopes := s.scopes(ks, b.gen, c.Client)
+		for i, scope := range scopes {
+			h := b.byScope[scope]
 			if h == nil {
-				h = &hash{key: key, client: s.HasClientRule && i == len(hashKeys)-1}
-				b.byKey[key] = h
+				h = b.newHash(scope, s.HasClientRule && i == len(scopes)-1)
+				b.byScope[scope] = h
 				b.order = append(b.order, h)
 			}
 			if !c.Look {
 				h.added += c.N
 			}
+			// A call that may be denied needs the intervals, for
+			// RetryAfter; one that looks writes no total to read.
+			h.whole = h.whole || !c.Far || c.Look || s.RecordDenied
 			b.ofCalls = append(b.ofCalls, h)
 		}
 	}
 	return b
 }
 
-// hashesOf returns call i's hashes, as hashes orders them.
+// hashesOf returns call i's hashes, as scopes orders them.
 func (b *hBatch) hashesOf(i int) []*hash {
 	n := len(b.ofCalls) / len(b.calls)
 	return b.ofCalls[i*n : (i+1)*n]
 }
 
+// totalField is the field of an epoch's hash that holds the total of its
+// intervals: every write adds to both, and a take-back takes from both, but
+// takes from the total only the first time it is sent (txn.Resent). So the
+// total is what the intervals hold, unless a take-back sent again had run
+// already, late: then at least that, whatever the take-backs did to the
+// intervals. Written first after the incarnation, it sits at the front of
+// a small hash, where HGET and HINCRBY find it at once.
+const totalField = txn.TotalField
+
+// nearEnd is how close to the end of an epoch a stamp must be for its
+// batch to read the next epoch too: Redis may run the transaction in it
+// (up to clock.Jump and a round trip after the stamp, see stampOff), and
+// a window there reaches into the stamp's epoch and the next.
+const nearEnd = 2 * clock.Jump
+
+// reach is how many epochs after the stamp's a batch reads, in span
+// group g: the next one too where the stamp is near the end of its own.
+func (b *hBatch) reach(g int) int64 {
+	if epoch := b.Epochs[g]; b.now%epoch >= epoch-nearEnd.Milliseconds() {
+		return 1
+	}
+	return 0
+}
+
+// queue adds the batch's commands, each hash's key boxed once for them.
 func (b *hBatch) queue(t *txn.Txn) {
 	b.genReply = t.Add("get", b.keys.Generation())
-	wrote := false
+	var latest int64 // the latest deadline the batch gives a hash
 	for _, h := range b.order {
-		wrote = wrote || h.added > 0
-		key := any(h.key) // boxed once for its commands
-		if h.added > 0 {
-			if h.client {
-				t.Add("hsetnx", key, txn.IncarnationField, b.token)
+		for g := range h.parts {
+			p := &h.parts[g]
+			if h.added > 0 {
+				b.queueWrite(t, h, g)
+				latest = max(latest, b.EpochExpireAt(g, p.epoch))
 			}
-			for g := range b.Spans {
-				t.Add("hincrby", key, b.Current(g, b.now), h.added)
-			}
-		}
-		h.read = t.Add("hgetall", key)
-		if h.added > 0 {
-			for _, cmd := range txn.ExtendTo(h.key, b.ExpireAt(b.now)) {
-				t.Add(cmd...)
-			}
+			b.queueReads(t, h, g)
 		}
 	}
-	if wrote && b.gen != "" {
+	if latest > 0 && b.gen != "" {
 		// The generation outlives every hash of its own (see flushAll).
-		t.Add("pexpireat", b.keys.Generation(), b.ExpireAt(b.now), "gt")
+		t.Add("pexpireat", b.keys.Generation(), latest, "gt")
 	}
 }
 
-// tidyAt is how many dead intervals a hash may hold before a decision that
-// read them deletes them (HDEL). Deleting the intervals that might have
-// died in every transaction would cost a command per hash for nothing most
-// of the time, and miss those that died while nobody called; this way a
-// hash holds at most tidyAt-1 dead intervals beyond those of its longest
-// window, and they cost a round trip once per tidyAt deaths at most.
-const tidyAt = 16
+// queueWrite adds the batch's weight to h's current interval of span group
+// g, and to its epoch's total; a client's hash it makes gets the batch's
+// incarnation first. The deadline is the epoch's, the same for every
+// writer (EpochExpireAt): it never shortens a hash's life.
+func (b *hBatch) queueWrite(t *txn.Txn, h *hash, g int) {
+	p := &h.parts[g]
+	key, added := p.args[1], any(h.added) // boxed once for their commands
+	if h.client {
+		t.Add("hsetnx", key, txn.IncarnationField, b.token)
+	}
+	if b.sliding(g) {
+		p.total = t.Add("hincrby", key, totalField, added)
+	}
+	p.interval = t.Add("hincrby", key, b.current[g], added)
+	t.Add("pexpireat", key, b.deadlines[g])
+}
 
-// judge asks judge about each call in order, and queues on back the
-// take-back of the calls not recorded, and the deletion of dead fields the
-// transaction did not delete.
+// sliding reports whether span group g has a sliding lane, which counts
+// the intervals of more than one epoch: its hashes keep a total. A fixed
+// lane counts only the current interval, which the write's reply holds.
+func (b windowsStore) sliding(g int) bool {
+	_, sliding := b.Kinds(g)
+	return sliding
+}
+
+// queueReads adds the reads of h's epochs of span group g: whole, or, for
+// a hash read far, the totals of the epochs beside the stamp's and the
+// incarnation of a client's it writes to.
+func (b *hBatch) queueReads(t *txn.Txn, h *hash, g int) {
+	p := &h.parts[g]
+	if !b.sliding(g) {
+		// The reply of the write holds its interval's weight: a hash
+		// that only looks is read, and a client's incarnation.
+		if h.added == 0 {
+			p.read(t, 1, readWhole)
+		} else if h.client {
+			p.read(t, 1, readIncarnation)
+		}
+		return
+	}
+	for i := range 2 + int(b.reach(g)) {
+		switch {
+		case h.whole:
+			p.read(t, i, readWhole)
+		case i != 1:
+			p.read(t, i, readTotal)
+		case h.client:
+			p.read(t, i, readIncarnation)
+		}
+	}
+}
+
+// read queues the read of p's i-th epoch.
+func (p *part) read(t *txn.Txn, i int, kind readKind) {
+	p.kinds[i] = kind
+	switch kind {
+	case readWhole:
+		p.reads[i] = t.Add("hgetall", p.args[i])
+	case readTotal:
+		p.reads[i] = t.Add("hget", p.args[i], totalField)
+	case readIncarnation:
+		p.reads[i] = t.Add("hget", p.args[i], txn.IncarnationField)
+	}
+}
+
+// judge asks judge about each call in order, but those what was read
+// leaves undecided (limits.View.Undecided), left pending for confirm, and
+// queues on back the take-back of the calls not recorded, and the move of
+// those recorded to the interval Redis ran them in (see moves).
 func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error {
 	if !b.saw(b.keys, b.gen, t.Replies[b.genReply]) {
 		return errStaleGeneration
 	}
+	if err := b.unread(now); err != nil {
+		b.takeAll(t, back)
+		return err
+	}
+	b.ran = now
 	for _, h := range b.order {
-		h.parse(b.Layout, b.now, txn.ReplyFields(t.Replies[h.read]), txn.ReplyLen(t.Replies[h.read]))
-		for g := range h.current {
-			h.current[g] -= h.added
+		b.read(h, t.Replies, now)
+	}
+	for i := range b.calls {
+		b.judgeCall(i, judge, now)
+	}
+	b.queueMoves(back, now)
+	b.queueBack(back, func(h *hash) int { return h.denied })
+	return nil
+}
+
+// judgeCall asks judge about call i, on the batch's counts with the calls
+// judged before it, unless they leave it undecided: then it is left
+// pending, decided after the others (confirm).
+func (b *hBatch) judgeCall(i int, judge Judge, now int64) {
+	c, hashes := b.calls[i], b.hashesOf(i)
+	v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
+	for r, rule := range b.Rules {
+		v.Counts[r] = b.count(hashes[b.hashOf(rule)], r, rule, b.at(b.Lane(r).Group, now), now)
+	}
+	if !c.Look && v.Undecided(b.Rules, c.N) {
+		b.pending = append(b.pending, pendingCall{i: i, view: v})
+		for _, h := range hashes {
+			h.pending += c.N
+		}
+		return
+	}
+	recorded := judge(i, v)
+	for _, h := range hashes {
+		switch {
+		case c.Look: // it wrote nothing
+		case recorded:
+			h.admitted += c.N
+		default:
+			h.denied += c.N
 		}
 	}
-	for i, c := range b.calls {
-		hashes := b.hashesOf(i)
-		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
-		for r, rule := range b.Rules {
-			h := hashes[b.hashOf(rule)]
-			v.Counts[r] = h.count(b.Layout, r, rule, b.now, now, h.admitted)
+}
+
+// errCrossed: Redis ran the transaction in a later interval than its
+// stamp's, and too late to count its calls in the stamp's (see late), in
+// a span that is a fixed window: its calls, judged with the window of the
+// stamp, would count in a window that ended before Redis ran them, and
+// cannot be moved to the next, whose room they were not judged by. So the
+// decision is taken back and made again, stamped in the next window.
+var errCrossed = fmt.Errorf("%w: Redis ran it in a later window than its stamp's", errRedo)
+
+// errUnread: Redis ran the transaction in an epoch whose windows reach
+// one the batch did not read (the stamp was far from the end of its
+// epoch, and Redis ran it in the next: a long stall, or a clock that
+// jumped): it is taken back and made again.
+var errUnread = fmt.Errorf("%w: Redis ran it in an epoch it did not read", errRedo)
+
+// unread says why a transaction Redis ran at now must be made again, if
+// it must: a fixed window it crossed (errCrossed), or an epoch it did not
+// read (errUnread).
+func (b *hBatch) unread(now int64) error {
+	for g := range b.Spans {
+		fixed, sliding := b.Kinds(g)
+		if fixed && b.late(g, now) {
+			return errCrossed
 		}
-		recorded := judge(i, v)
-		for _, h := range hashes {
-			switch {
-			case c.Look: // it wrote nothing
-			case recorded:
-				h.admitted += c.N
-			default:
-				h.denied += c.N
+		e := b.Epoch(g, b.now)
+		if at := b.Epoch(g, now); sliding && (at < e || at > e+b.reach(g)) {
+			return errUnread
+		}
+	}
+	return nil
+}
+
+// late reports whether Redis ran the transaction (at now) in a later
+// interval of span group g than the batch's stamp's, and more than
+// maxEarly after the end of the stamp's: a sliding interval counts its
+// calls as made at its last millisecond, so that such a call, left there,
+// would count as made that much before Redis ran it, and leave its
+// windows as early (a process that stalled between stamping and sending).
+func (b *hBatch) late(g int, now int64) bool {
+	span := b.Spans[g]
+	return now/span > b.now/span && now-((b.now/span+1)*span-1) > maxEarly
+}
+
+// moves reports whether the batch's calls of span group g, written to the
+// stamp's interval, count in the one Redis ran the transaction in (now),
+// and are moved there (queueMoves): when it is late, in a span of sliding
+// lanes only (see errCrossed for the others).
+func (b *hBatch) moves(g int, now int64) bool {
+	fixed, _ := b.Kinds(g)
+	return !fixed && b.late(g, now)
+}
+
+// at is when span group g's calls of the batch count as made: at now if
+// they are moved, else at the stamp.
+func (b *hBatch) at(g int, now int64) int64 {
+	if b.moves(g, now) {
+		return now
+	}
+	return b.now
+}
+
+// queueMoves queues on back the move of the weight each hash recorded
+// from the stamp's interval to the one Redis ran the transaction in, for
+// the spans whose calls count there (see moves): so that no call counts
+// as made before Redis ran it. Until the move lands (the line's next
+// transaction, or one of its own before the callers are answered: see
+// handOn), others count the calls in the earlier interval, long before it
+// leaves any window. A move never lowers what any window counts from then
+// on: the later interval is in every window the earlier one is in. So it
+// needs no guard: after a Flush it leaves the weight counted in the later
+// interval, which errs on the side of denying. A hash it would make of
+// the earlier epoch is not kept; one of the later epoch is, with its
+// epoch's deadline, which the generation's then covers.
+func (b *hBatch) queueMoves(back *txn.Txn, now int64) {
+	var latest int64
+	for _, h := range b.order {
+		for g := range h.parts {
+			if h.admitted > 0 && b.moves(g, now) {
+				latest = max(latest, b.queueMove(back, h, g, now))
 			}
 		}
 	}
-	b.queueBack(back, func(h *hash) int { return h.denied })
-	return nil
+	if latest > 0 && b.gen != "" {
+		back.Add("pexpireat", b.keys.Generation(), latest, "gt")
+	}
+}
+
+// queueMove queues the move of h's recorded weight in span group g, and
+// returns the deadline of the hash it moves it to.
+func (b *hBatch) queueMove(back *txn.Txn, h *hash, g int, now int64) int64 {
+	p, w := &h.parts[g], h.admitted
+	from, to := p.keys[1], p.keys[1]
+	back.Add("hincrby", from, b.Current(g, b.now), -w)
+	if e := b.Epoch(g, now); e != p.epoch {
+		to = p.keys[1+e-p.epoch] // read: see unread
+		back.Add("hincrby", from, totalField, -w)
+		if h.client {
+			back.Add("hsetnx", to, txn.IncarnationField, b.token)
+		}
+		back.Add("hincrby", to, totalField, w)
+		back.Add("pexpireat", to, b.EpochExpireAt(g, e))
+	}
+	back.Add("hincrby", to, b.Current(g, now), w)
+	back.Add(txn.DropIfMade(from)...)
+	return b.EpochExpireAt(g, b.Epoch(g, now))
 }
 
 func (b *hBatch) idempotent() bool { return false }
@@ -261,369 +459,68 @@ func (b *hBatch) idempotent() bool { return false }
 func (b *hBatch) takeAll(t, back *txn.Txn) {
 	for _, h := range b.order {
 		if t.Replies != nil {
-			h.incarnation = incarnation(txn.ReplyFields(t.Replies[h.read]))
+			b.readIncarnations(h, t.Replies)
 		}
 	}
 	b.queueBack(back, func(h *hash) int { return h.added })
 }
 
-// incarnation finds a hash's incarnation among its fields.
-func incarnation(fields iter.Seq2[string, string]) string {
-	for field, value := range fields {
-		if field == txn.IncarnationField {
-			return value
-		}
-	}
-	return ""
-}
-
-// queueBack queues the take-back of weight(h) from each hash h, and the
-// deletion of the dead fields read if there is a take-back to carry it or
-// enough of them (tidyAt). The weight a client's hash holds is taken out
-// of it and of the resource's under a guard (see txn.Guard): not after a Flush
-// took it out with the client's hash.
+// queueBack queues the take-back of weight(h) from each hash h. The
+// weight a client's hash holds is taken out of it and of the resource's
+// under a guard (see txn.Guard): not after a Flush took it out with the
+// client's hash.
 func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
-	tidy := false
+	resource := b.byScope[b.keys.Hash(b.gen)]
 	for _, h := range b.order {
-		tidy = tidy || len(h.dead) >= tidyAt
 		n := weight(h)
 		switch {
 		case n <= 0:
 		case h.client:
-			back.Guards = append(back.Guards, b.guardOf(h, n))
-		case !b.HasClientRule:
-			back.Cmds = b.subtract(back.Cmds, h, n)
-		}
-	}
-	if len(back.Cmds) > 0 || len(back.Guards) > 0 || tidy {
-		b.queueTidy(back)
-	}
-}
-
-// queueTidy queues the deletion of the dead fields read.
-func (b *hBatch) queueTidy(back *txn.Txn) {
-	for _, h := range b.order {
-		if len(h.dead) > 0 {
-			cmd := append(make([]any, 0, 2+len(h.dead)), "hdel", h.key)
-			for _, field := range h.dead {
-				cmd = append(cmd, field)
+			for g := range h.parts {
+				back.Guards = append(back.Guards, b.guardOf(h, resource, g, n))
 			}
-			back.Cmds = append(back.Cmds, cmd)
+		case !b.HasClientRule:
+			for g := range h.parts {
+				back.Cmds = b.subtract(back.Cmds, h, g, n)
+			}
 		}
 	}
 }
 
-// guardOf is the take-back of n from h, a client's hash, and from the
-// resource's if a rule is per-resource: under a guard of h's incarnation,
-// as read, or as the batch made it.
-func (b *hBatch) guardOf(h *hash, n int) txn.Guard {
-	g := txn.Guard{Key: h.key, Want: []string{b.token}}
-	if h.incarnation != "" {
-		g.Want = append(g.Want, h.incarnation)
+// guardOf is the take-back of n from h, a client's hash, in span group g,
+// and from the resource's if a rule is per-resource: under a guard of h's
+// incarnation, as read, or as the batch made it.
+func (b *hBatch) guardOf(h, resource *hash, g, n int) txn.Guard {
+	p := &h.parts[g]
+	guard := txn.Guard{Key: p.keys[1], Want: []string{b.token}}
+	if p.incarnation != "" {
+		guard.Want = append(guard.Want, p.incarnation)
 	}
-	g.Cmds = b.subtract(g.Cmds, h, n)
-	if resource := b.byKey[b.keys.Hash(b.gen)]; resource != nil {
-		g.Cmds = b.subtract(g.Cmds, resource, n)
+	guard.Cmds = b.subtract(guard.Cmds, h, g, n)
+	if resource != nil {
+		guard.Cmds = b.subtract(guard.Cmds, resource, g, n)
 	}
-	return g
+	return guard
 }
 
 // subtract appends to cmds the commands that take n out of h's current
-// intervals.
-func (b *hBatch) subtract(cmds [][]any, h *hash, n int) [][]any {
-	for g := range b.Spans {
-		cmds = append(cmds, []any{"hincrby", h.key, b.Current(g, b.now), -n})
+// interval of span group g, and its epoch's total (see totalField).
+func (b *hBatch) subtract(cmds [][]any, h *hash, g, n int) [][]any {
+	key := h.parts[g].keys[1]
+	if b.sliding(g) {
+		cmds = append(cmds, []any{"hincrby", key, totalField, -n})
 	}
+	cmds = append(cmds, []any{"hincrby", key, b.Current(g, b.now), -n})
 	// A hash gone meanwhile (it expired, or a FlushAll deleted it) is not
 	// made again.
-	return append(cmds, txn.DropIfMade(h.key))
+	return append(cmds, txn.DropIfMade(key))
 }
 
-// parse reads a hash's fields at now, of which there are size: its
-// intervals, and the fields no window counts any more. Fields that are not
-// an interval are not ours.
-func (h *hash) parse(y intervals.Layout, now int64, fields iter.Seq2[string, string], size int) {
-	h.clear(y, size)
-	first := y.Bounds(0, now)
-	for field, value := range fields {
-		g, index, ok := y.Interval(field)
-		if !ok {
-			// Not parsed: the incarnation's value is no number, and a
-			// failed parse allocates its error.
-			h.other(field, value)
-			continue
-		}
-		n, err := strconv.Atoi(value)
-		live := first // the usual case, found once
-		if g != 0 {
-			live = y.Bounds(g, now)
-		}
-		switch {
-		case err != nil: // not ours
-		case index <= live.Dead:
-			h.dead = append(h.dead, field)
-		case index == live.Current:
-			h.current[g] = n
-		case n > 0:
-			for _, l := range y.LanesOf[g] {
-				h.lanes[l] = append(h.lanes[l], limits.Entry{ID: field, At: y.Lanes[l].At(index), Weight: n})
-			}
-		}
-	}
-	for l, entries := range h.lanes {
-		sortStamps(entries, y.Lanes[l].Span)
-		h.lanes[l] = entries
-	}
-}
-
-// clear empties h for parse, with room for size fields.
-func (h *hash) clear(y intervals.Layout, size int) {
-	h.lanes, h.current = h.laneRoom[:], h.currentRoom[:]
-	if len(y.Lanes) > len(h.laneRoom) {
-		h.lanes, h.current = make([][]limits.Entry, len(y.Lanes)), make([]int, len(y.Spans))
-	}
-	for l := range h.lanes {
-		// Room for every field, and for withCurrent: one allocation,
-		// not one per doubling.
-		h.lanes[l] = make([]limits.Entry, 0, size+1)
-	}
-	h.incarnation = ""
-}
-
-// stampSlots bounds the span offsets sortStamps places by counting; 4096
-// covers a window of 4096 precisions (a minute at 15 ms), on the stack.
-const stampSlots = 4096
-
-// sortStamps orders a lane's intervals oldest first. Redis returns a hash's
-// fields in an order of its own, and go-redis reads a RESP3 map into a Go
-// map, whose order is random: sorting them was a tenth of a steady
-// decision's time. The stamps of a lane are distinct and a multiple of its
-// span apart, so each interval's place is how many stamps lie below its
-// own: counted on a bitmap of their offsets, in linear time, and the
-// intervals moved there in place. Stamps that are not so (no field of ours
-// is) or too far apart are sorted as before.
-func sortStamps(entries []limits.Entry, span int64) {
-	if slices.IsSortedFunc(entries, byStamp) {
-		return
-	}
-	lo := slices.MinFunc(entries, byStamp).At
-	var slots [stampSlots / 64]uint64
-	for _, e := range entries {
-		off := (e.At - lo) / span
-		if (e.At-lo)%span != 0 || off >= stampSlots || slots[off/64]&(1<<(off%64)) != 0 {
-			slices.SortFunc(entries, byStamp)
-			return
-		}
-		slots[off/64] |= 1 << (off % 64)
-	}
-	var below [stampSlots / 64]int // stamps in the words before each
-	for w := 1; w < len(below); w++ {
-		below[w] = below[w-1] + bits.OnesCount64(slots[w-1])
-	}
-	place := func(e limits.Entry) int {
-		off := (e.At - lo) / span
-		return below[off/64] + bits.OnesCount64(slots[off/64]&(1<<(off%64)-1))
-	}
-	for i := range entries {
-		// Each swap puts one interval in its place for good.
-		for p := place(entries[i]); p != i; p = place(entries[i]) {
-			entries[i], entries[p] = entries[p], entries[i]
-		}
-	}
-}
-
-func byStamp(a, b limits.Entry) int { return cmp.Compare(a.At, b.At) }
-
-// other reads a field that is not an interval: the incarnation, or not
-// ours.
-func (h *hash) other(field, value string) {
-	if field == txn.IncarnationField {
-		h.incarnation = value
-	}
-}
-
-// count is what rule r counts in h at now, for a call made at at (now, or
-// the batch's estimate of it, which chose the interval the call was added
-// to) with extra weight in its interval on top of what the hash held.
-//
-// A fixed rule counts at at, not now: a call whose estimate was still in
-// the last window when Redis ran the transaction in the next was added to
-// the last window's interval, and must be judged with the calls of that
-// window, or the next would admit it uncounted.
-func (h *hash) count(y intervals.Layout, r int, rule limits.Rule, at, now int64, extra int) limits.Count {
-	l := y.Lane(r)
-	stamp := l.Stamp(at)
-	if l.Fixed {
-		now = at
-	}
-	c := rule.CountOf(withCurrent(h.lanes[y.OfRule[r]], stamp, h.current[l.Group]+extra), now)
-	c.Stamp = stamp
-	return c
-}
-
-// withCurrent returns a lane's intervals with the current one, stamped at
-// stamp, holding weight. It is the newest unless another process wrote to
-// a later interval (its estimate of Redis's clock is ahead of this one's);
-// then the intervals are copied, else the current one goes in the room
-// parse left, so that a batch judges its calls without allocating: the
-// result is valid until the next call.
-func withCurrent(entries []limits.Entry, stamp int64, weight int) []limits.Entry {
-	if weight <= 0 {
-		return entries
-	}
-	if n := len(entries); n == 0 || entries[n-1].At < stamp {
-		return append(entries, limits.Entry{At: stamp, Weight: weight})
-	}
-	at, _ := slices.BinarySearchFunc(entries, stamp, func(e limits.Entry, t int64) int { return cmp.Compare(e.At, t) })
-	out := make([]limits.Entry, 0, len(entries)+1)
-	out = append(append(append(out, entries[:at]...), limits.Entry{At: stamp, Weight: weight}), entries[at:]...)
-	return out
-}
-
-// read reads the generation, the hashes of client and TIME on conn in one
-// round trip; once more if the generation was not the one expected.
-func (s windowsStore) read(ctx context.Context, conn pipeliner, where Site, client string) (int64, []*hash, error) {
-	ks := where.Keys
-	for range staleRetries {
-		gen := s.gen(ks)
-		keys := s.hashes(ks, gen, client)
-		reads := make([]*redis.MapStringStringCmd, len(keys))
-		var seen *redis.StringCmd
-		var serverTime *redis.TimeCmd
-		sent := time.Now()
-		_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-			seen = pipe.Get(ctx, ks.Generation())
-			for i, key := range keys {
-				reads[i] = pipe.HGetAll(ctx, key)
-			}
-			serverTime = pipe.Time(ctx)
-			return nil
-		})
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return 0, nil, err
-		}
-		if !s.saw(ks, gen, seen.Val()) {
-			continue
-		}
-		where.Clock.Sample(serverTime.Val(), sent)
-		now := serverTime.Val().UnixMilli()
-		hashes := make([]*hash, len(keys))
-		for i, read := range reads {
-			hashes[i] = &hash{key: keys[i]}
-			hashes[i].parse(s.Layout, now, maps.All(read.Val()), len(read.Val()))
-		}
-		return now, hashes, nil
-	}
-	return 0, nil, errStaleGeneration
-}
-
-func (s windowsStore) Peek(ctx context.Context, where Site, client string, _ int) (limits.View, error) {
-	now, hashes, err := s.read(ctx, where.Node, where, client)
-	if err != nil {
-		return limits.View{}, err
-	}
-	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.Rules))}
-	for r, rule := range s.Rules {
-		v.Counts[r] = hashes[s.hashOf(rule)].count(s.Layout, r, rule, now, now, 0)
-	}
-	return v, nil
-}
-
-// ErrNoClientShare: see Bucket.Flush.
-var ErrNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client counts when every rule is per-resource, so Flush cannot tell a client's share: use FlushAll", errors.ErrUnsupported)
-
-// Flush takes the client's hash away, in one transaction that reads what
-// it held and deletes it, and then takes that share out of the resource's
-// hash, in a second one run exactly once (it is marked, as a take-back
-// is). It never fails because the client is busy: no WATCH. A decision of
-// the client is in the hash when it is taken, and then taken out of the
-// resource's too, or comes after and makes a new hash; a take-back of
-// weight that the hash held when it was taken does nothing (see txn.Guard).
-// Between the two transactions the resource counts the share still, which
-// errs on the side of denying.
-func (s windowsStore) Flush(ctx context.Context, where Site, client string) error {
-	if !s.HasClientRule {
-		return ErrNoClientShare
-	}
-	for range staleRetries {
-		gen := s.gen(where.Keys)
-		keys := s.hashes(where.Keys, gen, client)
-		take := txn.New(where.Keys, false)
-		read := take.Add("hgetall", keys[len(keys)-1])
-		take.Add("del", keys[len(keys)-1])
-		seen, timeAt := take.Add("get", where.Keys.Generation()), take.Add("time")
-		if _, err := take.Exec(ctx, where.Node); err != nil {
-			return err
-		}
-		if !s.saw(where.Keys, gen, take.Replies[seen]) {
-			continue // a FlushAll came first: the client's hash is another one
-		}
-		server, _ := txn.ReplyTime(take.Replies[timeAt])
-		mine := &hash{key: keys[len(keys)-1]}
-		mine.parse(s.Layout, server.UnixMilli(), txn.ReplyFields(take.Replies[read]), txn.ReplyLen(take.Replies[read]))
-		if !s.ClientScoped {
-			takeBack(where, s.share(where.Keys, keys[0], mine, server.UnixMilli()), false)
-		}
-		return nil
-	}
-	return errStaleGeneration
-}
-
-// share is the marked transaction that takes mine's live intervals out of
-// the resource's hash: of each span's, as the span's first lane holds them.
-func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int64) *txn.Txn {
-	t := txn.New(ks, true)
-	for g, span := range s.Spans {
-		current := limits.Entry{ID: s.FieldName(g, now/span), Weight: mine.current[g]}
-		for _, e := range append(mine.lanes[s.LanesOf[g][0]], current) {
-			if e.Weight > 0 {
-				t.Add("hincrby", resource, e.ID, -e.Weight)
-			}
-		}
-	}
-	if len(t.Cmds) > 0 {
-		t.Add(txn.DropIfMade(resource)...)
-	}
-	return t
-}
-
-// FlushAll starts a new generation, and deletes the hashes of the resource
-// (with SCAN when a rule is per-client): a decision or take-back that
-// raced it writes to the old generation, which nothing reads. When the
-// generation's key expires, the names start again from the first
-// generation's, so it must outlive every hash that holds an interval some
-// rule counts: those written before the flush (Layout.GenLife after it: each
-// was written by a call stamped before it) and those of its own generation
-// (each decision extends it to its hash's deadline, with GT). It lives no
-// longer than that.
-func (s windowsStore) FlushAll(ctx context.Context, where Site) error {
-	ks := []string{where.Keys.Hash(s.gen(where.Keys))}
-	if s.HasClientRule {
-		r := newKeyScan(where.Keys.Hashes(), s.ScanCount)
-		if err := r.finish(ctx, where.Node); err != nil {
-			return err
-		}
-		ks = r.found
-	}
-	var bumped *redis.IntCmd
-	_, err := where.Node.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		bumped = pipe.Incr(ctx, where.Keys.Generation())
-		life := s.GenLife().Milliseconds()
-		pipe.Do(ctx, "pexpire", where.Keys.Generation(), life, "nx")
-		pipe.Do(ctx, "pexpire", where.Keys.Generation(), life, "gt")
-		if len(ks) > 0 {
-			pipe.Del(ctx, ks...)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	s.gens.Store(where.Keys.Slot(), strconv.FormatInt(bumped.Val(), 10))
-	return where.Route.owns(ctx, where.Node, where.Keys)
-}
-
-// Tag is the layout's: see intervals.Layout.Tag.
+// Counting is how the store counts, for NewLocal to count alike.
 func (s windowsStore) Counting() Counting { return Counting{Layout: &s.Layout} }
 
-func (s windowsStore) tag() string { return s.Layout.Tag() }
+// Tag is the layout's, and "e": the intervals are kept in a hash per
+// epoch, where a Bucket of this layout once kept them in one hash per
+// scope, which a process of that version still reads and writes. The
+// two never share a key, so that neither misreads the other's.
+func (s windowsStore) Tag() string { return s.Layout.Tag() + "e" }

@@ -33,7 +33,8 @@ import (
 // (a paused server runs the buffered transaction as it resumes), so
 // resolve waits until Redis has answered for resolveSettle.
 type Txn struct {
-	Marker  string // "" if not marked
+	Marker  string // the marker's key, "" if not marked
+	mark    string // what the marker is set to: this transaction's own
 	Cmds    [][]any
 	Guards  []Guard // commands that apply only while a hash is what it was
 	Replies []any   // after the EXEC, by command
@@ -76,17 +77,53 @@ const (
 func New(ks keys.Space, marked bool) *Txn {
 	t := &Txn{}
 	if marked {
-		t.Marker = ks.Fence(strconv.FormatUint(rand.Uint64(), 36))
+		t.Marker, t.mark = ks.Fence(strconv.FormatUint(rand.Uint64(), 36)), strconv.FormatUint(rand.Uint64(), 36)
 	}
 	return t
 }
 
+// MarkIn makes a marked t set the marker key instead of one of its own:
+// one that no transaction whose outcome is still to be learned uses, so
+// that a busy line of decisions keeps a few marker keys, not one per
+// transaction. t sets it to a value of its own, which resolve looks for.
+func (t *Txn) MarkIn(key string) {
+	if t.Marker != "" {
+		t.Marker = key
+	}
+}
+
 // Again returns t's commands as a new transaction, with a new marker, to
-// send after t did not run.
+// send after t did not run, or was found not to have run: but its
+// shrinks (see Resent).
 func (t *Txn) Again(ks keys.Space) *Txn {
 	fresh := New(ks, t.Marker != "")
-	fresh.Cmds, fresh.Guards = t.Cmds, t.Guards
+	fresh.Cmds, fresh.Guards = Resent(t.Cmds), make([]Guard, len(t.Guards))
+	for i, g := range t.Guards {
+		fresh.Guards[i] = Guard{Key: g.Key, Want: g.Want, Cmds: Resent(g.Cmds)}
+	}
 	return fresh
+}
+
+// TotalField is the field of a Windows hash that holds the total of its
+// epoch's intervals, which a decision far from its limits is judged on:
+// it must never be less than what the intervals hold.
+const TotalField = "t"
+
+// Resent returns cmds, to send again after the transaction that carried
+// them did not run or was found not to have run, without its shrinks: the
+// commands that take a total (TotalField) down. A verdict that a
+// transaction did not run can be wrong (its bytes reached Redis after the
+// verdict, and it ran late): then the take-backs sent again take their
+// intervals down twice, and a total taken down twice would be less than
+// they hold. Left up, it is more, which only errs on the side of denying.
+func Resent(cmds [][]any) [][]any {
+	out := make([][]any, 0, len(cmds))
+	for _, cmd := range cmds {
+		if n, ok := cmd[len(cmd)-1].(int); !ok || n >= 0 || len(cmd) != 4 || cmd[0] != "hincrby" || cmd[2] != TotalField {
+			out = append(out, cmd)
+		}
+	}
+	return out
 }
 
 // Add queues a command and returns its index among the replies.
@@ -177,7 +214,7 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any) (Outcome
 			_ = pipe.Process(ctx, queued[i])
 		}
 		if t.Marker != "" {
-			pipe.Do(ctx, "set", t.Marker, "done", "px", fenceDoneGrace.Milliseconds())
+			pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds())
 		}
 		exec = pipe.Do(ctx, "exec")
 		return nil
@@ -295,7 +332,7 @@ func (t *Txn) look(ctx context.Context, node *redis.Client) (bool, error) {
 	if errors.Is(err, redis.Nil) {
 		err = nil
 	}
-	return done == "done", err
+	return done == t.mark, err
 }
 
 // ExtendTo returns the commands that make key expire at at (absolute Redis
