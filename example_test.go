@@ -288,7 +288,7 @@ func ExampleWithObserver() {
 	observe := func(_ context.Context, d leakybucket.Decision) {
 		switch {
 		case d.Err != nil:
-			fmt.Printf("%v %s/%s: error (%v): %v\n", d.Op, d.Resource, d.Client, d.ErrKind, d.Err)
+			fmt.Printf("%v %s/%s: error: %v\n", d.Op, d.Resource, d.Client, d.Err)
 		case d.Op == leakybucket.OpAllow && d.Allowed:
 			admitted++
 		case d.Op == leakybucket.OpAllow:
@@ -311,7 +311,7 @@ func ExampleWithObserver() {
 	// Output:
 	// allow GET /search/ann: denied by [per-client 2 per 1m0s]
 	// allow GET /search/ann: denied by [per-resource 3 per 1m0s per-client 2 per 1m0s]
-	// allow GET /search/: error (invalid_input): leakybucket: empty client with a per-client rule
+	// allow GET /search/: error: leakybucket: empty client with a per-client rule
 	// admitted: 3
 }
 

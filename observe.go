@@ -2,7 +2,6 @@ package leakybucket
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -10,8 +9,8 @@ import (
 
 // Observability. WithObserver gives the Bucket a function that hears every
 // call of AllowN, PeekN, Flush and FlushAll (Allow and Peek included) once
-// it has decided: what was asked, what was answered, how long it took and,
-// for an error, what kind it was. The OpenTelemetry adapter
+// it has decided: what was asked, what was answered, how long it took and
+// the error, if any. The OpenTelemetry adapter
 // (github.com/leakybucket/leakybucket/otelmetrics, a module of its own)
 // turns these Decisions into metrics; a log line or a Prometheus counter is
 // a few lines more.
@@ -55,73 +54,6 @@ func (o Op) String() string {
 	return fmt.Sprintf("Op(%d)", uint8(o))
 }
 
-// An ErrorKind sorts the errors of the Bucket's methods into the few
-// classes that call for different action. Each class is a test with
-// errors.Is on the error (see Kind), so the same error always gets the
-// same kind.
-type ErrorKind uint8
-
-const (
-	// ErrorNone: the call succeeded (a denial is not an error).
-	ErrorNone ErrorKind = iota
-	// ErrorInvalidInput: ErrEmptyResource, ErrEmptyClient or
-	// ErrInvalidWeight; nothing was sent to Redis. A bug of the caller.
-	ErrorInvalidInput
-	// ErrorLockNotObtained: ErrLockNotObtained, real contention for the
-	// lock until the context ended.
-	ErrorLockNotObtained
-	// ErrorUnavailable: ErrUnavailable, Redis could not be reached or did
-	// not answer (also when the context ended right after).
-	ErrorUnavailable
-	// ErrorDeadline: the context ended (context.DeadlineExceeded or
-	// context.Canceled) while Redis was slow to answer, or before a
-	// decision could finish.
-	ErrorDeadline
-	// ErrorOther: anything else, such as ErrLockExpired or a Redis error
-	// (NOPERM, LOADING, MOVED).
-	ErrorOther
-)
-
-// String returns "none", "invalid_input", "lock_not_obtained",
-// "unavailable", "deadline" or "other": short, fixed names, fit for a
-// metric attribute.
-func (k ErrorKind) String() string {
-	switch k {
-	case ErrorNone:
-		return "none"
-	case ErrorInvalidInput:
-		return "invalid_input"
-	case ErrorLockNotObtained:
-		return "lock_not_obtained"
-	case ErrorUnavailable:
-		return "unavailable"
-	case ErrorDeadline:
-		return "deadline"
-	case ErrorOther:
-		return "other"
-	}
-	return fmt.Sprintf("ErrorKind(%d)", uint8(k))
-}
-
-// Kind returns the kind of an error returned by a Bucket's method. The
-// tests run in the order of the constants, so that an ErrLockNotObtained
-// or ErrUnavailable joined with the context's error keeps its own kind.
-func Kind(err error) ErrorKind {
-	switch {
-	case err == nil:
-		return ErrorNone
-	case errors.Is(err, ErrEmptyResource), errors.Is(err, ErrEmptyClient), errors.Is(err, ErrInvalidWeight):
-		return ErrorInvalidInput
-	case errors.Is(err, ErrLockNotObtained):
-		return ErrorLockNotObtained
-	case errors.Is(err, ErrUnavailable):
-		return ErrorUnavailable
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return ErrorDeadline
-	}
-	return ErrorOther
-}
-
 // A Decision reports one call of a Bucket's method to its observer (see
 // WithObserver).
 type Decision struct {
@@ -149,10 +81,9 @@ type Decision struct {
 	// observer's own time excluded.
 	Latency time.Duration
 
-	// ErrKind is Kind(Err).
-	ErrKind ErrorKind
-
-	// Err is the error the method returned, or nil.
+	// Err is the error the method returned, or nil. Tell its kind with
+	// errors.Is, as for the method's own error: ErrUnavailable,
+	// ErrLockNotObtained, context.DeadlineExceeded and so on.
 	Err error
 
 	// Fallback is Result.Fallback of AllowN and PeekN: the call was
@@ -183,7 +114,6 @@ func (b *Bucket) observe(ctx context.Context, start time.Time, op Op, resource, 
 		return
 	}
 	d := Decision{Op: op, Resource: resource, Client: client, N: n, Latency: time.Since(start), Err: *err}
-	d.ErrKind = Kind(d.Err)
 	if res != nil && d.Err == nil {
 		d.Allowed, d.Fallback = res.Allowed, res.Fallback
 		d.DeniedBy = slices.Clone(res.DeniedBy)

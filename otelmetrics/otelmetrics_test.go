@@ -2,6 +2,7 @@ package otelmetrics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -78,7 +79,7 @@ var decisions = []struct {
 }
 
 func errored(op leakybucket.Op, err error) leakybucket.Decision {
-	return leakybucket.Decision{Op: op, Resource: "r", Client: "a", N: 1, Err: err, ErrKind: leakybucket.Kind(err)}
+	return leakybucket.Decision{Op: op, Resource: "r", Client: "a", N: 1, Err: err}
 }
 
 var (
@@ -272,4 +273,30 @@ func TestNilMeterProvider(t *testing.T) {
 		t.Fatalf("New(nil) = nil observer: %v, or error %v", observe == nil, err)
 	}
 	observe(context.Background(), leakybucket.Decision{Op: leakybucket.OpAllow, Allowed: true})
+}
+
+// errorType sorts errors in order: a lock or Redis failure joined with the
+// context's error keeps its own type.
+func TestErrorType(t *testing.T) {
+	t.Parallel()
+	unavailable := fmt.Errorf("%w: %w", leakybucket.ErrUnavailable, syscall.ECONNREFUSED)
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: n = 0", leakybucket.ErrInvalidWeight), "invalid_input"},
+		{leakybucket.ErrEmptyResource, "invalid_input"},
+		{leakybucket.ErrEmptyClient, "invalid_input"},
+		{errors.Join(leakybucket.ErrLockNotObtained, context.DeadlineExceeded), "lock_not_obtained"},
+		{unavailable, "unavailable"},
+		{errors.Join(context.DeadlineExceeded, unavailable), "unavailable"},
+		{fmt.Errorf("leakybucket: %w", context.DeadlineExceeded), "deadline"},
+		{context.Canceled, "deadline"},
+		{leakybucket.ErrLockExpired, "_OTHER"},
+		{fmt.Errorf("leakybucket: %w", redis.Nil), "_OTHER"},
+	} {
+		if got := errorType(c.err); got != c.want {
+			t.Errorf("errorType(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
 }
