@@ -288,11 +288,11 @@ func ExampleWithObserver() {
 	observe := func(_ context.Context, d leakybucket.Decision) {
 		switch {
 		case d.Err != nil:
-			fmt.Printf("%v %s/%s: error: %v\n", d.Op, d.Resource, d.Client, d.Err)
-		case d.Op == leakybucket.OpAllow && d.Allowed:
+			fmt.Printf("%s %s/%s: error: %v\n", d.Op, d.Resource, d.Client, d.Err)
+		case d.Op == "allow" && d.Allowed:
 			admitted++
-		case d.Op == leakybucket.OpAllow:
-			fmt.Printf("%v %s/%s: denied by %v\n", d.Op, d.Resource, d.Client, d.DeniedBy)
+		case d.Op == "allow":
+			fmt.Printf("%s %s/%s: denied by %v\n", d.Op, d.Resource, d.Client, d.DeniedBy)
 		}
 	}
 	limiter, err := leakybucket.New(newExampleClient(),

@@ -26,7 +26,7 @@ func (ds *decisions) switches() []bool {
 	defer ds.mu.Unlock()
 	var out []bool
 	for _, dec := range ds.all {
-		if dec.Op != OpAllow && dec.Op != OpPeek || dec.Err != nil {
+		if dec.Op != opAllow && dec.Op != opPeek || dec.Err != nil {
 			continue
 		}
 		if len(out) == 0 || out[len(out)-1] != dec.Fallback {

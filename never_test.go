@@ -232,7 +232,7 @@ func TestObserverNever(t *testing.T) {
 		b := e.bucket(t, PerClient(rule.Limit), WithObserver(heard.observe))
 		res, err := b.AllowN(context.Background(), "r", "c", 6)
 		d := heard.last(t)
-		want := Decision{Op: OpAllow, Resource: "r", Client: "c", N: 6, DeniedBy: []Rule{rule}, Latency: d.Latency}
+		want := Decision{Op: opAllow, Resource: "r", Client: "c", N: 6, DeniedBy: []Rule{rule}, Latency: d.Latency}
 		if err != nil || res.RetryAfter != Never || !equalDecisions(d, want) {
 			t.Errorf("AllowN(6) = %+v, %v; observed %+v, want %+v", res, err, d, want)
 		}

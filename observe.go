@@ -2,7 +2,6 @@ package leakybucket
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 )
@@ -25,40 +24,21 @@ import (
 // background, as when a caller gives up), so the next call works as usual.
 // Recovering would hide a broken observer behind missing metrics.
 
-// An Op names the method a Decision reports on.
-type Op uint8
-
+// The values of Decision.Op.
 const (
-	// OpAllow is Allow and AllowN.
-	OpAllow Op = iota + 1
-	// OpPeek is Peek and PeekN.
-	OpPeek
-	// OpFlush is Flush.
-	OpFlush
-	// OpFlushAll is FlushAll.
-	OpFlushAll
+	opAllow    = "allow"
+	opPeek     = "peek"
+	opFlush    = "flush"
+	opFlushAll = "flush_all"
 )
-
-// String returns "allow", "peek", "flush" or "flush_all".
-func (o Op) String() string {
-	switch o {
-	case OpAllow:
-		return "allow"
-	case OpPeek:
-		return "peek"
-	case OpFlush:
-		return "flush"
-	case OpFlushAll:
-		return "flush_all"
-	}
-	return fmt.Sprintf("Op(%d)", uint8(o))
-}
 
 // A Decision reports one call of a Bucket's method to its observer (see
 // WithObserver).
 type Decision struct {
-	// Op is the method called.
-	Op Op
+	// Op is the method called: "allow" (Allow and AllowN), "peek" (Peek
+	// and PeekN), "flush" (Flush) or "flush_all" (FlushAll). Short, fixed
+	// names, fit for a metric attribute, as net.OpError's Op is.
+	Op string
 
 	// Resource and Client are the call's arguments (Client is empty for
 	// FlushAll). They may be of unbounded cardinality (user IDs, API
@@ -108,7 +88,7 @@ func (b *Bucket) observed() time.Time {
 // observer, if any. Deferred by the methods with pointers to their named
 // results, it runs once they are final; it first lets the breaker settle
 // the error (see breaker.go).
-func (b *Bucket) observe(ctx context.Context, start time.Time, op Op, resource, client string, n int, res *Result, err *error) {
+func (b *Bucket) observe(ctx context.Context, start time.Time, op, resource, client string, n int, res *Result, err *error) {
 	*err = b.counts.settle(ctx, resource, *err)
 	if b.cfg.observer == nil {
 		return

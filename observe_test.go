@@ -92,7 +92,7 @@ func TestObserverAllowAndDeny(t *testing.T) {
 						t.Fatalf("step %d: %v", i, err)
 					}
 					d := heard.last(t)
-					want := Decision{Op: OpAllow, Resource: "r", Client: step.client, N: 1, Allowed: step.allowed, DeniedBy: step.deniedBy, Latency: took}
+					want := Decision{Op: opAllow, Resource: "r", Client: step.client, N: 1, Allowed: step.allowed, DeniedBy: step.deniedBy, Latency: took}
 					if !equalDecisions(d, want) || res.Allowed != d.Allowed || !slices.Equal(res.DeniedBy, d.DeniedBy) {
 						t.Errorf("step %d: observed %+v, want %+v (the Result: %+v)", i, d, want, res)
 					}
@@ -154,7 +154,7 @@ func TestObserverBadInput(t *testing.T) {
 		} {
 			_, err := b.AllowN(ctx, c.resource, c.client, c.n)
 			d := heard.last(t)
-			want := Decision{Op: OpAllow, Resource: c.resource, Client: c.client, N: c.n, Err: c.want}
+			want := Decision{Op: opAllow, Resource: c.resource, Client: c.client, N: c.n, Err: c.want}
 			if !errors.Is(err, c.want) || d.Err != err || !equalDecisions(d, want) {
 				t.Errorf("AllowN(%q, %q, %d) = %v; observed %+v, want %+v", c.resource, c.client, c.n, err, d, want)
 			}
@@ -177,7 +177,7 @@ func TestObserverUnavailable(t *testing.T) {
 	defer cancel()
 	checkUnavailable(t, b, &heard)
 	err = b.Flush(ctx, "r", "c")
-	if d := heard.last(t); d.Op != OpFlush || !errors.Is(d.Err, ErrUnavailable) || d.Err != err {
+	if d := heard.last(t); d.Op != opFlush || !errors.Is(d.Err, ErrUnavailable) || d.Err != err {
 		t.Errorf("Flush on a refusing port: %v, observed as %+v", err, d)
 	}
 }
@@ -195,7 +195,7 @@ func checkUnavailable(t *testing.T, b *Bucket, heard *decisions) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("Allow on a refusing port: %v, want ErrUnavailable (connection refused)", err)
 	}
-	want := Decision{Op: OpAllow, Resource: "r", N: 1, Latency: d.Latency, Err: err}
+	want := Decision{Op: opAllow, Resource: "r", N: 1, Latency: d.Latency, Err: err}
 	if !equalDecisions(d, want) || d.Err != err || d.Latency <= 0 || d.Latency > took {
 		t.Errorf("observed %+v, want %+v, with a latency within the %v the call took", d, want, took)
 	}
@@ -216,19 +216,19 @@ func TestObserverOtherMethods(t *testing.T) {
 		if _, err := b.PeekN(ctx, "r", "c", 1); err != nil {
 			t.Fatal(err)
 		}
-		if d := heard.last(t); !equalDecisions(d, Decision{Op: OpPeek, Resource: "r", Client: "c", N: 1, DeniedBy: []Rule{rule}}) {
+		if d := heard.last(t); !equalDecisions(d, Decision{Op: opPeek, Resource: "r", Client: "c", N: 1, DeniedBy: []Rule{rule}}) {
 			t.Errorf("PeekN observed as %+v", d)
 		}
 		if err := b.Flush(ctx, "r", "c"); err != nil {
 			t.Fatal(err)
 		}
-		if d := heard.last(t); !equalDecisions(d, Decision{Op: OpFlush, Resource: "r", Client: "c"}) {
+		if d := heard.last(t); !equalDecisions(d, Decision{Op: opFlush, Resource: "r", Client: "c"}) {
 			t.Errorf("Flush observed as %+v", d)
 		}
 		if err := b.FlushAll(ctx, "r"); err != nil {
 			t.Fatal(err)
 		}
-		if d := heard.last(t); !equalDecisions(d, Decision{Op: OpFlushAll, Resource: "r"}) {
+		if d := heard.last(t); !equalDecisions(d, Decision{Op: opFlushAll, Resource: "r"}) {
 			t.Errorf("FlushAll observed as %+v", d)
 		}
 	})
@@ -260,16 +260,6 @@ func TestObserverPanic(t *testing.T) {
 			t.Errorf("after the panic: Allow = %+v, %v, %d observed; want allowed, the panicking call counted", res, err, calls)
 		}
 	})
-}
-
-// Every Op has a name.
-func TestOpNames(t *testing.T) {
-	t.Parallel()
-	for o := OpAllow; o <= OpFlushAll; o++ {
-		if s := o.String(); s == "" || s[0] == 'O' {
-			t.Errorf("Op(%d) has no name: %q", o, s)
-		}
-	}
 }
 
 // OpenTelemetry stays in its own module (otelmetrics/): the core's users

@@ -76,7 +76,7 @@ const (
 	ResultKey = attribute.Key("leakybucket.request.result")
 	// PolicyKey names the rules that denied a call.
 	PolicyKey = attribute.Key("leakybucket.policy")
-	// OperationKey is the method measured, leakybucket.Op.String: "allow",
+	// OperationKey is the method measured, leakybucket.Decision.Op: "allow",
 	// "peek", "flush" or "flush_all".
 	OperationKey = attribute.Key("leakybucket.operation")
 	// ErrorTypeKey is the semantic conventions' error.type.
@@ -162,10 +162,10 @@ type recorder struct {
 
 func (r *recorder) observe(ctx context.Context, d leakybucket.Decision) {
 	attrs := attributes(d, r.attrs)
-	if d.Op == leakybucket.OpAllow {
+	if d.Op == "allow" {
 		r.requests.Add(ctx, 1, metric.WithAttributes(attrs...))
 	}
-	attrs = append(attrs, OperationKey.String(d.Op.String()))
+	attrs = append(attrs, OperationKey.String(d.Op))
 	r.duration.Record(ctx, seconds(d.Latency), metric.WithAttributes(attrs...))
 }
 
@@ -174,7 +174,7 @@ func (r *recorder) observe(ctx context.Context, d leakybucket.Decision) {
 func attributes(d leakybucket.Decision, extra []attribute.KeyValue) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, len(extra)+5)
 	attrs = append(attrs, extra...)
-	if d.Op == leakybucket.OpAllow {
+	if d.Op == "allow" {
 		attrs = append(attrs, ResultKey.String(result(d)))
 	}
 	if len(d.DeniedBy) > 0 {
