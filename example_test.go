@@ -107,10 +107,13 @@ func Example_hierarchy() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if res.Allowed {
+		switch {
+		case res.Allowed:
 			fmt.Printf("%-7s sent\n", event)
-		} else {
-			fmt.Printf("%-7s dropped by the %v rule\n", event, res.DeniedBy[0].Scope)
+		case res.DeniedBy[0].PerClient:
+			fmt.Printf("%-7s dropped by the per-client rule\n", event)
+		default:
+			fmt.Printf("%-7s dropped by the per-resource rule\n", event)
 		}
 	}
 	// Output:

@@ -64,8 +64,8 @@ func (s slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // rule, denied by both (DeniedBy lists both), with the call's arguments
 // and its latency from start to return, exact on the bubble's clock.
 func TestObserverAllowAndDeny(t *testing.T) {
-	perResource := Rule{Scope: ScopeResource, Limit: Per(2, time.Minute)}
-	perClient := Rule{Scope: ScopeClient, Limit: Per(1, time.Minute)}
+	perResource := Rule{Limit: Per(2, time.Minute)}
+	perClient := Rule{PerClient: true, Limit: Per(1, time.Minute)}
 	steps := []struct {
 		client   string
 		allowed  bool
@@ -115,7 +115,7 @@ func equalDecisions(a, b Decision) bool {
 func TestObserverCannotChangeResult(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newMiniEnv(t, Logs)
-		rule := Rule{Scope: ScopeClient, Limit: Per(1, time.Minute)}
+		rule := Rule{PerClient: true, Limit: Per(1, time.Minute)}
 		b := e.bucket(t, PerClient(rule.Limit), WithObserver(func(_ context.Context, d Decision) {
 			for i := range d.DeniedBy {
 				d.DeniedBy[i] = Rule{}
@@ -206,7 +206,7 @@ func TestObserverOtherMethods(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newMiniEnv(t, SortedSet)
 		var heard decisions
-		rule := Rule{Scope: ScopeResource, Limit: Per(1, time.Minute)}
+		rule := Rule{Limit: Per(1, time.Minute)}
 		b := e.bucket(t, PerResource(rule.Limit), WithObserver(heard.observe))
 		ctx := context.Background()
 		if _, err := b.Allow(ctx, "r", "c"); err != nil {

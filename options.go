@@ -57,13 +57,13 @@ func defaultConfig() config {
 // PerResource adds a rule with one count for the whole resource, shared by
 // all its clients.
 func PerResource(l Limit) Option {
-	return func(c *config) { c.rules = append(c.rules, Rule{Scope: ScopeResource, Limit: l}) }
+	return func(c *config) { c.rules = append(c.rules, Rule{Limit: l}) }
 }
 
 // PerClient adds a rule with a count of its own for each client of a
 // resource.
 func PerClient(l Limit) Option {
-	return func(c *config) { c.rules = append(c.rules, Rule{Scope: ScopeClient, Limit: l}) }
+	return func(c *config) { c.rules = append(c.rules, Rule{PerClient: true, Limit: l}) }
 }
 
 // WithStrategy sets how the Bucket keeps its counts in Redis: Logs (the

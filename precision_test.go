@@ -24,7 +24,7 @@ func TestFixedWindow(t *testing.T) {
 	eachOf(t, fixedWindows, func(t *testing.T, e *env) {
 		fixed := Per(3, time.Second)
 		b := e.bucket(t, PerClient(fixed))
-		deny := []Rule{{ScopeClient, fixed}}
+		deny := []Rule{{PerClient: true, Limit: fixed}}
 		e.align(time.Second)
 		e.run(t, b, "r", []step{
 			{200 * ms, "a", 1, false, want{true, 2, 0, 800 * ms, nil}},
@@ -57,11 +57,11 @@ func TestPerRulePrecision(t *testing.T) {
 			{100 * ms, "a", 1, false, want{true, 1, 0, 2899 * ms, nil}},
 			{100 * ms, "a", 1, false, want{true, 0, 0, 2799 * ms, nil}},
 			// t=350: fine is full until 1249 (exactly: 1100).
-			{150 * ms, "a", 1, false, want{false, 0, 899 * ms, 2649 * ms, []Rule{{ScopeClient, fine}}}},
+			{150 * ms, "a", 1, false, want{false, 0, 899 * ms, 2649 * ms, []Rule{{PerClient: true, Limit: fine}}}},
 			// t=1350: fine is empty; the call is coarse's third, stamped 1999.
 			{1000 * ms, "a", 1, false, want{true, 0, 0, 2649 * ms, nil}},
 			// t=1400: coarse is full until its first two leave at 2999.
-			{50 * ms, "a", 1, false, want{false, 0, 1599 * ms, 2599 * ms, []Rule{{ScopeClient, coarse}}}},
+			{50 * ms, "a", 1, false, want{false, 0, 1599 * ms, 2599 * ms, []Rule{{PerClient: true, Limit: coarse}}}},
 		})
 	})
 }
@@ -73,7 +73,7 @@ func TestFixedAndSlidingTogether(t *testing.T) {
 	eachOf(t, fixedWindows, func(t *testing.T, e *env) {
 		total, each := Per(5, 3*time.Second), Per(2, 3*time.Second).WithPrecision(time.Second)
 		b := e.bucket(t, PerResource(total), PerClient(each))
-		byTotal, byEach := []Rule{{ScopeResource, total}}, []Rule{{ScopeClient, each}}
+		byTotal, byEach := []Rule{{Limit: total}}, []Rule{{PerClient: true, Limit: each}}
 		e.align(3*time.Second, time.Second)
 		e.run(t, b, "user", []step{
 			// t=100: the total resets at 3000; each type's call leaves at 3999.
@@ -151,10 +151,10 @@ func checkPrecisionInRange(t *testing.T, e *env, most Limit) {
 // one Bucket.
 func TestPrecisionNeverOverAdmits(t *testing.T) {
 	rules := []Rule{
-		{ScopeResource, Per(12, 600*ms)},                              // fixed under FixedWindows
-		{ScopeResource, Per(25, time.Second).WithPrecision(300 * ms)}, // does not divide the window
-		{ScopeClient, Per(3, 200*ms).WithPrecision(50 * ms)},
-		{ScopeClient, Per(5, 600*ms).WithPrecision(50 * ms)}, // shares its intervals with the rule above
+		{Limit: Per(12, 600*ms)},                              // fixed under FixedWindows
+		{Limit: Per(25, time.Second).WithPrecision(300 * ms)}, // does not divide the window
+		{PerClient: true, Limit: Per(3, 200*ms).WithPrecision(50 * ms)},
+		{PerClient: true, Limit: Per(5, 600*ms).WithPrecision(50 * ms)}, // shares its intervals with the rule above
 	}
 	for _, s := range []Strategy{FixedWindows, Windows(100 * ms)} {
 		for _, where := range []string{"miniredis", "local"} {
@@ -181,7 +181,7 @@ func TestPrecisionNeverOverAdmits(t *testing.T) {
 
 // ruleOption returns the option that adds r.
 func ruleOption(r Rule) Option {
-	if r.Scope == ScopeClient {
+	if r.PerClient {
 		return PerClient(r.Limit)
 	}
 	return PerResource(r.Limit)
@@ -253,7 +253,7 @@ func usedBy(rule Rule, fixed bool, calls []admitted, c admitted) int {
 		if fixed {
 			inWindow = d.at/window == c.at/window
 		}
-		if inWindow && (rule.Scope == ScopeResource || d.client == c.client) {
+		if inWindow && (!rule.PerClient || d.client == c.client) {
 			used += d.n
 		}
 	}

@@ -200,7 +200,7 @@ func result(d leakybucket.Decision) string {
 		return ResultAcquired
 	}
 	for _, rule := range d.DeniedBy {
-		if rule.Scope == leakybucket.ScopeResource {
+		if !rule.PerClient {
 			return ResultResourceLimiter
 		}
 	}

@@ -21,8 +21,8 @@ import (
 )
 
 var (
-	perResource = leakybucket.Rule{Scope: leakybucket.ScopeResource, Limit: leakybucket.Per(2, time.Minute)}
-	perClient   = leakybucket.Rule{Scope: leakybucket.ScopeClient, Limit: leakybucket.Per(1, time.Minute)}
+	perResource = leakybucket.Rule{Limit: leakybucket.Per(2, time.Minute)}
+	perClient   = leakybucket.Rule{PerClient: true, Limit: leakybucket.Per(1, time.Minute)}
 )
 
 // newObserver returns an observer that records on a MeterProvider read by
