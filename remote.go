@@ -31,7 +31,7 @@ type remote struct {
 	keyPrefix string              // the prefix and the tag of the strategy's key layout
 
 	clocks    clock.Set
-	batches   batch.Group[ask, Result, store.Carried]
+	batches   *batch.Group[ask, Result, store.Carried]
 	denials   denials.Cache[Result]
 	foresight *foresight.Foresight
 	breakers  *outage.Breakers // shared by the Buckets of a Tiers
@@ -44,11 +44,11 @@ func newRemote(cfg config, p plan, st store.Store, node func(context.Context, st
 	if r.breakers == nil {
 		r.breakers = &outage.Breakers{}
 	}
-	r.batches.Run, r.batches.Workers = r.decideBatch, lockFreeWorkers
+	workers := lockFreeWorkers
 	if st.Locked() {
-		r.batches.Workers = 1
+		workers = 1
 	}
-	r.batches.Idle = func(l *line) { l.State.Flush() }
+	r.batches = batch.NewGroup(workers, func(l *line) { l.State.Flush() })
 	return r
 }
 
@@ -96,7 +96,7 @@ func (r *remote) decide(ctx context.Context, resource, client string, n int) (Re
 		return Result{}, err
 	}
 	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}, Cut: cut}
-	res, err := r.batches.Do(r.batchKey(resource, client), call)
+	res, err := r.batches.Do(r.batchKey(resource, client), call, r.decideBatch)
 	if errors.Is(err, batch.ErrCut) {
 		return Result{}, br.Refusal()
 	}
