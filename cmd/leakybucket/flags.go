@@ -26,7 +26,7 @@ type globals struct {
 func newGlobals() *globals {
 	return &globals{
 		redisURL: "redis://localhost:6379/0",
-		prefix:   leakybucket.DefaultPrefix,
+		prefix:   "leakybucket", // WithPrefix's default
 		timeout:  5 * time.Second,
 		strategy: strategyFlag{text: "logs", strategy: leakybucket.Logs},
 	}
