@@ -128,10 +128,12 @@ func (r *remote) batchKey(resource, client string) string {
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
-	where.Carry, where.Busy = &l.State, l.Busy
+	var ahead store.Carried
+	where.Carry, where.Busy, where.Ahead = &l.State, l.Busy, &ahead
 	if err != nil {
 		return err
 	}
+	defer ahead.Flush() // what no decision carried, sent alone
 	if !r.cfg.noBreaker {
 		// A batch that waits this long for Redis makes the breaker look
 		// whether the server is gone: see breaker.go.
@@ -145,20 +147,39 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 		r.foresight.Foresee(resource, requests, now)
 	}
 	again, err := r.decideRequests(ctx, where, calls, requests)
-	if err != nil || len(again) == 0 {
+	if err != nil {
 		return err
 	}
-	// Calls that only looked, and had room: decided again, writing. Only
-	// their callers get this round's error.
-	retry := make([]*queued, len(again))
-	for i, j := range again {
-		retry[i] = calls[j]
-		requests[i] = limits.Call{Client: calls[j].Req.client, N: calls[j].Req.n}
-	}
-	if _, err := r.decideRequests(ctx, where, retry, requests[:len(again)]); err != nil {
-		r.batches.Fail(retry, classify(err))
-	}
+	r.decideAgain(ctx, where, calls, requests, again)
 	return nil
+}
+
+// redo is a call of a batch to decide again: call i, looking only or not.
+type redo struct {
+	i    int
+	look bool
+}
+
+// decideAgain decides again the calls of a round that again lists: those
+// that looked and had room, writing; those read Short that their counts
+// denied, looking, for the full read that their denial's Result needs
+// (and if they find room after all, once more, writing). So no call is
+// decided more than three times. requests is the round's, reused. Only
+// the callers of a round that fails get its error.
+func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call, again []redo) {
+	for len(again) > 0 {
+		retry := make([]*queued, len(again))
+		for i, a := range again {
+			retry[i] = calls[a.i]
+			requests[i] = limits.Call{Client: calls[a.i].Req.client, N: calls[a.i].Req.n, Look: a.look}
+		}
+		calls, requests = retry, requests[:len(again)]
+		var err error
+		if again, err = r.decideRequests(ctx, where, calls, requests); err != nil {
+			r.batches.Fail(calls, classify(err))
+			return
+		}
+	}
 }
 
 // foresees reports whether calls may be sent to look only: not under Logs,
@@ -171,8 +192,8 @@ func (r *remote) foresees() bool {
 // decideRequests has the store decide calls (requests, by call), and
 // returns the calls that only looked and had room, or were read Short and
 // had none, to decide again.
-func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]int, error) {
-	var again []int
+func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]redo, error) {
+	var again []redo
 	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
@@ -182,7 +203,7 @@ func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*
 			if v.Short {
 				r.foresight.Saw(c.resource, c.client, v, c.n, false)
 			}
-			again = append(again, i)
+			again = append(again, redo{i: i, look: v.Short})
 			return false
 		}
 		recorded := r.batches.Settle(calls[i], res) && (res.Allowed || r.cfg.recordDenied)
