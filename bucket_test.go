@@ -406,28 +406,29 @@ func TestBadInput(t *testing.T) {
 		for _, tc := range []struct {
 			opts []Option
 			want error
+			says string // in the error's text, which tells the cases apart
 		}{
-			{nil, ErrNoRule},
-			{[]Option{nil}, ErrNoRule},
-			{[]Option{PerClient(Per(0, time.Second))}, ErrInvalidLimit},
-			{[]Option{PerClient(Per(-1, time.Second))}, ErrInvalidLimit},
-			{[]Option{PerResource(Per(1, 999*time.Microsecond))}, ErrInvalidLimit},
-			{[]Option{PerResource(Per(1, -time.Second))}, ErrInvalidLimit},
-			{[]Option{PerClient(PerSecond(1)), PerResource(Limit{})}, ErrInvalidLimit},
-			{[]Option{PerClient(PerSecond(1)), WithPrefix("")}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithPrefix("a{b")}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithPrefix("}")}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithLockTTL(0)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithLockWait(-time.Millisecond, 0)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithLockWait(2*time.Millisecond, time.Millisecond)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithScanCount(0)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(nil)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(999 * time.Microsecond))}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-time.Second))}, ErrInvalidOption},
-			{[]Option{PerClient(PerMinute(1)), PerResource(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption},
+			{nil, ErrInvalidOption, "invalid option: no rule"},
+			{[]Option{nil}, ErrInvalidOption, "invalid option: no rule"},
+			{[]Option{PerClient(Per(0, time.Second))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerClient(Per(-1, time.Second))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerResource(Per(1, 999*time.Microsecond))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerResource(Per(1, -time.Second))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerClient(PerSecond(1)), PerResource(Limit{})}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("")}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("a{b")}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("}")}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithLockTTL(0)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithLockWait(-time.Millisecond, 0)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithLockWait(2*time.Millisecond, time.Millisecond)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithScanCount(0)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(nil)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(999 * time.Microsecond))}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-time.Second))}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerMinute(1)), PerResource(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption, ""},
 		} {
-			if _, err := e.new(tc.opts...); !errors.Is(err, tc.want) {
-				t.Errorf("New(%d options) error = %v, want %v", len(tc.opts), err, tc.want)
+			if _, err := e.new(tc.opts...); !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.says) {
+				t.Errorf("New(%d options) error = %v, want %v saying %q", len(tc.opts), err, tc.want, tc.says)
 			}
 		}
 		if _, err := New(nil, PerClient(PerSecond(1))); !errors.Is(err, ErrUnsupportedClient) {

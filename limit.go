@@ -71,29 +71,30 @@ const maxIntervals = 1 << 22
 
 func (l Limit) validate() error {
 	if l.Requests <= 0 {
-		return fmt.Errorf("%w: %v: requests must be positive", ErrInvalidLimit, l)
+		return fmt.Errorf("%w: limit %v: requests must be positive", ErrInvalidOption, l)
 	}
 	if l.Window < time.Millisecond {
-		return fmt.Errorf("%w: %v: window must be at least 1ms", ErrInvalidLimit, l)
+		return fmt.Errorf("%w: limit %v: window must be at least 1ms", ErrInvalidOption, l)
 	}
 	if l.Precision != 0 {
 		if err := checkPrecision(l.Precision, l.Window); err != nil {
-			return fmt.Errorf("%w: %v: %w", ErrInvalidLimit, l, err)
+			return fmt.Errorf("%w: limit %v: %w", ErrInvalidOption, l, err)
 		}
 	}
 	return nil
 }
 
 // checkPrecision checks intervals of precision for a window: at least 1ms,
-// at most the window, and at most maxIntervals of them in it.
+// at most the window, and at most maxIntervals of them in it. Its error
+// says what is wrong; the caller wraps it with what it checked.
 func checkPrecision(precision, window time.Duration) error {
 	switch {
 	case precision < time.Millisecond:
-		return fmt.Errorf("%w: %v is under 1ms", ErrInvalidPrecision, precision)
+		return fmt.Errorf("precision %v is under 1ms", precision)
 	case precision > window:
-		return fmt.Errorf("%w: %v is longer than the window %v", ErrInvalidPrecision, precision, window)
+		return fmt.Errorf("precision %v is longer than the window %v", precision, window)
 	case window.Milliseconds()/precision.Milliseconds() > maxIntervals:
-		return fmt.Errorf("%w: %v is more than maxIntervals (%d) intervals of %v", ErrInvalidPrecision, window, maxIntervals, precision)
+		return fmt.Errorf("window %v is more than maxIntervals (%d) intervals of precision %v", window, maxIntervals, precision)
 	}
 	return nil
 }

@@ -189,7 +189,7 @@ func WithFallback(instances int) Option {
 
 func (c *config) validate() error {
 	if len(c.rules) == 0 {
-		return ErrNoRule
+		return fmt.Errorf("%w: no rule: pass PerResource or PerClient", ErrInvalidOption)
 	}
 	for _, r := range c.rules {
 		if err := r.Limit.validate(); err != nil {
