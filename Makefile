@@ -11,7 +11,7 @@ fuzz:
 	go test -run='^$$' -fuzz='^FuzzAllowInput$$' -fuzztime=$(FUZZTIME) .
 	go test -run='^$$' -fuzz='^FuzzParseLimit$$' -fuzztime=$(FUZZTIME) ./cmd/leakybucket
 
-# make bench: the benchmark of issue 11 (bench/, a module of its own): this
+# make bench: the benchmark (bench/, a module of its own): this
 # library against redis_rate, ulule/limiter, a naive redislock baseline and
 # one round trip, on two redis-servers it starts itself (the library's denies
 # scripting); writes bench/BENCHMARKS.md and bench/benchmarks.png.

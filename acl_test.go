@@ -216,7 +216,7 @@ func TestACLUsersAreRestrictive(t *testing.T) {
 			}
 			// A command of the strategy's own, on a key outside the
 			// prefix, then inside.
-			if ok, err := dryRun(user, "del", DefaultPrefix+":{x}:lock"); err != nil || ok {
+			if ok, err := dryRun(user, "del", defaultPrefix+":{x}:lock"); err != nil || ok {
 				t.Errorf("%s may write a key outside %s: %v, %v", user, aclKeys, ok, err)
 			}
 			if ok, err := dryRun(user, "del", "lbtest:{x}:lock"); err != nil || !ok {
@@ -240,7 +240,7 @@ func TestACLUsersAreRestrictive(t *testing.T) {
 				t.Fatalf("%s: DEL on a test key: %v", probe, err)
 			}
 			defer admin.Del(ctx, "lbtest:probe:"+probe)
-			for _, args := range [][]any{{"flushall"}, {"keys", "*"}, {"config", "get", "maxmemory"}, {"get", DefaultPrefix + ":{x}:lock"}} {
+			for _, args := range [][]any{{"flushall"}, {"keys", "*"}, {"config", "get", "maxmemory"}, {"get", defaultPrefix + ":{x}:lock"}} {
 				if ok, err := dryRun(probe, args...); err != nil || ok {
 					t.Errorf("%s may run %v: %v, %v; not trying it", probe, args, ok, err)
 					continue
@@ -328,7 +328,7 @@ func TestReadmeACLLinesWork(t *testing.T) {
 			}
 			for i := range cmd {
 				if cmd[i] == "lbtest:key" {
-					cmd[i] = DefaultPrefix + ":{r}:key"
+					cmd[i] = defaultPrefix + ":{r}:key"
 				}
 			}
 			if ok, err := admin.ACLDryRun(ctx, user, cmd...).Result(); err != nil || ok != "OK" {

@@ -233,7 +233,7 @@ const ms = time.Millisecond
 func TestAllowOneRule(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(3, time.Second)))
-		deny := []Rule{{ScopeClient, Per(3, time.Second)}}
+		deny := []Rule{{PerClient: true, Limit: Per(3, time.Second)}}
 		e.run(t, b, "r", []step{
 			{0, "a", 1, false, want{true, 2, 0, time.Second, nil}},
 			{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
@@ -252,7 +252,7 @@ func TestAllowOneRule(t *testing.T) {
 func TestAllowNWeights(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(5, time.Second)))
-		deny := []Rule{{ScopeClient, Per(5, time.Second)}}
+		deny := []Rule{{PerClient: true, Limit: Per(5, time.Second)}}
 		e.run(t, b, "r", []step{
 			{0, "a", 3, false, want{true, 2, 0, time.Second, nil}},
 			// Weight 3 does not fit in 2: denied, and nothing recorded.
@@ -273,8 +273,8 @@ func TestHierarchy(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		total, each := Per(5, time.Second), Per(2, time.Second)
 		b := e.bucket(t, PerResource(total), PerClient(each))
-		byClient := []Rule{{ScopeClient, each}}
-		byTotal := []Rule{{ScopeResource, total}}
+		byClient := []Rule{{PerClient: true, Limit: each}}
+		byTotal := []Rule{{Limit: total}}
 		e.run(t, b, "notify", []step{
 			{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
 			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
@@ -298,10 +298,10 @@ func TestSeveralWindows(t *testing.T) {
 		e.run(t, b, "api", []step{
 			{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
 			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
-			{0, "a", 1, false, want{false, 0, 200 * ms, time.Second, []Rule{{ScopeClient, short}}}},
+			{0, "a", 1, false, want{false, 0, 200 * ms, time.Second, []Rule{{PerClient: true, Limit: short}}}},
 			{200 * ms, "a", 1, false, want{true, 0, 0, time.Second, nil}},
 			// t=400: the short window is empty, the long one full until 1000.
-			{200 * ms, "a", 1, false, want{false, 0, 600 * ms, 800 * ms, []Rule{{ScopeClient, long}}}},
+			{200 * ms, "a", 1, false, want{false, 0, 600 * ms, 800 * ms, []Rule{{PerClient: true, Limit: long}}}},
 			{600 * ms, "a", 1, false, want{true, 1, 0, time.Second, nil}},
 		})
 	})
@@ -349,7 +349,7 @@ func TestNamesNeverShareACount(t *testing.T) {
 func TestPeekRecordsNothing(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		b := e.bucket(t, PerClient(Per(2, time.Second)))
-		deny := []Rule{{ScopeClient, Per(2, time.Second)}}
+		deny := []Rule{{PerClient: true, Limit: Per(2, time.Second)}}
 		peeks := []step{}
 		for range 5 {
 			peeks = append(peeks, step{0, "a", 1, true, want{true, 1, 0, time.Second, nil}})
@@ -387,7 +387,7 @@ func TestFlush(t *testing.T) {
 		e.run(t, b, "r", []step{
 			{0, "c", 1, false, want{true, 1, 0, time.Minute, nil}},
 			{0, "a", 1, false, want{true, 0, 0, time.Minute, nil}},
-			{0, "b", 1, true, want{false, 0, time.Minute, time.Minute, []Rule{{ScopeResource, total}}}},
+			{0, "b", 1, true, want{false, 0, time.Minute, time.Minute, []Rule{{Limit: total}}}},
 		})
 		if err := b.FlushAll(ctx, "r"); err != nil {
 			t.Fatal(err)
@@ -406,28 +406,29 @@ func TestBadInput(t *testing.T) {
 		for _, tc := range []struct {
 			opts []Option
 			want error
+			says string // in the error's text, which tells the cases apart
 		}{
-			{nil, ErrNoRule},
-			{[]Option{nil}, ErrNoRule},
-			{[]Option{PerClient(Per(0, time.Second))}, ErrInvalidLimit},
-			{[]Option{PerClient(Per(-1, time.Second))}, ErrInvalidLimit},
-			{[]Option{PerResource(Per(1, 999*time.Microsecond))}, ErrInvalidLimit},
-			{[]Option{PerResource(Per(1, -time.Second))}, ErrInvalidLimit},
-			{[]Option{PerClient(PerSecond(1)), PerResource(Limit{})}, ErrInvalidLimit},
-			{[]Option{PerClient(PerSecond(1)), WithPrefix("")}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithPrefix("a{b")}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithPrefix("}")}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithLockTTL(0)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithLockWait(-time.Millisecond, 0)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithLockWait(2*time.Millisecond, time.Millisecond)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithScanCount(0)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(nil)}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(999 * time.Microsecond))}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-time.Second))}, ErrInvalidOption},
-			{[]Option{PerClient(PerMinute(1)), PerResource(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption},
+			{nil, ErrInvalidOption, "invalid option: no rule"},
+			{[]Option{nil}, ErrInvalidOption, "invalid option: no rule"},
+			{[]Option{PerClient(Per(0, time.Second))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerClient(Per(-1, time.Second))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerResource(Per(1, 999*time.Microsecond))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerResource(Per(1, -time.Second))}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerClient(PerSecond(1)), PerResource(Limit{})}, ErrInvalidOption, "invalid option: limit"},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("")}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("a{b")}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithPrefix("}")}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithLockTTL(0)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithLockWait(-time.Millisecond, 0)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithLockWait(2*time.Millisecond, time.Millisecond)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithScanCount(0)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(nil)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(999 * time.Microsecond))}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-time.Second))}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerMinute(1)), PerResource(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption, ""},
 		} {
-			if _, err := e.new(tc.opts...); !errors.Is(err, tc.want) {
-				t.Errorf("New(%d options) error = %v, want %v", len(tc.opts), err, tc.want)
+			if _, err := e.new(tc.opts...); !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.says) {
+				t.Errorf("New(%d options) error = %v, want %v saying %q", len(tc.opts), err, tc.want, tc.says)
 			}
 		}
 		if _, err := New(nil, PerClient(PerSecond(1))); !errors.Is(err, ErrUnsupportedClient) {
@@ -588,9 +589,9 @@ func TestHugeWeightsDoNotOverflow(t *testing.T) {
 		half := huge.Requests/2 + 1
 		e.run(t, b, "r", []step{
 			{0, "a", half, false, want{true, huge.Requests - half, 0, time.Minute, nil}},
-			{0, "a", half, false, want{false, huge.Requests - half, time.Minute, time.Minute, []Rule{{ScopeClient, huge}}}},
+			{0, "a", half, false, want{false, huge.Requests - half, time.Minute, time.Minute, []Rule{{PerClient: true, Limit: huge}}}},
 			{0, "a", huge.Requests - half, false, want{true, 0, 0, time.Minute, nil}},
-			{0, "a", 1, false, want{false, 0, time.Minute, time.Minute, []Rule{{ScopeClient, huge}}}},
+			{0, "a", 1, false, want{false, 0, time.Minute, time.Minute, []Rule{{PerClient: true, Limit: huge}}}},
 		})
 	})
 }

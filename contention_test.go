@@ -476,7 +476,7 @@ func politeRun(b *Bucket) (admitted, byResource int, failed []error) {
 				failed = append(failed, err)
 			case res.Allowed:
 				admitted++
-			case slices.ContainsFunc(res.DeniedBy, func(r Rule) bool { return r.Scope == ScopeResource }):
+			case slices.ContainsFunc(res.DeniedBy, func(r Rule) bool { return !r.PerClient }):
 				byResource++
 			}
 		})

@@ -67,7 +67,7 @@ func (b *Bucket) AllowNInto(ctx context.Context, resource, client string, n int,
 	if res == nil {
 		return ErrNilResult
 	}
-	defer b.observe(ctx, b.observed(), OpAllow, resource, client, n, res, &err)
+	defer b.observe(ctx, b.observed(), opAllow, resource, client, n, res, &err)
 	if err = b.check(resource, client, n); err != nil {
 		*res = Result{}
 		return err
@@ -92,7 +92,7 @@ func (b *Bucket) Peek(ctx context.Context, resource, client string) (Result, err
 // decision under way elsewhere may be missed. It costs one round trip
 // (Logs: when the SCAN fits in one page).
 func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res Result, err error) {
-	defer b.observe(ctx, b.observed(), OpPeek, resource, client, n, &res, &err)
+	defer b.observe(ctx, b.observed(), opPeek, resource, client, n, &res, &err)
 	if err = b.check(resource, client, n); err != nil {
 		return Result{}, err
 	}

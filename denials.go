@@ -18,7 +18,7 @@ func cacheable(res Result, n int, recordDenied bool) (time.Duration, bool) {
 	}
 	shortest := time.Duration(-1)
 	for _, rr := range res.Rules {
-		if rr.Rule.Scope != ScopeClient || rr.RetryAfter <= 0 {
+		if !rr.Rule.PerClient || rr.RetryAfter <= 0 {
 			return 0, false
 		}
 		if shortest < 0 || rr.RetryAfter < shortest {

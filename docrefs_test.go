@@ -258,3 +258,36 @@ func itoa(n int) string {
 		}
 	}
 }
+
+// TestEveryPackageHasADoc: go doc shows a package doc for every package of
+// the repository, internal ones included: a doc comment attached to the
+// package clause of one of its files. One detached by a blank line is no
+// doc at all, and go doc shows nothing.
+func TestEveryPackageHasADoc(t *testing.T) {
+	documented := map[string]bool{} // by directory
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata"):
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		dir := filepath.Dir(path)
+		documented[dir] = documented[dir] || f.Doc != nil
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, ok := range documented {
+		if !ok {
+			t.Errorf("%s: no package doc (go doc ./%s shows none)", dir, dir)
+		}
+	}
+}

@@ -13,28 +13,17 @@ import (
 //
 // A request the rules deny is not an error: it is a Result with Allowed false.
 var (
-	// ErrNoRule: New was given neither a PerResource nor a PerClient rule.
-	ErrNoRule = errors.New("leakybucket: no rule: pass PerResource or PerClient to New")
-
-	// ErrInvalidLimit: a rule's Limit has Requests <= 0, a Window shorter
-	// than one millisecond, or an invalid Precision (then the error matches
-	// ErrInvalidPrecision too).
-	ErrInvalidLimit = errors.New("leakybucket: invalid limit")
-
-	// ErrInvalidOption: an option other than a rule is out of range (an empty
-	// prefix or one with a brace, a lock TTL under a millisecond, lock waits
-	// that are negative or whose first exceeds the longest, a SCAN COUNT
-	// below 1, a nil strategy, an empty tier name, or a Windows precision
-	// that does not fit a rule, see ErrInvalidPrecision).
+	// ErrInvalidOption: the options, rules included, are missing or out of
+	// range, and the text says which: no rule (neither PerResource nor
+	// PerClient); a rule's Limit with Requests <= 0 or a Window under one
+	// millisecond; a precision, a Limit's or the Windows strategy's, under
+	// one millisecond, longer than the window of a rule that counts in it,
+	// or more than 2^22 intervals of that window, or a Limit's Precision
+	// under a strategy other than Windows; an empty prefix or one with a
+	// brace; a lock TTL under a millisecond; lock waits that are negative
+	// or whose first exceeds the longest; a SCAN COUNT below 1; a nil
+	// strategy; an empty tier name; WithFallback's instances out of range.
 	ErrInvalidOption = errors.New("leakybucket: invalid option")
-
-	// ErrInvalidPrecision: a precision, a Limit's or the Windows strategy's,
-	// is under one millisecond, longer than the window of a rule that
-	// counts in it, or more than 2^22 intervals of that window; or a
-	// Limit has a Precision under a strategy other than Windows. The error
-	// matches ErrInvalidLimit too when the Limit's precision is wrong, and
-	// ErrInvalidOption when the strategy's is.
-	ErrInvalidPrecision = errors.New("leakybucket: invalid precision")
 
 	// ErrUnsupportedClient: New was given a nil client, or a
 	// redis.UniversalClient that is not a *redis.Client, *redis.ClusterClient

@@ -107,10 +107,13 @@ func Example_hierarchy() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if res.Allowed {
+		switch {
+		case res.Allowed:
 			fmt.Printf("%-7s sent\n", event)
-		} else {
-			fmt.Printf("%-7s dropped by the %v rule\n", event, res.DeniedBy[0].Scope)
+		case res.DeniedBy[0].PerClient:
+			fmt.Printf("%-7s dropped by the per-client rule\n", event)
+		default:
+			fmt.Printf("%-7s dropped by the per-resource rule\n", event)
 		}
 	}
 	// Output:
@@ -288,11 +291,11 @@ func ExampleWithObserver() {
 	observe := func(_ context.Context, d leakybucket.Decision) {
 		switch {
 		case d.Err != nil:
-			fmt.Printf("%v %s/%s: error (%v): %v\n", d.Op, d.Resource, d.Client, d.ErrKind, d.Err)
-		case d.Op == leakybucket.OpAllow && d.Allowed:
+			fmt.Printf("%s %s/%s: error: %v\n", d.Op, d.Resource, d.Client, d.Err)
+		case d.Op == "allow" && d.Allowed:
 			admitted++
-		case d.Op == leakybucket.OpAllow:
-			fmt.Printf("%v %s/%s: denied by %v\n", d.Op, d.Resource, d.Client, d.DeniedBy)
+		case d.Op == "allow":
+			fmt.Printf("%s %s/%s: denied by %v\n", d.Op, d.Resource, d.Client, d.DeniedBy)
 		}
 	}
 	limiter, err := leakybucket.New(newExampleClient(),
@@ -311,7 +314,7 @@ func ExampleWithObserver() {
 	// Output:
 	// allow GET /search/ann: denied by [per-client 2 per 1m0s]
 	// allow GET /search/ann: denied by [per-resource 3 per 1m0s per-client 2 per 1m0s]
-	// allow GET /search/: error (invalid_input): leakybucket: empty client with a per-client rule
+	// allow GET /search/: error: leakybucket: empty client with a per-client rule
 	// admitted: 3
 }
 

@@ -187,7 +187,7 @@ func (r *fkRun) hammer(allow fkAllow, p int, rng *rand.Rand, stop <-chan struct{
 func (r *fkRun) check(t *testing.T) {
 	for _, c := range r.calls {
 		if c.err != nil {
-			t.Errorf("process %d, client %d, %v after the kill: %v (kind %v), want every call decided", c.process, c.client, c.start.Sub(r.killed), c.err, Kind(c.err))
+			t.Errorf("process %d, client %d, %v after the kill: %v, want every call decided", c.process, c.client, c.start.Sub(r.killed), c.err)
 		}
 	}
 	for p := range r.processes {

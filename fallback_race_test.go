@@ -80,7 +80,7 @@ func newFallbackAdversary(t *testing.T, s Strategy) *fallbackAdversary {
 // observe counts what the observer hears: every admission, WaitN's
 // included, with whether the fallback decided it.
 func (a *fallbackAdversary) observe(_ context.Context, d Decision) {
-	if d.Op != OpAllow || d.Err != nil {
+	if d.Op != opAllow || d.Err != nil {
 		return
 	}
 	fb := 0

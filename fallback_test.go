@@ -26,7 +26,7 @@ func (ds *decisions) switches() []bool {
 	defer ds.mu.Unlock()
 	var out []bool
 	for _, dec := range ds.all {
-		if dec.Op != OpAllow && dec.Op != OpPeek || dec.Err != nil {
+		if dec.Op != opAllow && dec.Op != opPeek || dec.Err != nil {
 			continue
 		}
 		if len(out) == 0 || out[len(out)-1] != dec.Fallback {
@@ -65,7 +65,7 @@ func TestFallbackSwitch(t *testing.T) {
 func testFallbackSwitch(t *testing.T, s Strategy) {
 	sw := newOutageSwitch(t, true)
 	var seen decisions
-	rule, share := PerClient(Per(10, time.Minute)), Rule{Scope: ScopeClient, Limit: Per(3, time.Minute)}
+	rule, share := PerClient(Per(10, time.Minute)), Rule{PerClient: true, Limit: Per(3, time.Minute)}
 	b := fallbackNew(t, sw.client(t, redis.Options{}), WithStrategy(s), rule, WithFallback(3), WithObserver(seen.observe))
 	ctx := context.Background()
 	if res, err := b.Allow(ctx, "r", "c"); err != nil || !res.Allowed || res.Fallback || res.Remaining != 9 {
@@ -105,7 +105,7 @@ func testFallbackSwitch(t *testing.T, s Strategy) {
 	sw.Up()
 	time.Sleep(time.Second) // the probe finds it back within its longest wait
 	res, err = b.Allow(ctx, "r", "c")
-	if err != nil || !res.Allowed || res.Fallback || res.Rules[0].Used != 2 || res.Rules[0].Rule != (Rule{Scope: ScopeClient, Limit: Per(10, time.Minute)}) {
+	if err != nil || !res.Allowed || res.Fallback || res.Rules[0].Used != 2 || res.Rules[0].Rule != (Rule{PerClient: true, Limit: Per(10, time.Minute)}) {
 		t.Errorf("back on Redis: %+v, %v; want admitted by Redis, which counts 2 (none of the process's)", res, err)
 	}
 	if got := seen.switches(); !slices.Equal(got, []bool{false, true, false}) {

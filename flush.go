@@ -14,7 +14,7 @@ import (
 // it cannot tell a client's share there: Flush then returns an error
 // matching errors.ErrUnsupported (use FlushAll).
 func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error) {
-	defer b.observe(ctx, b.observed(), OpFlush, resource, client, 0, nil, &err)
+	defer b.observe(ctx, b.observed(), opFlush, resource, client, 0, nil, &err)
 	if err := b.check(resource, client, 1); err != nil {
 		return err
 	}
@@ -28,7 +28,7 @@ func (b *Bucket) Flush(ctx context.Context, resource, client string) (err error)
 // is per-client it finds the clients' keys with SCAN, which walks the whole
 // database.
 func (b *Bucket) FlushAll(ctx context.Context, resource string) (err error) {
-	defer b.observe(ctx, b.observed(), OpFlushAll, resource, "", 0, nil, &err)
+	defer b.observe(ctx, b.observed(), opFlushAll, resource, "", 0, nil, &err)
 	if resource == "" {
 		return ErrEmptyResource
 	}

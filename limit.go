@@ -71,29 +71,30 @@ const maxIntervals = 1 << 22
 
 func (l Limit) validate() error {
 	if l.Requests <= 0 {
-		return fmt.Errorf("%w: %v: requests must be positive", ErrInvalidLimit, l)
+		return fmt.Errorf("%w: limit %v: requests must be positive", ErrInvalidOption, l)
 	}
 	if l.Window < time.Millisecond {
-		return fmt.Errorf("%w: %v: window must be at least 1ms", ErrInvalidLimit, l)
+		return fmt.Errorf("%w: limit %v: window must be at least 1ms", ErrInvalidOption, l)
 	}
 	if l.Precision != 0 {
 		if err := checkPrecision(l.Precision, l.Window); err != nil {
-			return fmt.Errorf("%w: %v: %w", ErrInvalidLimit, l, err)
+			return fmt.Errorf("%w: limit %v: %w", ErrInvalidOption, l, err)
 		}
 	}
 	return nil
 }
 
 // checkPrecision checks intervals of precision for a window: at least 1ms,
-// at most the window, and at most maxIntervals of them in it.
+// at most the window, and at most maxIntervals of them in it. Its error
+// says what is wrong; the caller wraps it with what it checked.
 func checkPrecision(precision, window time.Duration) error {
 	switch {
 	case precision < time.Millisecond:
-		return fmt.Errorf("%w: %v is under 1ms", ErrInvalidPrecision, precision)
+		return fmt.Errorf("precision %v is under 1ms", precision)
 	case precision > window:
-		return fmt.Errorf("%w: %v is longer than the window %v", ErrInvalidPrecision, precision, window)
+		return fmt.Errorf("precision %v is longer than the window %v", precision, window)
 	case window.Milliseconds()/precision.Milliseconds() > maxIntervals:
-		return fmt.Errorf("%w: %v is more than maxIntervals (%d) intervals of %v", ErrInvalidPrecision, window, maxIntervals, precision)
+		return fmt.Errorf("window %v is more than maxIntervals (%d) intervals of precision %v", window, maxIntervals, precision)
 	}
 	return nil
 }
@@ -101,41 +102,28 @@ func checkPrecision(precision, window time.Duration) error {
 // windowMillis is the window in the unit of Redis time and expiry.
 func (l Limit) windowMillis() int64 { return l.Window.Milliseconds() }
 
-// Scope says what a rule counts.
-type Scope uint8
-
-const (
-	// ScopeResource: one count per resource, shared by all its clients.
-	ScopeResource Scope = iota + 1
-	// ScopeClient: one count per (resource, client).
-	ScopeClient
-)
-
-// String returns "per-resource" or "per-client".
-func (s Scope) String() string {
-	switch s {
-	case ScopeResource:
-		return "per-resource"
-	case ScopeClient:
-		return "per-client"
-	}
-	return fmt.Sprintf("Scope(%d)", uint8(s))
-}
-
 // A Rule is a Limit applied per resource or per client, as added to New by
 // PerResource or PerClient.
 type Rule struct {
-	// Scope says whether the rule counts per resource or per client.
-	Scope Scope
+	// PerClient says what the rule counts: a count of its own for each
+	// client of a resource (PerClient), or, if false, one count for the
+	// whole resource, shared by all its clients (PerResource).
+	PerClient bool
 	// Limit is what the rule admits in each of its counts.
 	Limit Limit
 }
 
 // model is r as the counts judge it.
 func (r Rule) model() limits.Rule {
-	return limits.Rule{PerClient: r.Scope == ScopeClient, Requests: r.Limit.Requests,
+	return limits.Rule{PerClient: r.PerClient, Requests: r.Limit.Requests,
 		Window: r.Limit.windowMillis(), Precision: r.Limit.Precision.Milliseconds()}
 }
 
-// String returns the rule as "per-client 10 per 1m0s".
-func (r Rule) String() string { return r.Scope.String() + " " + r.Limit.String() }
+// String returns the rule as "per-client 10 per 1m0s" or "per-resource 100
+// per 30m0s".
+func (r Rule) String() string {
+	if r.PerClient {
+		return "per-client " + r.Limit.String()
+	}
+	return "per-resource " + r.Limit.String()
+}

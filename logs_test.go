@@ -46,9 +46,9 @@ func FuzzAllowInput(f *testing.F) {
 		if n > 3 {
 			// Above the per-client 3 (and maybe the per-resource 10): a
 			// denial no wait lifts, of the rules that cannot hold it.
-			never := []Rule{{ScopeClient, Per(3, time.Minute)}}
+			never := []Rule{{PerClient: true, Limit: Per(3, time.Minute)}}
 			if n > 10 {
-				never = append([]Rule{{ScopeResource, Per(10, time.Minute)}}, never...)
+				never = append([]Rule{{Limit: Per(10, time.Minute)}}, never...)
 			}
 			if res.Allowed || res.RetryAfter != Never || res.Remaining != 3 || res.ResetAfter != 0 || !slices.Equal(res.DeniedBy, never) {
 				t.Fatalf("AllowN(%q, %q, %d) = %+v, want denied by %v, RetryAfter Never, 3 remaining", resource, client, n, res, never)
@@ -90,7 +90,7 @@ func TestScanDuplicatesCountOnce(t *testing.T) {
 		e.needsRedis(t, "SCAN")
 		e.addHook(duplicateScans{})
 		b := e.bucket(t, PerResource(Per(4, time.Minute)))
-		deny := []Rule{{ScopeResource, Per(4, time.Minute)}}
+		deny := []Rule{{Limit: Per(4, time.Minute)}}
 		e.run(t, b, "r", []step{
 			{0, "a", 2, false, want{true, 2, 0, time.Minute, nil}},
 			{0, "b", 1, false, want{true, 1, 0, time.Minute, nil}},

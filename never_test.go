@@ -20,7 +20,7 @@ func TestNeverFits(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		total, each := Per(6, time.Second), Per(4, time.Second)
 		b := e.bucket(t, PerResource(total), PerClient(each))
-		byTotal, byClient := Rule{ScopeResource, total}, Rule{ScopeClient, each}
+		byTotal, byClient := Rule{Limit: total}, Rule{PerClient: true, Limit: each}
 		e.run(t, b, "r", []step{
 			{0, "a", 3, false, want{true, 1, 0, time.Second, nil}},
 			// 5 does not fit the total's 3 left, for now; nor the
@@ -162,7 +162,7 @@ func TestNeverLeavesLighterCalls(t *testing.T) {
 		ctx := context.Background()
 		limit := Per(2, time.Minute)
 		b := e.bucket(t, WithScanCount(1<<20), PerClient(limit))
-		deny := []Rule{{ScopeClient, limit}}
+		deny := []Rule{{PerClient: true, Limit: limit}}
 		e.run(t, b, "r", []step{
 			{0, "z", 1, false, want{true, 1, 0, time.Minute, nil}}, // the first estimate of Redis's clock
 			// The denial cache counts time only once the server's clock
@@ -211,7 +211,7 @@ func TestTiersNever(t *testing.T) {
 		mustSet(t, tiers, "pro", PerClient(PerMinute(100)))
 		ctx := context.Background()
 		res, err := tiers.AllowN(ctx, "free", "r", "a", 50)
-		free := Rule{ScopeClient, PerMinute(10)}
+		free := Rule{PerClient: true, Limit: PerMinute(10)}
 		if err != nil || res.Allowed || res.RetryAfter != Never || !slices.Equal(res.DeniedBy, []Rule{free}) || res.Remaining != 10 {
 			t.Errorf("free AllowN(50) = %+v, %v; want denied by %v, Never, 10 left", res, err, free)
 		}
@@ -228,11 +228,11 @@ func TestTiersNever(t *testing.T) {
 func TestObserverNever(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		var heard decisions
-		rule := Rule{ScopeClient, Per(5, time.Minute)}
+		rule := Rule{PerClient: true, Limit: Per(5, time.Minute)}
 		b := e.bucket(t, PerClient(rule.Limit), WithObserver(heard.observe))
 		res, err := b.AllowN(context.Background(), "r", "c", 6)
 		d := heard.last(t)
-		want := Decision{Op: OpAllow, Resource: "r", Client: "c", N: 6, DeniedBy: []Rule{rule}, Latency: d.Latency}
+		want := Decision{Op: opAllow, Resource: "r", Client: "c", N: 6, DeniedBy: []Rule{rule}, Latency: d.Latency}
 		if err != nil || res.RetryAfter != Never || !equalDecisions(d, want) {
 			t.Errorf("AllowN(6) = %+v, %v; observed %+v, want %+v", res, err, d, want)
 		}

@@ -2,16 +2,14 @@ package leakybucket
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 	"time"
 )
 
 // Observability. WithObserver gives the Bucket a function that hears every
 // call of AllowN, PeekN, Flush and FlushAll (Allow and Peek included) once
-// it has decided: what was asked, what was answered, how long it took and,
-// for an error, what kind it was. The OpenTelemetry adapter
+// it has decided: what was asked, what was answered, how long it took and
+// the error, if any. The OpenTelemetry adapter
 // (github.com/leakybucket/leakybucket/otelmetrics, a module of its own)
 // turns these Decisions into metrics; a log line or a Prometheus counter is
 // a few lines more.
@@ -26,107 +24,21 @@ import (
 // background, as when a caller gives up), so the next call works as usual.
 // Recovering would hide a broken observer behind missing metrics.
 
-// An Op names the method a Decision reports on.
-type Op uint8
-
+// The values of Decision.Op.
 const (
-	// OpAllow is Allow and AllowN.
-	OpAllow Op = iota + 1
-	// OpPeek is Peek and PeekN.
-	OpPeek
-	// OpFlush is Flush.
-	OpFlush
-	// OpFlushAll is FlushAll.
-	OpFlushAll
+	opAllow    = "allow"
+	opPeek     = "peek"
+	opFlush    = "flush"
+	opFlushAll = "flush_all"
 )
-
-// String returns "allow", "peek", "flush" or "flush_all".
-func (o Op) String() string {
-	switch o {
-	case OpAllow:
-		return "allow"
-	case OpPeek:
-		return "peek"
-	case OpFlush:
-		return "flush"
-	case OpFlushAll:
-		return "flush_all"
-	}
-	return fmt.Sprintf("Op(%d)", uint8(o))
-}
-
-// An ErrorKind sorts the errors of the Bucket's methods into the few
-// classes that call for different action. Each class is a test with
-// errors.Is on the error (see Kind), so the same error always gets the
-// same kind.
-type ErrorKind uint8
-
-const (
-	// ErrorNone: the call succeeded (a denial is not an error).
-	ErrorNone ErrorKind = iota
-	// ErrorInvalidInput: ErrEmptyResource, ErrEmptyClient or
-	// ErrInvalidWeight; nothing was sent to Redis. A bug of the caller.
-	ErrorInvalidInput
-	// ErrorLockNotObtained: ErrLockNotObtained, real contention for the
-	// lock until the context ended.
-	ErrorLockNotObtained
-	// ErrorUnavailable: ErrUnavailable, Redis could not be reached or did
-	// not answer (also when the context ended right after).
-	ErrorUnavailable
-	// ErrorDeadline: the context ended (context.DeadlineExceeded or
-	// context.Canceled) while Redis was slow to answer, or before a
-	// decision could finish.
-	ErrorDeadline
-	// ErrorOther: anything else, such as ErrLockExpired or a Redis error
-	// (NOPERM, LOADING, MOVED).
-	ErrorOther
-)
-
-// String returns "none", "invalid_input", "lock_not_obtained",
-// "unavailable", "deadline" or "other": short, fixed names, fit for a
-// metric attribute.
-func (k ErrorKind) String() string {
-	switch k {
-	case ErrorNone:
-		return "none"
-	case ErrorInvalidInput:
-		return "invalid_input"
-	case ErrorLockNotObtained:
-		return "lock_not_obtained"
-	case ErrorUnavailable:
-		return "unavailable"
-	case ErrorDeadline:
-		return "deadline"
-	case ErrorOther:
-		return "other"
-	}
-	return fmt.Sprintf("ErrorKind(%d)", uint8(k))
-}
-
-// Kind returns the kind of an error returned by a Bucket's method. The
-// tests run in the order of the constants, so that an ErrLockNotObtained
-// or ErrUnavailable joined with the context's error keeps its own kind.
-func Kind(err error) ErrorKind {
-	switch {
-	case err == nil:
-		return ErrorNone
-	case errors.Is(err, ErrEmptyResource), errors.Is(err, ErrEmptyClient), errors.Is(err, ErrInvalidWeight):
-		return ErrorInvalidInput
-	case errors.Is(err, ErrLockNotObtained):
-		return ErrorLockNotObtained
-	case errors.Is(err, ErrUnavailable):
-		return ErrorUnavailable
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return ErrorDeadline
-	}
-	return ErrorOther
-}
 
 // A Decision reports one call of a Bucket's method to its observer (see
 // WithObserver).
 type Decision struct {
-	// Op is the method called.
-	Op Op
+	// Op is the method called: "allow" (Allow and AllowN), "peek" (Peek
+	// and PeekN), "flush" (Flush) or "flush_all" (FlushAll). Short, fixed
+	// names, fit for a metric attribute, as net.OpError's Op is.
+	Op string
 
 	// Resource and Client are the call's arguments (Client is empty for
 	// FlushAll). They may be of unbounded cardinality (user IDs, API
@@ -149,10 +61,9 @@ type Decision struct {
 	// observer's own time excluded.
 	Latency time.Duration
 
-	// ErrKind is Kind(Err).
-	ErrKind ErrorKind
-
-	// Err is the error the method returned, or nil.
+	// Err is the error the method returned, or nil. Tell its kind with
+	// errors.Is, as for the method's own error: ErrUnavailable,
+	// ErrLockNotObtained, context.DeadlineExceeded and so on.
 	Err error
 
 	// Fallback is Result.Fallback of AllowN and PeekN: the call was
@@ -177,13 +88,12 @@ func (b *Bucket) observed() time.Time {
 // observer, if any. Deferred by the methods with pointers to their named
 // results, it runs once they are final; it first lets the breaker settle
 // the error (see breaker.go).
-func (b *Bucket) observe(ctx context.Context, start time.Time, op Op, resource, client string, n int, res *Result, err *error) {
+func (b *Bucket) observe(ctx context.Context, start time.Time, op, resource, client string, n int, res *Result, err *error) {
 	*err = b.counts.settle(ctx, resource, *err)
 	if b.cfg.observer == nil {
 		return
 	}
 	d := Decision{Op: op, Resource: resource, Client: client, N: n, Latency: time.Since(start), Err: *err}
-	d.ErrKind = Kind(d.Err)
 	if res != nil && d.Err == nil {
 		d.Allowed, d.Fallback = res.Allowed, res.Fallback
 		d.DeniedBy = slices.Clone(res.DeniedBy)

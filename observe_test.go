@@ -3,7 +3,6 @@ package leakybucket
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -65,8 +64,8 @@ func (s slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // rule, denied by both (DeniedBy lists both), with the call's arguments
 // and its latency from start to return, exact on the bubble's clock.
 func TestObserverAllowAndDeny(t *testing.T) {
-	perResource := Rule{Scope: ScopeResource, Limit: Per(2, time.Minute)}
-	perClient := Rule{Scope: ScopeClient, Limit: Per(1, time.Minute)}
+	perResource := Rule{Limit: Per(2, time.Minute)}
+	perClient := Rule{PerClient: true, Limit: Per(1, time.Minute)}
 	steps := []struct {
 		client   string
 		allowed  bool
@@ -93,7 +92,7 @@ func TestObserverAllowAndDeny(t *testing.T) {
 						t.Fatalf("step %d: %v", i, err)
 					}
 					d := heard.last(t)
-					want := Decision{Op: OpAllow, Resource: "r", Client: step.client, N: 1, Allowed: step.allowed, DeniedBy: step.deniedBy, Latency: took}
+					want := Decision{Op: opAllow, Resource: "r", Client: step.client, N: 1, Allowed: step.allowed, DeniedBy: step.deniedBy, Latency: took}
 					if !equalDecisions(d, want) || res.Allowed != d.Allowed || !slices.Equal(res.DeniedBy, d.DeniedBy) {
 						t.Errorf("step %d: observed %+v, want %+v (the Result: %+v)", i, d, want, res)
 					}
@@ -109,14 +108,14 @@ func TestObserverAllowAndDeny(t *testing.T) {
 func equalDecisions(a, b Decision) bool {
 	return a.Op == b.Op && a.Resource == b.Resource && a.Client == b.Client && a.N == b.N &&
 		a.Allowed == b.Allowed && slices.Equal(a.DeniedBy, b.DeniedBy) && a.Latency == b.Latency &&
-		a.ErrKind == b.ErrKind && errors.Is(a.Err, b.Err) && (a.Err == nil) == (b.Err == nil)
+		errors.Is(a.Err, b.Err) && (a.Err == nil) == (b.Err == nil)
 }
 
 // The observer gets copies: writing to its DeniedBy changes no Result.
 func TestObserverCannotChangeResult(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newMiniEnv(t, Logs)
-		rule := Rule{Scope: ScopeClient, Limit: Per(1, time.Minute)}
+		rule := Rule{PerClient: true, Limit: Per(1, time.Minute)}
 		b := e.bucket(t, PerClient(rule.Limit), WithObserver(func(_ context.Context, d Decision) {
 			for i := range d.DeniedBy {
 				d.DeniedBy[i] = Rule{}
@@ -134,7 +133,7 @@ func TestObserverCannotChangeResult(t *testing.T) {
 	})
 }
 
-// Bad input is reported with its error and ErrorInvalidInput; nothing was
+// Bad input is reported with its error; nothing was
 // sent, and the observer hears it all the same.
 func TestObserverBadInput(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -155,7 +154,7 @@ func TestObserverBadInput(t *testing.T) {
 		} {
 			_, err := b.AllowN(ctx, c.resource, c.client, c.n)
 			d := heard.last(t)
-			want := Decision{Op: OpAllow, Resource: c.resource, Client: c.client, N: c.n, ErrKind: ErrorInvalidInput, Err: c.want}
+			want := Decision{Op: opAllow, Resource: c.resource, Client: c.client, N: c.n, Err: c.want}
 			if !errors.Is(err, c.want) || d.Err != err || !equalDecisions(d, want) {
 				t.Errorf("AllowN(%q, %q, %d) = %v; observed %+v, want %+v", c.resource, c.client, c.n, err, d, want)
 			}
@@ -163,7 +162,7 @@ func TestObserverBadInput(t *testing.T) {
 	})
 }
 
-// A Redis that refuses connections is reported as ErrorUnavailable, with
+// A Redis that refuses connections is reported as ErrUnavailable, with
 // the very error the caller got.
 func TestObserverUnavailable(t *testing.T) {
 	t.Parallel()
@@ -178,7 +177,7 @@ func TestObserverUnavailable(t *testing.T) {
 	defer cancel()
 	checkUnavailable(t, b, &heard)
 	err = b.Flush(ctx, "r", "c")
-	if d := heard.last(t); d.Op != OpFlush || d.ErrKind != ErrorUnavailable || d.Err != err {
+	if d := heard.last(t); d.Op != opFlush || !errors.Is(d.Err, ErrUnavailable) || d.Err != err {
 		t.Errorf("Flush on a refusing port: %v, observed as %+v", err, d)
 	}
 }
@@ -196,7 +195,7 @@ func checkUnavailable(t *testing.T, b *Bucket, heard *decisions) {
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("Allow on a refusing port: %v, want ErrUnavailable (connection refused)", err)
 	}
-	want := Decision{Op: OpAllow, Resource: "r", N: 1, Latency: d.Latency, ErrKind: ErrorUnavailable, Err: err}
+	want := Decision{Op: opAllow, Resource: "r", N: 1, Latency: d.Latency, Err: err}
 	if !equalDecisions(d, want) || d.Err != err || d.Latency <= 0 || d.Latency > took {
 		t.Errorf("observed %+v, want %+v, with a latency within the %v the call took", d, want, took)
 	}
@@ -207,7 +206,7 @@ func TestObserverOtherMethods(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newMiniEnv(t, SortedSet)
 		var heard decisions
-		rule := Rule{Scope: ScopeResource, Limit: Per(1, time.Minute)}
+		rule := Rule{Limit: Per(1, time.Minute)}
 		b := e.bucket(t, PerResource(rule.Limit), WithObserver(heard.observe))
 		ctx := context.Background()
 		if _, err := b.Allow(ctx, "r", "c"); err != nil {
@@ -217,19 +216,19 @@ func TestObserverOtherMethods(t *testing.T) {
 		if _, err := b.PeekN(ctx, "r", "c", 1); err != nil {
 			t.Fatal(err)
 		}
-		if d := heard.last(t); !equalDecisions(d, Decision{Op: OpPeek, Resource: "r", Client: "c", N: 1, DeniedBy: []Rule{rule}}) {
+		if d := heard.last(t); !equalDecisions(d, Decision{Op: opPeek, Resource: "r", Client: "c", N: 1, DeniedBy: []Rule{rule}}) {
 			t.Errorf("PeekN observed as %+v", d)
 		}
 		if err := b.Flush(ctx, "r", "c"); err != nil {
 			t.Fatal(err)
 		}
-		if d := heard.last(t); !equalDecisions(d, Decision{Op: OpFlush, Resource: "r", Client: "c"}) {
+		if d := heard.last(t); !equalDecisions(d, Decision{Op: opFlush, Resource: "r", Client: "c"}) {
 			t.Errorf("Flush observed as %+v", d)
 		}
 		if err := b.FlushAll(ctx, "r"); err != nil {
 			t.Fatal(err)
 		}
-		if d := heard.last(t); !equalDecisions(d, Decision{Op: OpFlushAll, Resource: "r"}) {
+		if d := heard.last(t); !equalDecisions(d, Decision{Op: opFlushAll, Resource: "r"}) {
 			t.Errorf("FlushAll observed as %+v", d)
 		}
 	})
@@ -261,43 +260,6 @@ func TestObserverPanic(t *testing.T) {
 			t.Errorf("after the panic: Allow = %+v, %v, %d observed; want allowed, the panicking call counted", res, err, calls)
 		}
 	})
-}
-
-// Kind sorts errors in order: a lock or Redis failure joined with the
-// context's error keeps its own kind.
-func TestKind(t *testing.T) {
-	t.Parallel()
-	unavailable := fmt.Errorf("%w: %w", ErrUnavailable, syscall.ECONNREFUSED)
-	for _, c := range []struct {
-		err  error
-		want ErrorKind
-	}{
-		{nil, ErrorNone},
-		{fmt.Errorf("%w: n = 0", ErrInvalidWeight), ErrorInvalidInput},
-		{ErrEmptyResource, ErrorInvalidInput},
-		{ErrEmptyClient, ErrorInvalidInput},
-		{errors.Join(ErrLockNotObtained, context.DeadlineExceeded), ErrorLockNotObtained},
-		{unavailable, ErrorUnavailable},
-		{errors.Join(context.DeadlineExceeded, unavailable), ErrorUnavailable},
-		{fmt.Errorf("leakybucket: %w", context.DeadlineExceeded), ErrorDeadline},
-		{context.Canceled, ErrorDeadline},
-		{ErrLockExpired, ErrorOther},
-		{fmt.Errorf("leakybucket: %w", redis.Nil), ErrorOther},
-	} {
-		if got := Kind(c.err); got != c.want {
-			t.Errorf("Kind(%v) = %v, want %v", c.err, got, c.want)
-		}
-	}
-	for k := ErrorNone; k <= ErrorOther; k++ {
-		if s := k.String(); s == "" || s[0] == 'E' {
-			t.Errorf("ErrorKind(%d) has no name: %q", k, s)
-		}
-	}
-	for o := OpAllow; o <= OpFlushAll; o++ {
-		if s := o.String(); s == "" || s[0] == 'O' {
-			t.Errorf("Op(%d) has no name: %q", o, s)
-		}
-	}
 }
 
 // OpenTelemetry stays in its own module (otelmetrics/): the core's users

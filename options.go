@@ -9,20 +9,11 @@ import (
 	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
-// Defaults of the options below.
+// Defaults of the options below, stated in their docs.
 const (
-	// DefaultPrefix starts every key the Bucket writes.
-	DefaultPrefix = "leakybucket"
-
-	// DefaultLockTTL bounds how long a decision may hold its lock. It must
-	// exceed the longest decision (a SCAN of the whole database included),
-	// and it is how long a resource stays blocked if a process dies while
-	// holding the lock.
-	DefaultLockTTL = 2 * time.Second
-
-	// DefaultScanCount is the COUNT hint of each SCAN call: how many keys of
-	// the database, matching or not, Redis walks per round trip.
-	DefaultScanCount = 1000
+	defaultPrefix    = "leakybucket"
+	defaultLockTTL   = 2 * time.Second
+	defaultScanCount = 1000
 )
 
 // An Option configures a Bucket. Rules are options too: PerResource and
@@ -47,23 +38,23 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		strategy:  Logs,
-		prefix:    DefaultPrefix,
-		lockTTL:   DefaultLockTTL,
+		prefix:    defaultPrefix,
+		lockTTL:   defaultLockTTL,
 		lockWait:  [2]time.Duration{time.Millisecond, 16 * time.Millisecond},
-		scanCount: DefaultScanCount,
+		scanCount: defaultScanCount,
 	}
 }
 
 // PerResource adds a rule with one count for the whole resource, shared by
 // all its clients.
 func PerResource(l Limit) Option {
-	return func(c *config) { c.rules = append(c.rules, Rule{Scope: ScopeResource, Limit: l}) }
+	return func(c *config) { c.rules = append(c.rules, Rule{Limit: l}) }
 }
 
 // PerClient adds a rule with a count of its own for each client of a
 // resource.
 func PerClient(l Limit) Option {
-	return func(c *config) { c.rules = append(c.rules, Rule{Scope: ScopeClient, Limit: l}) }
+	return func(c *config) { c.rules = append(c.rules, Rule{PerClient: true, Limit: l}) }
 }
 
 // WithStrategy sets how the Bucket keeps its counts in Redis: Logs (the
@@ -87,7 +78,7 @@ func WithRecordDenied() Option {
 }
 
 // WithPrefix sets the text that starts every key of the Bucket (default
-// DefaultPrefix). Buckets may share a prefix: their keys carry a tag of
+// "leakybucket"). Buckets may share a prefix: their keys carry a tag of
 // their strategy, longest window and precision, so that Buckets that
 // differ in those keep their counts apart (one would otherwise trim calls
 // that the other still counts), and Buckets that agree share counts and
@@ -98,9 +89,11 @@ func WithPrefix(prefix string) Option {
 	return func(c *config) { c.prefix = prefix }
 }
 
-// WithLockTTL sets how long a decision may hold its lock (default
-// DefaultLockTTL). A decision that outlives it writes nothing and returns
-// ErrLockExpired.
+// WithLockTTL sets how long a decision may hold its lock (default 2s). It
+// must exceed the longest decision (under Logs, a SCAN of the whole
+// database included), and it is how long a resource stays blocked if a
+// process dies while holding the lock. A decision that outlives it writes
+// nothing and returns ErrLockExpired.
 func WithLockTTL(ttl time.Duration) Option {
 	return func(c *config) { c.lockTTL = ttl }
 }
@@ -116,9 +109,10 @@ func WithLockWait(first, longest time.Duration) Option {
 	return func(c *config) { c.lockWait = [2]time.Duration{first, longest} }
 }
 
-// WithScanCount sets the COUNT hint of each SCAN call (default
-// DefaultScanCount). A larger count means fewer round trips per decision
-// but longer blocking calls on a large database.
+// WithScanCount sets the COUNT hint of each SCAN call (default 1000): how
+// many keys of the database, matching or not, Redis walks per round trip.
+// A larger count means fewer round trips per decision but longer blocking
+// calls on a large database.
 func WithScanCount(n int) Option {
 	return func(c *config) { c.scanCount = n }
 }
@@ -195,7 +189,7 @@ func WithFallback(instances int) Option {
 
 func (c *config) validate() error {
 	if len(c.rules) == 0 {
-		return ErrNoRule
+		return fmt.Errorf("%w: no rule: pass PerResource or PerClient", ErrInvalidOption)
 	}
 	for _, r := range c.rules {
 		if err := r.Limit.validate(); err != nil {

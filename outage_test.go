@@ -131,7 +131,7 @@ func checkOutage(t *testing.T, calls []outageCall) {
 			continue
 		}
 		if !unavailableWithCause(c.err) {
-			t.Errorf("call %d: %v (kind %v), want ErrUnavailable with its network cause", i, c.err, Kind(c.err))
+			t.Errorf("call %d: %v, want ErrUnavailable with its network cause", i, c.err)
 		}
 	}
 	if first < 0 {

@@ -3,8 +3,10 @@ package leakybucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -24,7 +26,7 @@ func TestFixedWindow(t *testing.T) {
 	eachOf(t, fixedWindows, func(t *testing.T, e *env) {
 		fixed := Per(3, time.Second)
 		b := e.bucket(t, PerClient(fixed))
-		deny := []Rule{{ScopeClient, fixed}}
+		deny := []Rule{{PerClient: true, Limit: fixed}}
 		e.align(time.Second)
 		e.run(t, b, "r", []step{
 			{200 * ms, "a", 1, false, want{true, 2, 0, 800 * ms, nil}},
@@ -57,11 +59,11 @@ func TestPerRulePrecision(t *testing.T) {
 			{100 * ms, "a", 1, false, want{true, 1, 0, 2899 * ms, nil}},
 			{100 * ms, "a", 1, false, want{true, 0, 0, 2799 * ms, nil}},
 			// t=350: fine is full until 1249 (exactly: 1100).
-			{150 * ms, "a", 1, false, want{false, 0, 899 * ms, 2649 * ms, []Rule{{ScopeClient, fine}}}},
+			{150 * ms, "a", 1, false, want{false, 0, 899 * ms, 2649 * ms, []Rule{{PerClient: true, Limit: fine}}}},
 			// t=1350: fine is empty; the call is coarse's third, stamped 1999.
 			{1000 * ms, "a", 1, false, want{true, 0, 0, 2649 * ms, nil}},
 			// t=1400: coarse is full until its first two leave at 2999.
-			{50 * ms, "a", 1, false, want{false, 0, 1599 * ms, 2599 * ms, []Rule{{ScopeClient, coarse}}}},
+			{50 * ms, "a", 1, false, want{false, 0, 1599 * ms, 2599 * ms, []Rule{{PerClient: true, Limit: coarse}}}},
 		})
 	})
 }
@@ -73,7 +75,7 @@ func TestFixedAndSlidingTogether(t *testing.T) {
 	eachOf(t, fixedWindows, func(t *testing.T, e *env) {
 		total, each := Per(5, 3*time.Second), Per(2, 3*time.Second).WithPrecision(time.Second)
 		b := e.bucket(t, PerResource(total), PerClient(each))
-		byTotal, byEach := []Rule{{ScopeResource, total}}, []Rule{{ScopeClient, each}}
+		byTotal, byEach := []Rule{{Limit: total}}, []Rule{{PerClient: true, Limit: each}}
 		e.align(3*time.Second, time.Second)
 		e.run(t, b, "user", []step{
 			// t=100: the total resets at 3000; each type's call leaves at 3999.
@@ -92,29 +94,29 @@ func TestFixedAndSlidingTogether(t *testing.T) {
 	})
 }
 
-// A precision out of range is refused with ErrInvalidPrecision, and with
-// ErrInvalidLimit when it is the Limit's or ErrInvalidOption when it is
-// the strategy's; nothing is written. Only Windows takes a precision.
+// A precision out of range is refused with ErrInvalidOption, whose text
+// names the precision and whether it is the Limit's or the strategy's;
+// nothing is written. Only Windows takes a precision.
 func TestInvalidPrecision(t *testing.T) {
 	eachOf(t, append(strategies, FixedWindows), func(t *testing.T, e *env) {
 		most := Per(1, maxIntervals*ms).WithPrecision(ms)
 		for _, tc := range []struct {
 			opts []Option
-			want error
+			says string // whose precision the error's text names
 		}{
-			{[]Option{PerClient(PerSecond(1).WithPrecision(-ms))}, ErrInvalidLimit},
-			{[]Option{PerClient(PerSecond(1).WithPrecision(999 * time.Microsecond))}, ErrInvalidLimit},
-			{[]Option{PerClient(PerSecond(1).WithPrecision(1001 * ms))}, ErrInvalidLimit},
-			{[]Option{PerClient(Per(1, most.Window+ms).WithPrecision(ms))}, ErrInvalidLimit},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-ms))}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1).WithPrecision(ms)), WithStrategy(Windows(0))}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(time.Microsecond))}, ErrInvalidOption},
-			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption},
-			{[]Option{PerClient(Per(1, most.Window+ms)), WithStrategy(Windows(ms))}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1).WithPrecision(-ms))}, "invalid option: limit"},
+			{[]Option{PerClient(PerSecond(1).WithPrecision(999 * time.Microsecond))}, "invalid option: limit"},
+			{[]Option{PerClient(PerSecond(1).WithPrecision(1001 * ms))}, "invalid option: limit"},
+			{[]Option{PerClient(Per(1, most.Window+ms).WithPrecision(ms))}, "invalid option: limit"},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-ms))}, "invalid option: strategy"},
+			{[]Option{PerClient(PerSecond(1).WithPrecision(ms)), WithStrategy(Windows(0))}, "invalid option: strategy"},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(time.Microsecond))}, "invalid option: strategy"},
+			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, "invalid option: strategy"},
+			{[]Option{PerClient(Per(1, most.Window+ms)), WithStrategy(Windows(ms))}, "invalid option: strategy"},
 		} {
 			_, err := e.new(append(tc.opts, WithPrefix(e.prefix))...)
-			if !errors.Is(err, tc.want) || !errors.Is(err, ErrInvalidPrecision) {
-				t.Errorf("New(%v) error = %v, want %v and ErrInvalidPrecision", tc.opts, err, tc.want)
+			if !errors.Is(err, ErrInvalidOption) || !strings.Contains(fmt.Sprint(err), tc.says) || !strings.Contains(fmt.Sprint(err), "precision") {
+				t.Errorf("New(%v) error = %v, want ErrInvalidOption saying %q and naming the precision", tc.opts, err, tc.says)
 			}
 		}
 		checkPrecisionInRange(t, e, most)
@@ -138,8 +140,8 @@ func checkPrecisionInRange(t *testing.T, e *env, most Limit) {
 		switch {
 		case windows && err != nil:
 			t.Errorf("New with a precision under %v: %v", e.strategy, err)
-		case !windows && (!errors.Is(err, ErrInvalidOption) || !errors.Is(err, ErrInvalidPrecision)):
-			t.Errorf("New with a precision under %v: error %v, want ErrInvalidOption and ErrInvalidPrecision", e.strategy, err)
+		case !windows && (!errors.Is(err, ErrInvalidOption) || !strings.Contains(fmt.Sprint(err), "precision")):
+			t.Errorf("New with a precision under %v: error %v, want ErrInvalidOption naming the precision", e.strategy, err)
 		}
 	}
 }
@@ -151,10 +153,10 @@ func checkPrecisionInRange(t *testing.T, e *env, most Limit) {
 // one Bucket.
 func TestPrecisionNeverOverAdmits(t *testing.T) {
 	rules := []Rule{
-		{ScopeResource, Per(12, 600*ms)},                              // fixed under FixedWindows
-		{ScopeResource, Per(25, time.Second).WithPrecision(300 * ms)}, // does not divide the window
-		{ScopeClient, Per(3, 200*ms).WithPrecision(50 * ms)},
-		{ScopeClient, Per(5, 600*ms).WithPrecision(50 * ms)}, // shares its intervals with the rule above
+		{Limit: Per(12, 600*ms)},                              // fixed under FixedWindows
+		{Limit: Per(25, time.Second).WithPrecision(300 * ms)}, // does not divide the window
+		{PerClient: true, Limit: Per(3, 200*ms).WithPrecision(50 * ms)},
+		{PerClient: true, Limit: Per(5, 600*ms).WithPrecision(50 * ms)}, // shares its intervals with the rule above
 	}
 	for _, s := range []Strategy{FixedWindows, Windows(100 * ms)} {
 		for _, where := range []string{"miniredis", "local"} {
@@ -181,7 +183,7 @@ func TestPrecisionNeverOverAdmits(t *testing.T) {
 
 // ruleOption returns the option that adds r.
 func ruleOption(r Rule) Option {
-	if r.Scope == ScopeClient {
+	if r.PerClient {
 		return PerClient(r.Limit)
 	}
 	return PerResource(r.Limit)
@@ -253,7 +255,7 @@ func usedBy(rule Rule, fixed bool, calls []admitted, c admitted) int {
 		if fixed {
 			inWindow = d.at/window == c.at/window
 		}
-		if inWindow && (rule.Scope == ScopeResource || d.client == c.client) {
+		if inWindow && (!rule.PerClient || d.client == c.client) {
 			used += d.n
 		}
 	}

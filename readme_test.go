@@ -136,7 +136,7 @@ func readmeACLLines() string {
 				cmds = append(cmds, c.name)
 			}
 		}
-		b.WriteString("ACL SETUSER leakybucket-" + s + " on >change-this-password resetkeys ~" + DefaultPrefix + ":* resetchannels " +
+		b.WriteString("ACL SETUSER leakybucket-" + s + " on >change-this-password resetkeys ~" + defaultPrefix + ":* resetchannels " +
 			strings.Join(aclRules(unique(cmds)), " ") + "\n")
 	}
 	b.WriteString("```\n")

@@ -13,8 +13,8 @@ import (
 // evaluate on its own: what each store reads (a view) against the Result
 // it must give, without Redis.
 func TestEvaluate(t *testing.T) {
-	perClient := Rule{ScopeClient, Per(3, time.Second)}
-	perResource := Rule{ScopeResource, Per(5, time.Minute)}
+	perClient := Rule{PerClient: true, Limit: Per(3, time.Second)}
+	perResource := Rule{Limit: Per(5, time.Minute)}
 	// Entries stamped at 100, 200 and 900 ms; now is 1000 ms.
 	three := limits.Count{Used: 3, Oldest: []limits.Entry{{At: 100, Weight: 1}, {At: 200, Weight: 1}, {At: 900, Weight: 1}}, Newest: 900}
 	for _, c := range []struct {
@@ -60,10 +60,10 @@ func TestEvaluate(t *testing.T) {
 				Rules: []RuleResult{{Rule: perClient, Used: 3, ResetAfter: 900 * time.Millisecond}}},
 		},
 		{
-			name: "huge weights do not wrap", rules: []Rule{{ScopeClient, Per(math.MaxInt, time.Second)}},
+			name: "huge weights do not wrap", rules: []Rule{{PerClient: true, Limit: Per(math.MaxInt, time.Second)}},
 			counts: []limits.Count{{Used: math.MaxInt - 1, Oldest: []limits.Entry{{At: 900, Weight: math.MaxInt - 1}}, Newest: 900}}, n: 2,
-			want: Result{Remaining: 1, RetryAfter: 900 * time.Millisecond, ResetAfter: 900 * time.Millisecond, DeniedBy: []Rule{{ScopeClient, Per(math.MaxInt, time.Second)}},
-				Rules: []RuleResult{{Rule: Rule{ScopeClient, Per(math.MaxInt, time.Second)}, Used: math.MaxInt - 1, Remaining: 1, RetryAfter: 900 * time.Millisecond, ResetAfter: 900 * time.Millisecond}}},
+			want: Result{Remaining: 1, RetryAfter: 900 * time.Millisecond, ResetAfter: 900 * time.Millisecond, DeniedBy: []Rule{{PerClient: true, Limit: Per(math.MaxInt, time.Second)}},
+				Rules: []RuleResult{{Rule: Rule{PerClient: true, Limit: Per(math.MaxInt, time.Second)}, Used: math.MaxInt - 1, Remaining: 1, RetryAfter: 900 * time.Millisecond, ResetAfter: 900 * time.Millisecond}}},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

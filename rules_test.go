@@ -15,7 +15,7 @@ func TestRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Rule{{ScopeResource, PerMinute(100)}, {ScopeClient, Per(3, 10*time.Second)}}
+	want := []Rule{{Limit: PerMinute(100)}, {PerClient: true, Limit: Per(3, 10*time.Second)}}
 	got := b.Rules()
 	if !slices.Equal(got, want) {
 		t.Fatalf("Rules() = %v, want %v", got, want)

@@ -80,7 +80,7 @@ var (
 // own, and an HINCRBY to the transaction. The precision is kept in whole
 // milliseconds; it must be at least one, at most the window of each rule
 // that takes it and at most 2^22 intervals of it, or New returns
-// an error matching ErrInvalidOption and ErrInvalidPrecision. For fixed
+// an error matching ErrInvalidOption. For fixed
 // windows, see FixedWindows.
 func Windows(precision time.Duration) Strategy { return windowsStrategy{precision: precision} }
 
@@ -137,7 +137,7 @@ func newPlan(cfg config) plan {
 func exact(s Strategy, p plan) error {
 	for _, r := range p.public {
 		if r.Limit.Precision != 0 {
-			return invalidStrategy(s, "rule %v: %w: only Windows counts in intervals", r, ErrInvalidPrecision)
+			return invalidStrategy(s, "rule %v has a precision: only Windows counts in intervals", r)
 		}
 	}
 	return nil
@@ -168,7 +168,7 @@ const maxWindowsRequests = 1 << 50
 
 func (w windowsStrategy) newStore(p plan) (store.Store, error) {
 	if !w.fixed && w.precision < time.Millisecond {
-		return nil, invalidStrategy(w, "%w: %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", ErrInvalidPrecision, w.precision)
+		return nil, invalidStrategy(w, "precision %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", w.precision)
 	}
 	for _, r := range p.public {
 		if r.Limit.Requests > maxWindowsRequests {

@@ -14,7 +14,7 @@ func TestMinimumSpacing(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		spacing := Per(1, time.Second)
 		b := e.bucket(t, PerClient(spacing))
-		deny := []Rule{{ScopeClient, spacing}}
+		deny := []Rule{{PerClient: true, Limit: spacing}}
 		e.run(t, b, "r", []step{
 			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
 			{0, "b", 1, false, want{true, 0, 0, time.Second, nil}},
@@ -32,7 +32,7 @@ func TestRecordDenied(t *testing.T) {
 	each(t, func(t *testing.T, e *env) {
 		limit := Per(2, time.Second)
 		b := e.bucket(t, PerClient(limit), WithRecordDenied())
-		deny := []Rule{{ScopeClient, limit}}
+		deny := []Rule{{PerClient: true, Limit: limit}}
 		e.run(t, b, "r", []step{
 			{0, "a", 1, false, want{true, 1, 0, time.Second, nil}},
 			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
@@ -66,7 +66,7 @@ func TestWindowsPrecision(t *testing.T) {
 		e := newMiniEnv(t, Windows(100*ms))
 		limit := Per(3, time.Second)
 		b := e.bucket(t, PerClient(limit))
-		deny := []Rule{{ScopeClient, limit}}
+		deny := []Rule{{PerClient: true, Limit: limit}}
 		e.run(t, b, "r", []step{
 			// Counted at 99, the end of the interval [0, 100).
 			{0, "a", 1, false, want{true, 2, 0, 1099 * ms, nil}},
@@ -210,7 +210,7 @@ func TestDenialCache(t *testing.T) {
 		ctx := context.Background()
 		limit := Per(2, time.Minute)
 		b := e.bucket(t, PerClient(limit), PerClient(Per(5, time.Hour)))
-		deny := []Rule{{ScopeClient, limit}}
+		deny := []Rule{{PerClient: true, Limit: limit}}
 		e.run(t, b, "r", []step{
 			{0, "a", 1, false, want{true, 1, 0, time.Hour, nil}},
 			{0, "a", 1, false, want{true, 0, 0, time.Hour, nil}},
@@ -226,7 +226,7 @@ func TestDenialCache(t *testing.T) {
 		e.run(t, full, "r", []step{
 			{0, "a", 1, false, want{true, 1, 0, time.Minute, nil}},
 			{time.Second, "a", 1, false, want{true, 0, 0, time.Minute, nil}},
-			{0, "a", 1, false, want{false, 0, 59 * time.Second, time.Minute, []Rule{{ScopeClient, limit}}}},
+			{0, "a", 1, false, want{false, 0, 59 * time.Second, time.Minute, []Rule{{PerClient: true, Limit: limit}}}},
 		})
 		var res Result
 		if trips := e.trips.count(func() { res, _ = full.Allow(ctx, "r", "a") }); trips != 0 || res.Allowed || res.Rules[0].Used != 2 {

@@ -68,7 +68,7 @@ func testThousand(t *testing.T, addr string) {
 				problem := ""
 				switch want := max(thousandLimit-1-i, 0); {
 				case err != nil:
-					problem = fmt.Sprintf("%v (kind %v)", err, Kind(err))
+					problem = err.Error()
 				case res.Allowed != (i < thousandLimit) || res.Remaining != want:
 					problem = fmt.Sprintf("call %d: Allowed %v, Remaining %d, want %v, %d", i, res.Allowed, res.Remaining, i < thousandLimit, want)
 				}

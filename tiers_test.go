@@ -3,6 +3,8 @@ package leakybucket
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -139,8 +141,8 @@ func TestTiersInvalid(t *testing.T) {
 	if err := tiers.Set("", PerClient(PerMinute(1))); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("Set(\"\"): err = %v, want ErrInvalidOption", err)
 	}
-	if err := tiers.Set("free"); !errors.Is(err, ErrNoRule) {
-		t.Errorf("Set without rules: err = %v, want ErrNoRule", err)
+	if err := tiers.Set("free"); !errors.Is(err, ErrInvalidOption) || !strings.Contains(fmt.Sprint(err), "no rule") {
+		t.Errorf("Set without rules: err = %v, want ErrInvalidOption saying there is no rule", err)
 	}
 	if _, ok := tiers.Bucket("free"); ok {
 		t.Error("a failed Set added the tier")

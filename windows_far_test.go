@@ -209,7 +209,7 @@ func modelUsed(t *testing.T, e *env, b *Bucket, rule Rule, client string) int {
 		t.Fatal(err)
 	}
 	scope := ks.Hash(gen)
-	if rule.Scope == ScopeClient {
+	if rule.PerClient {
 		scope = ks.ClientHash(gen, client)
 	}
 	span, fixed := rule.Limit.Precision.Milliseconds(), false

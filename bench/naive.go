@@ -9,8 +9,6 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/leakybucket/leakybucket"
 )
 
 // naive is the obvious form of this library's design, kept here as a
@@ -26,9 +24,11 @@ type naive struct {
 	window time.Duration
 }
 
+// The lock TTL and SCAN COUNT of the baseline: the library's defaults
+// (WithLockTTL, WithScanCount).
 const (
-	naiveLockTTL   = leakybucket.DefaultLockTTL
-	naiveScanCount = leakybucket.DefaultScanCount
+	naiveLockTTL   = 2 * time.Second
+	naiveScanCount = 1000
 )
 
 func newNaive(rdb *redis.Client, limit int, window time.Duration) *naive {

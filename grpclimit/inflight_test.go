@@ -22,7 +22,7 @@ func TestInFlight(t *testing.T) {
 	var decided atomic.Int64
 	b := realBucket(t, leakybucket.PerClient(leakybucket.PerMinute(10)),
 		leakybucket.WithObserver(func(_ context.Context, d leakybucket.Decision) {
-			if d.Op == leakybucket.OpAllow {
+			if d.Op == "allow" {
 				decided.Add(1)
 			}
 		}))

@@ -45,7 +45,7 @@ func newPolicies(rules []leakybucket.Rule, names []string, hideResource bool) (p
 	p := policies{names: names, quoted: make([]string, len(rules)), rules: rules}
 	for i, rule := range rules {
 		p.quoted[i] = sfString(names[i])
-		if hideResource && rule.Scope == leakybucket.ScopeResource {
+		if hideResource && !rule.PerClient {
 			continue
 		}
 		p.shown = append(p.shown, i)
@@ -114,7 +114,10 @@ func defaultNames(rules []leakybucket.Rule) []string {
 	names := make([]string, len(rules))
 	seen := map[string]int{}
 	for i, rule := range rules {
-		name := rule.Scope.String() + "-" + windowName(rule.Limit.Window)
+		name := "per-resource-" + windowName(rule.Limit.Window)
+		if rule.PerClient {
+			name = "per-client-" + windowName(rule.Limit.Window)
+		}
 		seen[name]++
 		if n := seen[name]; n > 1 {
 			name += "-" + strconv.Itoa(n)

@@ -295,7 +295,7 @@ func TestClientGone(t *testing.T) {
 func TestConcurrentRequestsAdmitExactlyTheLimit(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		rdb, _ := miniClient(t)
-		concurrent(t, rdb, leakybucket.DefaultPrefix, true)
+		concurrent(t, rdb, "leakybucket", true)
 	})
 	t.Run("redis", func(t *testing.T) {
 		rdb, prefix := realClient(t)

@@ -38,7 +38,7 @@ func TestInFlightWithRate(t *testing.T) {
 	var spans []span // of each admitted request's decision
 	b := bucket(t, rdb, leakybucket.WithPrefix(prefix), leakybucket.PerResource(leakybucket.PerSecond(10)), leakybucket.WithStrategy(leakybucket.SortedSet),
 		leakybucket.WithObserver(func(ctx context.Context, d leakybucket.Decision) {
-			if d.Op == leakybucket.OpAllow && d.Err == nil {
+			if d.Op == "allow" && d.Err == nil {
 				decided.Add(1)
 				if d.Allowed {
 					admitted.Add(1)

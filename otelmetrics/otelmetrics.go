@@ -23,7 +23,8 @@
 //	resource_limiter  denied, by a per-resource rule among others (as
 //	                  aspnetcore's global_limiter: the count all clients share)
 //	client_limiter    denied by per-client rules only (as endpoint_limiter)
-//	request_canceled  the context ended before a decision (ErrorDeadline)
+//	request_canceled  the context ended before a decision (error.type
+//	                  deadline)
 //	error             any other error: error.type says which
 //
 // While a Bucket's fallback decides in process (leakybucket.WithFallback),
@@ -36,9 +37,17 @@
 // leakybucket.policy names the rules that denied, by Rule.String, joined
 // with " + " in the order given to leakybucket.New: "per-client 10 per
 // 1m0s", or "per-resource 100 per 30m0s + per-client 10 per 30m0s" when
-// both denied. error.type is the leakybucket.ErrorKind ("unavailable",
-// "lock_not_obtained", "deadline", "invalid_input"), and "_OTHER" for
-// ErrorOther, as the semantic conventions ask.
+// both denied. error.type sorts the error with errors.Is, in this order,
+// so that a lock or Redis failure joined with the context's error keeps
+// its own type:
+//
+//	invalid_input      leakybucket.ErrEmptyResource, ErrEmptyClient or
+//	                   ErrInvalidWeight: nothing was sent to Redis
+//	lock_not_obtained  leakybucket.ErrLockNotObtained
+//	unavailable        leakybucket.ErrUnavailable
+//	deadline           context.DeadlineExceeded or context.Canceled
+//	_OTHER             anything else (ErrLockExpired, a Redis error), as
+//	                   the semantic conventions ask
 //
 // Resources and clients are not attributes: they are often user IDs or API
 // keys, whose numbers would explode the metrics' cardinality. To tell
@@ -47,6 +56,7 @@ package otelmetrics
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -66,7 +76,7 @@ const (
 	ResultKey = attribute.Key("leakybucket.request.result")
 	// PolicyKey names the rules that denied a call.
 	PolicyKey = attribute.Key("leakybucket.policy")
-	// OperationKey is the method measured, leakybucket.Op.String: "allow",
+	// OperationKey is the method measured, leakybucket.Decision.Op: "allow",
 	// "peek", "flush" or "flush_all".
 	OperationKey = attribute.Key("leakybucket.operation")
 	// ErrorTypeKey is the semantic conventions' error.type.
@@ -152,10 +162,10 @@ type recorder struct {
 
 func (r *recorder) observe(ctx context.Context, d leakybucket.Decision) {
 	attrs := attributes(d, r.attrs)
-	if d.Op == leakybucket.OpAllow {
+	if d.Op == "allow" {
 		r.requests.Add(ctx, 1, metric.WithAttributes(attrs...))
 	}
-	attrs = append(attrs, OperationKey.String(d.Op.String()))
+	attrs = append(attrs, OperationKey.String(d.Op))
 	r.duration.Record(ctx, seconds(d.Latency), metric.WithAttributes(attrs...))
 }
 
@@ -164,14 +174,14 @@ func (r *recorder) observe(ctx context.Context, d leakybucket.Decision) {
 func attributes(d leakybucket.Decision, extra []attribute.KeyValue) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, len(extra)+5)
 	attrs = append(attrs, extra...)
-	if d.Op == leakybucket.OpAllow {
+	if d.Op == "allow" {
 		attrs = append(attrs, ResultKey.String(result(d)))
 	}
 	if len(d.DeniedBy) > 0 {
 		attrs = append(attrs, PolicyKey.String(policy(d.DeniedBy)))
 	}
 	if d.Err != nil {
-		attrs = append(attrs, ErrorTypeKey.String(errorType(d.ErrKind)))
+		attrs = append(attrs, ErrorTypeKey.String(errorType(d.Err)))
 	}
 	if d.Fallback {
 		attrs = append(attrs, FallbackKey.Bool(true))
@@ -182,7 +192,7 @@ func attributes(d leakybucket.Decision, extra []attribute.KeyValue) []attribute.
 // result is the value of ResultKey for an Allow.
 func result(d leakybucket.Decision) string {
 	switch {
-	case d.ErrKind == leakybucket.ErrorDeadline:
+	case d.Err != nil && errorType(d.Err) == errorDeadline:
 		return ResultRequestCanceled
 	case d.Err != nil:
 		return ResultError
@@ -190,7 +200,7 @@ func result(d leakybucket.Decision) string {
 		return ResultAcquired
 	}
 	for _, rule := range d.DeniedBy {
-		if rule.Scope == leakybucket.ScopeResource {
+		if !rule.PerClient {
 			return ResultResourceLimiter
 		}
 	}
@@ -210,12 +220,31 @@ func policy(rules []leakybucket.Rule) string {
 	return strings.Join(names, " + ")
 }
 
-// errorType is the value of error.type for an error of kind k.
-func errorType(k leakybucket.ErrorKind) string {
-	if k == leakybucket.ErrorOther {
-		return "_OTHER"
+// The values of ErrorTypeKey (see the package doc).
+const (
+	errorInvalidInput    = "invalid_input"
+	errorLockNotObtained = "lock_not_obtained"
+	errorUnavailable     = "unavailable"
+	errorDeadline        = "deadline"
+	errorOther           = "_OTHER"
+)
+
+// errorType is the value of error.type for err. The tests run in the order
+// of the package doc, so that an ErrLockNotObtained or ErrUnavailable
+// joined with the context's error keeps its own type.
+func errorType(err error) string {
+	switch {
+	case errors.Is(err, leakybucket.ErrEmptyResource), errors.Is(err, leakybucket.ErrEmptyClient),
+		errors.Is(err, leakybucket.ErrInvalidWeight):
+		return errorInvalidInput
+	case errors.Is(err, leakybucket.ErrLockNotObtained):
+		return errorLockNotObtained
+	case errors.Is(err, leakybucket.ErrUnavailable):
+		return errorUnavailable
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return errorDeadline
 	}
-	return k.String()
+	return errorOther
 }
 
 func seconds(d time.Duration) float64 { return d.Seconds() }

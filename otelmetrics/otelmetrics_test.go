@@ -2,6 +2,7 @@ package otelmetrics
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -20,8 +21,8 @@ import (
 )
 
 var (
-	perResource = leakybucket.Rule{Scope: leakybucket.ScopeResource, Limit: leakybucket.Per(2, time.Minute)}
-	perClient   = leakybucket.Rule{Scope: leakybucket.ScopeClient, Limit: leakybucket.Per(1, time.Minute)}
+	perResource = leakybucket.Rule{Limit: leakybucket.Per(2, time.Minute)}
+	perClient   = leakybucket.Rule{PerClient: true, Limit: leakybucket.Per(1, time.Minute)}
 )
 
 // newObserver returns an observer that records on a MeterProvider read by
@@ -63,22 +64,22 @@ var decisions = []struct {
 	d       leakybucket.Decision
 	latency int64
 }{
-	{leakybucket.Decision{Op: leakybucket.OpAllow, Resource: "r", Client: "a", N: 1, Allowed: true}, 200},
-	{leakybucket.Decision{Op: leakybucket.OpAllow, Resource: "r", Client: "b", N: 1, Allowed: true}, 300},
-	{leakybucket.Decision{Op: leakybucket.OpAllow, Resource: "r", Client: "a", N: 1, DeniedBy: []leakybucket.Rule{perClient}}, 1000},
-	{leakybucket.Decision{Op: leakybucket.OpAllow, Resource: "r", Client: "a", N: 1, DeniedBy: []leakybucket.Rule{perResource, perClient}}, 1500},
-	{leakybucket.Decision{Op: leakybucket.OpAllow, Resource: "r", Client: "c", N: 1, DeniedBy: []leakybucket.Rule{perResource}}, 1700},
-	{errored(leakybucket.OpAllow, fmt.Errorf("%w: %w", leakybucket.ErrUnavailable, syscall.ECONNREFUSED)), 2000},
-	{errored(leakybucket.OpAllow, fmt.Errorf("leakybucket: %w", context.DeadlineExceeded)), 5000},
-	{errored(leakybucket.OpAllow, leakybucket.ErrLockExpired), 7000},
-	{errored(leakybucket.OpAllow, leakybucket.ErrInvalidWeight), 1},
-	{leakybucket.Decision{Op: leakybucket.OpPeek, Resource: "r", Client: "a", N: 1, Allowed: true}, 100},
-	{leakybucket.Decision{Op: leakybucket.OpFlush, Resource: "r", Client: "a"}, 400},
-	{errored(leakybucket.OpFlushAll, leakybucket.ErrLockNotObtained), 900},
+	{leakybucket.Decision{Op: "allow", Resource: "r", Client: "a", N: 1, Allowed: true}, 200},
+	{leakybucket.Decision{Op: "allow", Resource: "r", Client: "b", N: 1, Allowed: true}, 300},
+	{leakybucket.Decision{Op: "allow", Resource: "r", Client: "a", N: 1, DeniedBy: []leakybucket.Rule{perClient}}, 1000},
+	{leakybucket.Decision{Op: "allow", Resource: "r", Client: "a", N: 1, DeniedBy: []leakybucket.Rule{perResource, perClient}}, 1500},
+	{leakybucket.Decision{Op: "allow", Resource: "r", Client: "c", N: 1, DeniedBy: []leakybucket.Rule{perResource}}, 1700},
+	{errored("allow", fmt.Errorf("%w: %w", leakybucket.ErrUnavailable, syscall.ECONNREFUSED)), 2000},
+	{errored("allow", fmt.Errorf("leakybucket: %w", context.DeadlineExceeded)), 5000},
+	{errored("allow", leakybucket.ErrLockExpired), 7000},
+	{errored("allow", leakybucket.ErrInvalidWeight), 1},
+	{leakybucket.Decision{Op: "peek", Resource: "r", Client: "a", N: 1, Allowed: true}, 100},
+	{leakybucket.Decision{Op: "flush", Resource: "r", Client: "a"}, 400},
+	{errored("flush_all", leakybucket.ErrLockNotObtained), 900},
 }
 
-func errored(op leakybucket.Op, err error) leakybucket.Decision {
-	return leakybucket.Decision{Op: op, Resource: "r", Client: "a", N: 1, Err: err, ErrKind: leakybucket.Kind(err)}
+func errored(op string, err error) leakybucket.Decision {
+	return leakybucket.Decision{Op: op, Resource: "r", Client: "a", N: 1, Err: err}
 }
 
 var (
@@ -184,7 +185,7 @@ func checkPoint(t *testing.T, p metricdata.HistogramDataPoint[float64], want []i
 // WithAttributes adds to every measurement.
 func TestWithAttributes(t *testing.T) {
 	observe, reader := newObserver(t, WithAttributes(attribute.String("leakybucket.name", "notify")))
-	observe(context.Background(), leakybucket.Decision{Op: leakybucket.OpAllow, Allowed: true})
+	observe(context.Background(), leakybucket.Decision{Op: "allow", Allowed: true})
 	for name, m := range collect(t, reader) {
 		switch data := m.Data.(type) {
 		case metricdata.Sum[int64]:
@@ -271,5 +272,31 @@ func TestNilMeterProvider(t *testing.T) {
 	if err != nil || observe == nil {
 		t.Fatalf("New(nil) = nil observer: %v, or error %v", observe == nil, err)
 	}
-	observe(context.Background(), leakybucket.Decision{Op: leakybucket.OpAllow, Allowed: true})
+	observe(context.Background(), leakybucket.Decision{Op: "allow", Allowed: true})
+}
+
+// errorType sorts errors in order: a lock or Redis failure joined with the
+// context's error keeps its own type.
+func TestErrorType(t *testing.T) {
+	t.Parallel()
+	unavailable := fmt.Errorf("%w: %w", leakybucket.ErrUnavailable, syscall.ECONNREFUSED)
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: n = 0", leakybucket.ErrInvalidWeight), "invalid_input"},
+		{leakybucket.ErrEmptyResource, "invalid_input"},
+		{leakybucket.ErrEmptyClient, "invalid_input"},
+		{errors.Join(leakybucket.ErrLockNotObtained, context.DeadlineExceeded), "lock_not_obtained"},
+		{unavailable, "unavailable"},
+		{errors.Join(context.DeadlineExceeded, unavailable), "unavailable"},
+		{fmt.Errorf("leakybucket: %w", context.DeadlineExceeded), "deadline"},
+		{context.Canceled, "deadline"},
+		{leakybucket.ErrLockExpired, "_OTHER"},
+		{fmt.Errorf("leakybucket: %w", redis.Nil), "_OTHER"},
+	} {
+		if got := errorType(c.err); got != c.want {
+			t.Errorf("errorType(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
 }

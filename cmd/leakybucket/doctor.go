@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leakybucket/leakybucket"
 	sent "github.com/leakybucket/leakybucket/internal/commands"
 	"github.com/redis/go-redis/v9"
 )
@@ -301,6 +300,10 @@ func checkScripting(ctx context.Context, node *redis.Client, user string) verdic
 	return verdict{levelOK, check, fmt.Sprintf("denied for user %q (for information: the limiter sends no script)", user)}
 }
 
+// lockTTL is WithLockTTL's default, which a Logs decision must finish
+// within.
+const lockTTL = 2 * time.Second
+
 // scanPerKey is what SCAN costs per key it walks, COUNT 1000 (measured:
 // a full iteration of 1 M keys took 0.75 s, of 100 k 25-50 ms).
 const scanPerKey = 750 * time.Nanosecond
@@ -318,8 +321,8 @@ func checkLogsSize(ctx context.Context, node *redis.Client, strategy string) ver
 	text := fmt.Sprintf("%d keys: each Logs decision walks them all with SCAN, about %v", n, took.Round(10*time.Microsecond))
 	fix := "; fix: keep the limiter's keys in a database of their own (-redis .../N), or use sortedset or windows"
 	switch {
-	case took >= leakybucket.DefaultLockTTL/2:
-		return verdict{levelFail, check, text + ", near the lock TTL (" + leakybucket.DefaultLockTTL.String() + "): decisions will fail with ErrLockExpired" + fix}
+	case took >= lockTTL/2:
+		return verdict{levelFail, check, text + ", near the lock TTL (" + lockTTL.String() + "): decisions will fail with ErrLockExpired" + fix}
 	case took >= 10*time.Millisecond:
 		return verdict{levelWarn, check, text + fix}
 	}

@@ -26,7 +26,7 @@ type globals struct {
 func newGlobals() *globals {
 	return &globals{
 		redisURL: "redis://localhost:6379/0",
-		prefix:   leakybucket.DefaultPrefix,
+		prefix:   "leakybucket", // WithPrefix's default
 		timeout:  5 * time.Second,
 		strategy: strategyFlag{text: "logs", strategy: leakybucket.Logs},
 	}
@@ -41,8 +41,8 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "the `prefix` of the Bucket's keys (WithPrefix)")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long the call to Redis may take")
 	fs.Var(&g.strategy, "strategy", "the Bucket's `strategy`: logs, sortedset, windows:<precision> (as windows:1s), or windows:fixed (FixedWindows: a rule without a precision is a fixed window)")
-	fs.Var(ruleFlag{leakybucket.ScopeResource, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s; 100/1h@1m counts it at a precision of 1m under windows)")
-	fs.Var(ruleFlag{leakybucket.ScopeClient, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable; 10/1h@1m for a precision)")
+	fs.Var(ruleFlag{false, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s; 100/1h@1m counts it at a precision of 1m under windows)")
+	fs.Var(ruleFlag{true, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable; 10/1h@1m for a precision)")
 }
 
 // options returns the options of New for the flags, with rules as the
@@ -57,7 +57,7 @@ func (g *globals) options(rules []leakybucket.Rule) []leakybucket.Option {
 
 // ruleOption returns the option that adds r.
 func ruleOption(r leakybucket.Rule) leakybucket.Option {
-	if r.Scope == leakybucket.ScopeClient {
+	if r.PerClient {
 		return leakybucket.PerClient(r.Limit)
 	}
 	return leakybucket.PerResource(r.Limit)
@@ -67,18 +67,18 @@ func ruleOption(r leakybucket.Rule) leakybucket.Option {
 // subcommand but flush-all needs a client.
 func (g *globals) perClient() bool {
 	for _, r := range g.rules {
-		if r.Scope == leakybucket.ScopeClient {
+		if r.PerClient {
 			return true
 		}
 	}
 	return false
 }
 
-// ruleFlag is -resource-limit or -client-limit: each use adds a rule of its
-// scope to rules.
+// ruleFlag is -resource-limit or -client-limit: each use adds a rule,
+// per-client or not, to rules.
 type ruleFlag struct {
-	scope leakybucket.Scope
-	rules *[]leakybucket.Rule
+	perClient bool
+	rules     *[]leakybucket.Rule
 }
 
 // String lists the flag's rules, as "100/30m 10/1h@1m".
@@ -88,7 +88,7 @@ func (f ruleFlag) String() string {
 	}
 	var limits []string
 	for _, r := range *f.rules {
-		if r.Scope == f.scope {
+		if r.PerClient == f.perClient {
 			limits = append(limits, formatLimit(r.Limit))
 		}
 	}
@@ -110,7 +110,7 @@ func (f ruleFlag) Set(s string) error {
 	if err != nil {
 		return err
 	}
-	*f.rules = append(*f.rules, leakybucket.Rule{Scope: f.scope, Limit: l})
+	*f.rules = append(*f.rules, leakybucket.Rule{PerClient: f.perClient, Limit: l})
 	return nil
 }
 

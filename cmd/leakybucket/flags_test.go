@@ -141,9 +141,9 @@ func TestRuleFlagsKeepOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []leakybucket.Rule{
-		{Scope: leakybucket.ScopeClient, Limit: leakybucket.Per(10, time.Minute)},
-		{Scope: leakybucket.ScopeResource, Limit: leakybucket.Per(100, 30*time.Minute)},
-		{Scope: leakybucket.ScopeClient, Limit: leakybucket.Per(1, time.Second)},
+		{PerClient: true, Limit: leakybucket.Per(10, time.Minute)},
+		{Limit: leakybucket.Per(100, 30*time.Minute)},
+		{PerClient: true, Limit: leakybucket.Per(1, time.Second)},
 	}
 	if fmt.Sprint(g.rules) != fmt.Sprint(want) {
 		t.Errorf("rules = %v, want %v", g.rules, want)

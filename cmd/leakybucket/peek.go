@@ -86,7 +86,11 @@ func retryAfter(d time.Duration) string {
 // ruleName names a rule as "per-client 10 per 1m", or "per-client 10 per
 // 1h (precision 1m)": Rule.String without the zero units of the durations.
 func ruleName(r leakybucket.Rule) string {
-	name := fmt.Sprintf("%v %d per %s", r.Scope, r.Limit.Requests, shortDuration(r.Limit.Window))
+	scope := "per-resource"
+	if r.PerClient {
+		scope = "per-client"
+	}
+	name := fmt.Sprintf("%s %d per %s", scope, r.Limit.Requests, shortDuration(r.Limit.Window))
 	if r.Limit.Precision != 0 {
 		name += " (precision " + shortDuration(r.Limit.Precision) + ")"
 	}

@@ -111,8 +111,6 @@ func report(stderr io.Writer, name string, err error) int {
 func badInput(err error) bool {
 	var u usageError
 	return errors.As(err, &u) ||
-		errors.Is(err, leakybucket.ErrNoRule) ||
-		errors.Is(err, leakybucket.ErrInvalidLimit) ||
 		errors.Is(err, leakybucket.ErrInvalidOption) ||
 		errors.Is(err, leakybucket.ErrInvalidWeight) ||
 		errors.Is(err, leakybucket.ErrEmptyResource) ||

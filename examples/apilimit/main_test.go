@@ -17,7 +17,7 @@ import (
 func TestRun(t *testing.T) {
 	var want []leakybucket.Rule
 	for _, l := range []leakybucket.Limit{leakybucket.PerSecond(10), leakybucket.PerMinute(120), leakybucket.PerHour(240)} {
-		want = append(want, leakybucket.Rule{Scope: leakybucket.ScopeClient, Limit: l})
+		want = append(want, leakybucket.Rule{PerClient: true, Limit: l})
 	}
 	demotest.Runs(t, run, schedule(), want, func(t *testing.T, calls []demo.Call, out string) {
 		// When each rule first denied alone: in the order of rules.

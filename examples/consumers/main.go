@@ -115,7 +115,7 @@ func answer(res leakybucket.Result) string {
 	switch {
 	case len(res.DeniedBy) == 2:
 		return "denied by both limits"
-	case res.DeniedBy[0].Scope == leakybucket.ScopeResource:
+	case !res.DeniedBy[0].PerClient:
 		return "denied by the API's limit"
 	}
 	return "denied by its own limit"

@@ -16,8 +16,8 @@ import (
 // together.
 func TestRun(t *testing.T) {
 	rules := []leakybucket.Rule{
-		{Scope: leakybucket.ScopeResource, Limit: leakybucket.Per(5, 10*time.Second)},
-		{Scope: leakybucket.ScopeClient, Limit: leakybucket.Per(3, 10*time.Second)},
+		{Limit: leakybucket.Per(5, 10*time.Second)},
+		{PerClient: true, Limit: leakybucket.Per(3, 10*time.Second)},
 	}
 	demotest.Runs(t, run, schedule(), rules, func(t *testing.T, calls []demo.Call, out string) {
 		answers := map[string]int{}

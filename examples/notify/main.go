@@ -108,8 +108,8 @@ func answer(res leakybucket.Result) string {
 // dropped reports which caps denied a call.
 func dropped(res leakybucket.Result) (byType, byTotal bool) {
 	for _, r := range res.DeniedBy {
-		byType = byType || r.Scope == leakybucket.ScopeClient
-		byTotal = byTotal || r.Scope == leakybucket.ScopeResource
+		byType = byType || r.PerClient
+		byTotal = byTotal || !r.PerClient
 	}
 	return byType, byTotal
 }

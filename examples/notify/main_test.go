@@ -18,8 +18,8 @@ import (
 // printed as it is answered, under every cap that dropped it.
 func TestRun(t *testing.T) {
 	rules := []leakybucket.Rule{
-		{Scope: leakybucket.ScopeResource, Limit: leakybucket.Per(allTypes, 30*time.Minute)},
-		{Scope: leakybucket.ScopeClient, Limit: leakybucket.Per(perType, 30*time.Minute)},
+		{Limit: leakybucket.Per(allTypes, 30*time.Minute)},
+		{PerClient: true, Limit: leakybucket.Per(perType, 30*time.Minute)},
 	}
 	demotest.Runs(t, run, schedule(), rules, func(t *testing.T, calls []demo.Call, out string) {
 		ts := tallies(calls)

@@ -21,7 +21,6 @@
 // back as it does a denied call); one that gives up while its batch writes
 // may or may not have been counted (it can only have been counted, never
 // admitted uncounted).
-
 package batch
 
 import (

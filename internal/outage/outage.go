@@ -27,7 +27,6 @@
 // once a second). Any reply to its PING counts as an answer, an error
 // such as NOAUTH too: the probe asks whether the server is there, not
 // whether it is healthy.
-
 package outage
 
 import (

@@ -78,7 +78,7 @@ func TestVerify(t *testing.T) {
 }
 
 func TestClosestToEdge(t *testing.T) {
-	rules := []leakybucket.Rule{{Scope: leakybucket.ScopeClient, Limit: leakybucket.PerSecond(1)}, {Scope: leakybucket.ScopeClient, Limit: leakybucket.PerMinute(1)}}
+	rules := []leakybucket.Rule{{PerClient: true, Limit: leakybucket.PerSecond(1)}, {PerClient: true, Limit: leakybucket.PerMinute(1)}}
 	calls := []demo.Call{{At: 0}, {At: 1300 * time.Millisecond}, {At: 59900 * time.Millisecond}}
 	if d, a, b := closestToEdge(calls, rules); d != 100*time.Millisecond || a != 0 || b != 59900*time.Millisecond {
 		t.Errorf("closestToEdge = %v (%v, %v), want 100ms (0s, 59.9s)", d, a, b)

@@ -192,7 +192,7 @@ func Usage(t *testing.T, p demo.Program) {
 // of its counts: all the calls' for a per-resource rule, each client's for
 // a per-client one. Unlike Verify, it only looks at what was admitted.
 func Most(calls []demo.Call, rule leakybucket.Rule) int {
-	if rule.Scope == leakybucket.ScopeResource {
+	if !rule.PerClient {
 		return demo.MostInWindow(calls, "", rule.Limit.Window)
 	}
 	most := 0

@@ -93,7 +93,7 @@ func counted(calls []demo.Call, rule leakybucket.Rule, client string, at, slack 
 	sum := 0
 	for _, c := range calls {
 		if c.Result.Allowed && c.At > at-rule.Limit.Window-slack &&
-			(rule.Scope == leakybucket.ScopeResource || c.Client == client) {
+			(!rule.PerClient || c.Client == client) {
 			sum += c.Weight
 		}
 	}
