@@ -113,8 +113,15 @@ func (e *env) keys(t *testing.T) []string {
 		}
 		return all
 	}
-	err := forEachNode(e.admin, func(node *redis.Client) error {
-		iter := node.Scan(context.Background(), 0, keys.MatchPrefix(e.prefix), 1000).Iterator()
+	return keysUnder(t, e.admin, e.prefix)
+}
+
+// keysUnder returns every key under prefix.
+func keysUnder(t testing.TB, admin redis.UniversalClient, prefix string) []string {
+	t.Helper()
+	var all []string
+	err := forEachNode(admin, func(node *redis.Client) error {
+		iter := node.Scan(context.Background(), 0, keys.MatchPrefix(prefix), 1000).Iterator()
 		for iter.Next(context.Background()) {
 			all = append(all, iter.Val())
 		}

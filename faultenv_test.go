@@ -52,10 +52,11 @@ func freePort(t testing.TB) int {
 // redisProc is a redis-server child process on a loopback port, without
 // persistence, whose default user is denied scripting.
 type redisProc struct {
-	t    testing.TB
-	bin  string
-	dir  string
-	port int
+	t     testing.TB
+	bin   string
+	dir   string
+	port  int
+	extra []string // configuration beside the defaults of args
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -81,7 +82,14 @@ func redisServerBin(t testing.TB) string {
 // waits until it answers PING. It is killed when the test ends.
 func startRedis(t testing.TB) *redisProc {
 	t.Helper()
-	p := &redisProc{t: t, bin: redisServerBin(t), dir: t.TempDir()}
+	return startRedisWith(t)
+}
+
+// startRedisWith is startRedis, with configuration args beside the
+// defaults (a replica's --replicaof, a cluster node's settings).
+func startRedisWith(t testing.TB, extra ...string) *redisProc {
+	t.Helper()
+	p := &redisProc{t: t, bin: redisServerBin(t), dir: t.TempDir(), extra: extra}
 	t.Cleanup(p.Kill)
 	var err error
 	for range 3 {
@@ -105,12 +113,12 @@ func (p *redisProc) Pid() int {
 }
 
 func (p *redisProc) args() []string {
-	return []string{
+	return append([]string{
 		"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--dir", p.dir, "--logfile", filepath.Join(p.dir, "redis.log"),
 		"--user", "default", "on", "nopass", "~*", "&*", "+@all", "-@scripting",
-	}
+	}, p.extra...)
 }
 
 // spawn starts the process on p.port and waits until it is the one that

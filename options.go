@@ -40,6 +40,8 @@ type config struct {
 	observer     func(context.Context, Decision)
 	noBreaker    bool
 	breakers     *outage.Breakers // nil: the Bucket's own (a Tiers shares one)
+	replicas     int              // WithReplicas: 0, none
+	replicaWait  time.Duration
 }
 
 func defaultConfig() config {
@@ -150,6 +152,41 @@ func WithoutBreaker() Option {
 	return func(c *config) { c.noBreaker = true }
 }
 
+// WithReplicas makes a call admitted only once n replicas of the Redis
+// server that holds its counts have acknowledged its decision's writes,
+// so that a failover to one of them loses no admitted call: Redis's
+// WAIT n, sent after the decision's MULTI/EXEC in the same round trip
+// (under Logs, after the lock's release), on a standalone server (a
+// *redis.Client, or go-redis's failover client, NewFailoverClient, which
+// follows Sentinel) or on each master of a Cluster, which counts its own
+// replicas. The default, n = 0, waits for none.
+//
+// The wait ends once n replicas acknowledged, or after timeout, or sooner
+// so that the call still ends within its context's deadline and the
+// client's ReadTimeout (it waits four fifths of the time left, at most).
+// A decision whose writes too few replicas acknowledged by then admits
+// no call: each fails with an error matching ErrUnavailable and
+// ErrNotReplicated, and what the decision wrote is taken back, as for a
+// denied call, before the callers are answered. So while a replica lags
+// behind by more than timeout, is paused or gone, or the server has fewer
+// than n, every call fails after its wait: choose timeout above the
+// replicas' usual lag (a round trip to them, a millisecond or two on a
+// LAN), far below the calls' deadlines. The breaker does not open for
+// it: the server answers, its replicas do not (docs/operating-redis.md).
+//
+// It costs each decision the replicas' acknowledgement, about one round
+// trip between the server and its nearest n replicas; no round trip of
+// its own. Peek, Flush and FlushAll never wait: their writes only ever
+// lower a count, which a failover that loses them restores. WAIT is not
+// consensus: a failover that promotes a replica that had not
+// acknowledged (one of more than n, or one that lost its data since)
+// still loses counts. The client's user needs +wait (see
+// docs/least-privilege.md). NewLocal ignores it. n must not be negative,
+// and timeout at least a millisecond when n is positive.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) { c.replicas, c.replicaWait = n, timeout }
+}
+
 func (c *config) validate() error {
 	if len(c.rules) == 0 {
 		return ErrNoRule
@@ -178,6 +215,17 @@ func (c *config) validateOthers() error {
 		return fmt.Errorf("%w: lock waits from %v up to %v", ErrInvalidOption, c.lockWait[0], c.lockWait[1])
 	case c.scanCount < 1:
 		return fmt.Errorf("%w: SCAN COUNT %d is below 1", ErrInvalidOption, c.scanCount)
+	}
+	return c.validateReplicas()
+}
+
+// validateReplicas checks WithReplicas.
+func (c *config) validateReplicas() error {
+	switch {
+	case c.replicas < 0:
+		return fmt.Errorf("%w: WithReplicas(%d): a negative number of replicas", ErrInvalidOption, c.replicas)
+	case c.replicas > 0 && c.replicaWait < time.Millisecond:
+		return fmt.Errorf("%w: WithReplicas(%d, %v): a wait under 1ms", ErrInvalidOption, c.replicas, c.replicaWait)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
 	"github.com/leakybucket/leakybucket/internal/store"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // remote is the backend of New: the counts in Redis, kept by a strategy's
@@ -134,7 +135,7 @@ func (r *remote) batchKey(resource, client string) string {
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
-	where.Carry, where.Busy = &l.State, l.Busy
+	where.Carry, where.Busy, where.Acks = &l.State, l.Busy, r.acks(calls)
 	if err != nil {
 		return err
 	}
@@ -166,6 +167,22 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 		r.batches.Fail(retry, classify(err))
 	}
 	return nil
+}
+
+// acks is what a batch's decision asks of the replicas (WithReplicas):
+// to acknowledge its writes before the earliest deadline of its calls,
+// so that each of them hears why if they do not.
+func (r *remote) acks(calls []*queued) txn.Acks {
+	if r.cfg.replicas == 0 {
+		return txn.Acks{}
+	}
+	a := txn.Acks{Replicas: r.cfg.replicas, Timeout: r.cfg.replicaWait}
+	for _, c := range calls {
+		if d, ok := c.Ctx.Deadline(); ok && (a.By.IsZero() || d.Before(a.By)) {
+			a.By = d
+		}
+	}
+	return a
 }
 
 // foresees reports whether calls may be sent to look only: not under Logs,
