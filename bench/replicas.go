@@ -144,9 +144,7 @@ func (r *runner) replicasCell(ctx context.Context, spec replicasSpec, name strin
 }
 
 // startReplica starts a replica of primary, scripting denied as on the
-// primary, and waits until it is online and has acknowledged every write
-// made before: right after its full sync a replica still loads what it
-// was sent, and acknowledges nothing yet.
+// primary, and waits until it acknowledges (see awaitAcknowledged).
 func startReplica(ctx context.Context, primary *server) (*server, error) {
 	host, port, err := splitAddr(primary.addr)
 	if err != nil {
@@ -163,19 +161,29 @@ func startReplica(ctx context.Context, primary *server) (*server, error) {
 	}
 	admin := primary.client(1)
 	defer admin.Close()
+	if err := awaitAcknowledged(ctx, admin); err != nil {
+		replica.stop()
+		return nil, fmt.Errorf("the replica on %s: %w", replica.addr, err)
+	}
+	return replica, nil
+}
+
+// awaitAcknowledged waits until the primary of admin has a replica online
+// that acknowledged every write made before: right after its full sync a
+// replica shows online while it still loads what it was sent, and
+// acknowledges nothing yet.
+func awaitAcknowledged(ctx context.Context, admin *redis.Client) error {
 	written, err := replicationField(ctx, admin, "master_repl_offset")
 	if err != nil {
-		replica.stop()
-		return nil, err
+		return err
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		slave0, err := replicationField(ctx, admin, "slave0")
-		if err == nil && strings.Contains(slave0, "state=online") && ackedAtLeast(slave0, written) {
-			return replica, nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			replica.stop()
-			return nil, fmt.Errorf("the replica on %s is not online and acknowledging after 30s: %q, %v", replica.addr, slave0, err)
+		switch {
+		case err == nil && strings.Contains(slave0, "state=online") && ackedAtLeast(slave0, written):
+			return nil
+		case time.Now().After(deadline) || ctx.Err() != nil:
+			return fmt.Errorf("not online and acknowledging after 30s: %q, %v", slave0, err)
 		}
 	}
 }
