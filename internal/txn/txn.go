@@ -66,8 +66,8 @@ type Guard struct {
 // hash's incarnation: see guard.
 const IncarnationField = "i"
 
-// fenceDoneGrace is how long a marker lives after its transaction ran, for
-// resolve to see. resolve polls for at most resolveFor, and decides once
+// fenceDoneGrace is how long a marker lives after its transaction ran (and
+// after the wait for its replicas, see Acks), for resolve to see. resolve polls for at most resolveFor, and decides once
 // Redis has answered for resolveSettle: long enough for the server to
 // run what it had buffered while it was paused or cut off.
 const (
@@ -210,6 +210,9 @@ func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) 
 func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTimeout time.Duration) (Outcome, error) {
 	var exec, wait *redis.Cmd
 	var waitMs int64
+	if t.Acks.Replicas > 0 {
+		waitMs = t.Acks.wait(time.Now(), readTimeout)
+	}
 	queued := make([]*redis.Cmd, len(cmds))
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
@@ -217,11 +220,12 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTime
 			queued[i] = pipe.Do(ctx, args...)
 		}
 		if t.Marker != "" {
-			pipe.Do(ctx, "set", t.Marker, "done", "px", fenceDoneGrace.Milliseconds())
+			// It outlives the wait too: a take-back of what too few
+			// replicas acknowledged looks for it (see Undoes).
+			pipe.Do(ctx, "set", t.Marker, "done", "px", fenceDoneGrace.Milliseconds()+waitMs)
 		}
 		exec = pipe.Do(ctx, "exec")
 		if t.Acks.Replicas > 0 {
-			waitMs = t.Acks.wait(time.Now(), readTimeout)
 			wait = pipe.Do(ctx, "wait", t.Acks.Replicas, waitMs)
 		}
 		return nil

@@ -120,6 +120,13 @@ func TestAcks(t *testing.T) {
 	if got, _ := mr.Get("n"); got != "1" {
 		t.Errorf("n = %q: the transaction did not run", got)
 	}
+	// A marked one's marker outlives its wait, for its take-back to find.
+	marked := New(keys.Of("p", "r"), true)
+	marked.Acks = Acks{Replicas: 1, Timeout: 800 * time.Millisecond}
+	marked.Add("incr", "n")
+	if o, _ := marked.Exec(context.Background(), rdb); o != Unreplicated || mr.TTL(marked.Marker) < fenceDoneGrace+800*time.Millisecond {
+		t.Errorf("marked: %v, the marker's TTL %v: want it to outlive the wait by %v", o, mr.TTL(marked.Marker), fenceDoneGrace)
+	}
 }
 
 // A transaction that undoes another applies only where that one's marker
