@@ -163,7 +163,9 @@ func WithoutBreaker() Option {
 //
 // The wait ends once n replicas acknowledged, or after timeout, or sooner
 // so that the call still ends within its context's deadline and the
-// client's ReadTimeout (it waits four fifths of the time left, at most).
+// client's ReadTimeout: Redis notices a WAIT that timed out at its next
+// cron tick, up to 100 ms late with its default hz, so the wait leaves
+// that and a fifth of the time left.
 // A decision whose writes too few replicas acknowledged by then admits
 // no call: each fails with an error matching ErrUnavailable and
 // ErrNotReplicated, and what the decision wrote is taken back, as for a
