@@ -23,8 +23,9 @@ var (
 	ErrInvalidLimit = errors.New("leakybucket: invalid limit")
 
 	// ErrInvalidOption: an option other than a rule is out of range (an empty
-	// prefix or one with a brace, a lock TTL under a millisecond, a SCAN COUNT
-	// below 1, a nil retry factory, a nil strategy, or a Windows precision
+	// prefix or one with a brace, a lock TTL under a millisecond, lock waits
+	// that are negative or whose first exceeds the longest, a SCAN COUNT
+	// below 1, a nil strategy, an empty tier name, or a Windows precision
 	// that does not fit a rule, see ErrInvalidPrecision).
 	ErrInvalidOption = errors.New("leakybucket: invalid option")
 

@@ -68,7 +68,7 @@ const (
 	// ErrInvalidWeight; nothing was sent to Redis. A bug of the caller.
 	ErrorInvalidInput
 	// ErrorLockNotObtained: ErrLockNotObtained, real contention for the
-	// lock until the context ended or the retry strategy gave up.
+	// lock until the context ended.
 	ErrorLockNotObtained
 	// ErrorUnavailable: ErrUnavailable, Redis could not be reached or did
 	// not answer (also when the context ended right after).

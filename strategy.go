@@ -90,8 +90,8 @@ func Windows(precision time.Duration) Strategy { return windowsStrategy{precisio
 //
 // A call counts in the window of its stamp: this host's estimate of Redis's
 // time, never later than Redis's own and normally less than a millisecond
-// earlier (at most clock.Jump and a round trip, beyond which the call is
-// made again). So no fixed window ever holds more than its limit, and a
+// earlier (at most 50 ms and a round trip, beyond which the call is made
+// again). So no fixed window ever holds more than its limit, and a
 // call that Redis ran in the first moment of a window may count in the
 // one before.
 var FixedWindows Strategy = windowsStrategy{fixed: true}

@@ -211,8 +211,8 @@ func replicationField(ctx context.Context, admin *redis.Client, field string) (s
 	return "", fmt.Errorf("INFO replication has no %s", field)
 }
 
-// ackedAtLeast reports whether a slaveN line of INFO replication shows the
-// replica's acknowledged offset at least written.
+// ackedAtLeast reports whether a line slave0, slave1, ... of INFO
+// replication shows the replica's acknowledged offset at least written.
 func ackedAtLeast(slave, written string) bool {
 	want, err := strconv.ParseInt(written, 10, 64)
 	if err != nil {

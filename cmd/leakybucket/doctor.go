@@ -283,8 +283,8 @@ func replicationVerdict(want, n, online, lag int) (string, string) {
 		has, max(lag, 1), n, n)
 }
 
-// replicasOf reads the n slaveI lines of INFO replication: how many are
-// online, and the largest lag=N.
+// replicasOf reads the n lines slave0, slave1, ... of INFO replication:
+// how many are online, and the largest lag=N.
 func replicasOf(f map[string]string, n int) (online, worst int) {
 	for i := range n {
 		for kv := range strings.SplitSeq(f["slave"+strconv.Itoa(i)], ",") {

@@ -70,7 +70,7 @@ type lock struct {
 	sent      time.Time // when our latest SET was sent
 	lifetime  time.Duration
 	maybeHeld bool // a SET of ours may hold the lock, and no release confirmed it is gone
-	queued    bool // we are next in line (see queueing)
+	queued    bool // we are next in line (see View.deferring)
 	ran       bool // the reply to our latest SET arrived: it ran
 	watching  bool // a WATCH of ours is active on the connection
 }
@@ -141,7 +141,7 @@ func (l *lock) report(busy bool) { l.view.setBusy(busy) }
 // lock costs the server little, and watch and read only once it is taken.
 // Every attempt starts with UNWATCH: a failed attempt's WATCH would see the
 // holder's release and abort our EXEC. Every attempt also reads who is
-// next in line (see queueing), and later ones ask to be.
+// next in line (see View.deferring), and later ones ask to be.
 func (l *lock) try(ctx context.Context, tx *redis.Tx, first bool, read func(redis.Pipeliner)) (bool, error) {
 	if waiting, err := l.deferToOthers(ctx, tx); waiting || err != nil {
 		return false, err

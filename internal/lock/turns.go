@@ -51,7 +51,8 @@ func (v *View) sawClaim() {
 }
 
 // deferring reports whether another waiter was seen next in line within
-// ClaimTTL: then we do not even try to take the lock (see queueing).
+// ClaimTTL: then we do not even try to take the lock, so that the
+// waiter that claimed its turn gets it.
 func (v *View) deferring() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()

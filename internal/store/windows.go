@@ -48,7 +48,7 @@ func NewWindows(p Plan, precision time.Duration) Store {
 // calls that every rule showed this process room for are written
 // (package foresight); the weight of those not recorded is then taken back
 // (HINCRBY of minus it), in a second fenced transaction, under a guard of
-// the client's hash (see guard) where there is one: until it lands,
+// the client's hash (see txn.Guard) where there is one: until it lands,
 // others count it.
 //
 // A take-back must never apply to a hash made again by a flush, or the
@@ -142,7 +142,7 @@ type hash struct {
 	added  int  // the batch's weight written to it
 	read   int
 
-	incarnation string           // a client's hash's, as read: see guard
+	incarnation string           // a client's hash's, as read: see txn.Guard
 	lanes       [][]limits.Entry // by lane: the intervals other than the current ones, stamped for it, oldest first
 	current     []int            // by span: the current interval's weight before the batch
 	admitted    int              // the batch's weight admitted so far
@@ -257,7 +257,7 @@ func (b *hBatch) idempotent() bool { return false }
 
 // takeAll queues the take-back of the batch's whole weight. Where t's
 // replies are known, the clients' hashes are known by their incarnation
-// as read; else only if the batch made them (see guard).
+// as read; else only if the batch made them (see txn.Guard).
 func (b *hBatch) takeAll(t, back *txn.Txn) {
 	for _, h := range b.order {
 		if t.Replies != nil {
@@ -280,7 +280,7 @@ func incarnation(fields iter.Seq2[string, string]) string {
 // queueBack queues the take-back of weight(h) from each hash h, and the
 // deletion of the dead fields read if there is a take-back to carry it or
 // enough of them (tidyAt). The weight a client's hash holds is taken out
-// of it and of the resource's under a guard (see guard): not after a Flush
+// of it and of the resource's under a guard (see txn.Guard): not after a Flush
 // took it out with the client's hash.
 func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 	tidy := false
@@ -538,7 +538,7 @@ var ErrNoClientShare = fmt.Errorf("leakybucket: %w: Windows keeps no per-client 
 // is). It never fails because the client is busy: no WATCH. A decision of
 // the client is in the hash when it is taken, and then taken out of the
 // resource's too, or comes after and makes a new hash; a take-back of
-// weight that the hash held when it was taken does nothing (see guard).
+// weight that the hash held when it was taken does nothing (see txn.Guard).
 // Between the two transactions the resource counts the share still, which
 // errs on the side of denying.
 func (s windowsStore) Flush(ctx context.Context, where Site, client string) error {
@@ -592,7 +592,7 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, now int6
 // raced it writes to the old generation, which nothing reads. When the
 // generation's key expires, the names start again from the first
 // generation's, so it must outlive every hash that holds an interval some
-// rule counts: those written before the flush (genLife after it: each
+// rule counts: those written before the flush (Layout.GenLife after it: each
 // was written by a call stamped before it) and those of its own generation
 // (each decision extends it to its hash's deadline, with GT). It lives no
 // longer than that.
@@ -623,7 +623,7 @@ func (s windowsStore) FlushAll(ctx context.Context, where Site) error {
 	return where.Route.owns(ctx, where.Node, where.Keys)
 }
 
-// tag is the layout's: see layout.tag.
+// Tag is the layout's: see intervals.Layout.Tag.
 func (s windowsStore) Counting() Counting { return Counting{Layout: &s.Layout} }
 
 func (s windowsStore) tag() string { return s.Layout.Tag() }

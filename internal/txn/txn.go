@@ -53,9 +53,9 @@ type Txn struct {
 // resource's with it, the weight to be taken back included; a take-back
 // that came after must then do nothing, or that weight would be taken out
 // twice. Every client's hash carries a random incarnation (field
-// incarnationField, set by the decision that makes it); exec WATCHes the
+// IncarnationField, set by the decision that makes it); Exec WATCHes the
 // guarded hashes, reads their incarnations, and sends the commands of the
-// guards whose hash is still one of want.
+// guards whose hash is still one of Want.
 type Guard struct {
 	Key  string
 	Want []string
@@ -63,13 +63,14 @@ type Guard struct {
 }
 
 // IncarnationField is the field of a Windows client's hash that names the
-// hash's incarnation: see guard.
+// hash's incarnation: see Guard.
 const IncarnationField = "i"
 
 // fenceDoneGrace is how long a marker lives after its transaction ran (and
-// after the wait for its replicas, see Acks), for resolve to see. resolve polls for at most resolveFor, and decides once
-// Redis has answered for resolveSettle: long enough for the server to
-// run what it had buffered while it was paused or cut off.
+// after the wait for its replicas, see Acks), for Resolve to see. Resolve
+// polls for at most resolveFor, and decides once Redis has answered for
+// resolveSettle: long enough for the server to run what it had buffered
+// while it was paused or cut off.
 const (
 	fenceDoneGrace = 500 * time.Millisecond
 	resolveFor     = 10 * time.Second
@@ -102,7 +103,7 @@ func (t *Txn) Add(args ...any) int {
 type Outcome uint8
 
 const (
-	Unknown Outcome = iota // the reply was lost: see resolve
+	Unknown Outcome = iota // the reply was lost: see Resolve
 	Ran
 	NotRun
 	// Unreplicated: it ran, and its replies were read, but fewer replicas
@@ -111,10 +112,10 @@ const (
 	Unreplicated
 )
 
-// Exec sends t on node and reports whether it ran. With notRun the error
+// Exec sends t on node and reports whether it ran. With NotRun the error
 // says why (a command's own error, such as MOVED, or redis.TxFailedErr
-// when a guarded hash changed meanwhile); with unknown, why the reply was
-// lost; with unreplicated, why its writes are not known to be on enough
+// when a guarded hash changed meanwhile); with Unknown, why the reply was
+// lost; with Unreplicated, why its writes are not known to be on enough
 // replicas.
 //
 // A t that undoes another transaction (Undoes) runs only where that
