@@ -579,3 +579,19 @@ func localOf(b *Bucket) *localCounts { return b.counts.(*localCounts) }
 
 // models returns rules as the counts judge them.
 func models(rules []Rule) []limits.Rule { return newPlan(config{rules: rules}).Rules }
+
+// watchScheduler sleeps 1 ms again and again until stop closes, and tells
+// late how late each sleep woke: what a loaded machine's scheduler costs a
+// waiting goroutine, which no library can help.
+func watchScheduler(stop <-chan struct{}, late func(time.Duration)) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		start := time.Now()
+		time.Sleep(time.Millisecond)
+		late(time.Since(start) - time.Millisecond)
+	}
+}

@@ -563,19 +563,11 @@ func (s *callStats) overrunBeyond(slack time.Duration) bool {
 // probeScheduler measures, until stop closes, how late 1 ms sleeps wake.
 func (s *callStats) probeScheduler(stop <-chan struct{}, done *sync.WaitGroup) {
 	defer done.Done()
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		start := time.Now()
-		time.Sleep(time.Millisecond)
-		late := time.Since(start) - time.Millisecond
+	watchScheduler(stop, func(late time.Duration) {
 		s.mu.Lock()
 		s.schedLag = max(s.schedLag, late)
 		s.mu.Unlock()
-	}
+	})
 }
 
 func newCallStats() *callStats {

@@ -195,18 +195,11 @@ func schedulerLag(f func()) time.Duration {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
+		watchScheduler(stop, func(late time.Duration) {
+			if int64(late) > worst.Load() {
+				worst.Store(int64(late))
 			}
-			start := time.Now()
-			time.Sleep(time.Millisecond)
-			if late := int64(time.Since(start) - time.Millisecond); late > worst.Load() {
-				worst.Store(late)
-			}
-		}
+		})
 	}()
 	f()
 	close(stop)
