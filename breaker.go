@@ -6,6 +6,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leakybucket/leakybucket/internal/batch"
+	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
@@ -35,6 +37,43 @@ func (r *remote) breakerOf(ctx context.Context, resource string) (*outage.Breake
 	return r.breakers.Of(node), nil
 }
 
+// watch returns the breaker of the server that holds resource (nil
+// WithoutBreaker) and a channel that closes when it opens, or the error
+// that a call to it fails with at once: the breaker is open.
+func (r *remote) watch(ctx context.Context, resource string) (*outage.Breaker, <-chan struct{}, error) {
+	br, err := r.breakerOf(ctx, resource)
+	if err != nil || br == nil {
+		return nil, nil, err
+	}
+	cut := br.Watch() // before Admit: an opening in between cuts the call
+	if err := br.Admit(); err != nil {
+		return nil, nil, err
+	}
+	return br, cut, nil
+}
+
+// guarded runs f, the work of a call at resource that reads or flushes
+// (PeekN, Usage, Flush, FlushAll), as a decision runs (see decide and
+// decideBatch): at once ErrUnavailable while the breaker of its server is
+// open; the probe looks once it has waited SuspectAfter (Suspecting); and it is cut
+// short, with ErrUnavailable and the cause, should the breaker open
+// meanwhile. It returns by ctx's deadline (see bounded).
+func guarded[T any](ctx context.Context, r *remote, resource string, f func(context.Context, *lock.View) (T, error)) (T, error) {
+	var zero T
+	br, cut, err := r.watch(ctx, resource)
+	if err != nil {
+		return zero, err
+	}
+	if br != nil {
+		defer br.Suspecting()()
+	}
+	v, err := bounded(ctx, cut, f)
+	if errors.Is(err, batch.ErrCut) {
+		return zero, br.Refusal()
+	}
+	return v, err
+}
+
 // settle is what a call of the Bucket returns instead of err, the error
 // it ended with (called by observe, whatever the observer): err as it is,
 // except that a context's error becomes ErrUnavailable too, with the
@@ -45,18 +84,34 @@ func (r *remote) settle(ctx context.Context, resource string, err error) error {
 	if !r.feedsBreaker(resource, err) {
 		return err
 	}
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		r.gone(ctx, resource, err)
+		return err
+	}
 	node, nerr := r.node(ctx, r.keysOf(resource).Slot())
 	if nerr != nil {
 		return err
 	}
-	br := r.breakers.Of(node)
-	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return br.Late(err)
-	case outage.Gone(err):
-		br.Open(err)
+	return r.breakers.Of(node).Late(err)
+}
+
+// gone reports whether err, the error of a call at resource, says that
+// the server that holds it is gone: the breaker refused the call or cut
+// it, or the call found the server unreachable (outage.Gone), which opens
+// the breaker.
+func (r *remote) gone(ctx context.Context, resource string, err error) bool {
+	if outage.Refused(err) {
+		return true
 	}
-	return err
+	if !r.feedsBreaker(resource, err) || !outage.Gone(err) {
+		return false
+	}
+	node, nerr := r.node(ctx, r.keysOf(resource).Slot())
+	if nerr != nil {
+		return false
+	}
+	r.breakers.Of(node).Open(err)
+	return true
 }
 
 // feedsBreaker reports whether err of a call at resource says anything

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/stall"
 )
 
 // The breaker's numbers, on a real server that is killed and restarted.
@@ -160,4 +161,64 @@ func waitOpen(t *testing.T, b *Bucket) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatal("the breaker did not open within 5s of the kill")
+}
+
+// TestBreakerKillOtherMethods: PeekN, Usage, Flush and FlushAll meet an
+// outage as AllowN does. With Redis killed and the client of the Quick
+// start, the first of them (on a Bucket that has not failed yet) returns
+// ErrUnavailable with the cause soon after the probe's 10 ms, or 110 ms
+// at worst (it waits no second for go-redis's dial retries), and the next
+// ones at once.
+func TestBreakerKillOtherMethods(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a real server")
+	}
+	methods := map[string]func(ctx context.Context, b *Bucket) error{
+		"peek":      func(ctx context.Context, b *Bucket) error { _, err := b.Peek(ctx, "r", "c"); return err },
+		"usage":     func(ctx context.Context, b *Bucket) error { _, err := b.Usage(ctx, "r", "c"); return err },
+		"flush":     func(ctx context.Context, b *Bucket) error { return b.Flush(ctx, "r", "c") },
+		"flush all": func(ctx context.Context, b *Bucket) error { return b.FlushAll(ctx, "r") },
+	}
+	srv := startRedis(t)
+	bs := map[string]*Bucket{}
+	for name := range methods {
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		bs[name] = faultBucket(t, rdb, unlimited(time.Second))
+		if res, err := bs[name].Allow(context.Background(), "r", "c"); err != nil || !res.Allowed {
+			t.Fatalf("%s: Allow before the kill = %+v, %v", name, res, err)
+		}
+	}
+	srv.Kill()
+	for name, call := range methods {
+		t.Run(name, func(t *testing.T) {
+			meter := stall.Start()
+			var spans [][2]time.Time
+			for i := range 20 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				start := time.Now()
+				err := call(ctx, bs[name])
+				spans = append(spans, [2]time.Time{start, time.Now()})
+				cancel()
+				if !unavailableWithCause(err) {
+					t.Errorf("call %d: %v (kind %v), want ErrUnavailable with its cause", i, err, Kind(err))
+				}
+			}
+			meter.Close()
+			took := make([]time.Duration, len(spans))
+			for i, s := range spans {
+				took[i] = max(s[1].Sub(s[0])-meter.During(s[0], s[1]), 0)
+			}
+			t.Logf("the first call took %v, the slowest later one %v", took[0], slices.Max(took[1:]))
+			// 10 ms as a rule; 110 ms when a probe made on a suspicion
+			// (the calls before the kill, slow on a loaded machine) found
+			// the server there just before (see Breaker.Suspecting).
+			if took[0] > 250*time.Millisecond {
+				t.Errorf("the first call took %v (less the scheduler's stalls), want 10ms, or 110ms at worst: it waited for go-redis's dial retries", took[0])
+			}
+			if slowest := slices.Max(took[1:]); slowest > breakerP99 {
+				t.Errorf("a later call took %v, want at most %v", slowest, breakerP99)
+			}
+		})
+	}
 }

@@ -26,8 +26,8 @@ type backend interface {
 	// allow decides a call of weight n and writes its Result into res.
 	allow(ctx context.Context, resource, client string, n int, res *Result) error
 	// read returns what every rule counts for a call of weight n,
-	// writing nothing.
-	read(ctx context.Context, resource, client string, n int) (limits.View, error)
+	// writing nothing, by ctx's deadline.
+	read(ctx context.Context, resource, client string, n int) (reading, error)
 	// flush forgets client's counts at resource, and its share of the
 	// resource's.
 	flush(ctx context.Context, resource, client string) error
@@ -36,6 +36,14 @@ type backend interface {
 	// settle is what a call at resource that ended with err returns: on
 	// Redis, the breaker's say (breaker.go).
 	settle(ctx context.Context, resource string, err error) error
+}
+
+// A reading is what every rule counts for a call, and the plan that
+// judges it: the Bucket's, or while its fallback decides, the fallback's
+// (see WithFallback).
+type reading struct {
+	limits.View
+	plan *plan
 }
 
 // New returns a Bucket that applies the rules among opts (PerResource,
@@ -55,7 +63,13 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Bucket, error) {
 		return nil, err
 	}
 	b := newBucket(cfg, p)
-	b.counts = newRemote(cfg, p, st, node, store.RouteOf(rdb))
+	r := newRemote(cfg, p, st, node, store.RouteOf(rdb))
+	b.counts = r
+	if cfg.fallback {
+		if b.counts, err = newFallback(cfg, r); err != nil {
+			return nil, err
+		}
+	}
 	return b, nil
 }
 

@@ -763,15 +763,21 @@ func (a admission) surely() (from, to time.Time) {
 // multiples of procWindow since the epoch. It is enough to try as t the
 // earliest stamp of each admission (or the window that holds it).
 func worstWindow(admissions []admission, fixed bool) (int, time.Time) {
+	return worstIn(admissions, procWindow, admission.surely, fixed)
+}
+
+// worstIn is worstWindow for windows of length window, an admission's
+// stamp surely lying in the span that surely returns.
+func worstIn(admissions []admission, window time.Duration, surely func(admission) (from, to time.Time), fixed bool) (int, time.Time) {
 	worst, at := 0, time.Time{}
 	for _, a := range admissions {
-		t, _ := a.surely()
+		t, _ := surely(a)
 		if fixed {
-			t = t.Truncate(procWindow)
+			t = t.Truncate(window)
 		}
 		sum := 0
 		for _, b := range admissions {
-			if from, to := b.surely(); !from.Before(t) && to.Before(t.Add(procWindow)) {
+			if from, to := surely(b); !from.Before(t) && to.Before(t.Add(window)) {
 				sum += b.weight
 			}
 		}

@@ -3,9 +3,6 @@ package leakybucket
 import (
 	"context"
 	"sync"
-
-	"github.com/leakybucket/leakybucket/internal/limits"
-	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
 // The decision path, top to bottom (docs/design.md, "Reading one
@@ -108,14 +105,12 @@ func (b *Bucket) PeekN(ctx context.Context, resource, client string, n int) (res
 // a call that can never be admitted. A call heavier than every rule reads
 // as one of the largest Requests: no rule reads further for it.
 func (b *Bucket) look(ctx context.Context, resource, client string, n int, res *Result) error {
-	v, err := bounded(ctx, func(ctx context.Context, _ *lock.View) (limits.View, error) {
-		return b.counts.read(ctx, resource, client, min(n, b.plan.largest))
-	})
+	rd, err := b.counts.read(ctx, resource, client, min(n, b.plan.largest))
 	if err != nil {
 		*res = Result{}
 		return err
 	}
-	b.plan.evaluateInto(res, v, n, b.cfg.recordDenied)
+	rd.plan.evaluateInto(res, rd.View, n, b.cfg.recordDenied)
 	return nil
 }
 
@@ -128,15 +123,13 @@ func (b *Bucket) Usage(ctx context.Context, resource, client string) ([]RuleResu
 	if err := b.check(resource, client, 1); err != nil {
 		return nil, err
 	}
-	return bounded(ctx, func(ctx context.Context, _ *lock.View) ([]RuleResult, error) {
-		v, err := b.counts.read(ctx, resource, client, 1)
-		if err != nil {
-			return nil, err
-		}
-		now, one := b.plan.evaluate(v, 0, false), b.plan.evaluate(v, 1, false)
-		for i := range now.Rules {
-			now.Rules[i].RetryAfter = one.Rules[i].RetryAfter
-		}
-		return now.Rules, nil
-	})
+	rd, err := b.counts.read(ctx, resource, client, 1)
+	if err != nil {
+		return nil, err
+	}
+	now, one := rd.plan.evaluate(rd.View, 0, false), rd.plan.evaluate(rd.View, 1, false)
+	for i := range now.Rules {
+		now.Rules[i].RetryAfter = one.Rules[i].RetryAfter
+	}
+	return now.Rules, nil
 }

@@ -351,6 +351,67 @@ func ExampleWithObserver() {
 	// admitted: 3
 }
 
+// Two instances of a service share a rule of 10 calls a minute per API
+// key. WithFallback(2) keeps them limited while Redis is down: each
+// decides in process by its share, 5 a minute, the Result saying so, and
+// goes back to Redis once it answers again.
+func ExampleWithFallback() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	limiter, err := leakybucket.New(rdb,
+		leakybucket.PerClient(leakybucket.PerMinute(10)),
+		leakybucket.WithFallback(2), // the instances that share the rule
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	show := func(res leakybucket.Result, err error) {
+		where := "on Redis"
+		if res.Fallback {
+			where = "in process"
+		}
+		switch {
+		case err != nil:
+			fmt.Println("error:", err)
+		case res.Allowed:
+			fmt.Printf("%s: allowed, %d of %d left\n", where, res.Remaining, res.Rules[0].Rule.Limit.Requests)
+		default:
+			fmt.Printf("%s: denied, retry after %v\n", where, res.RetryAfter.Round(time.Second))
+		}
+	}
+	show(limiter.Allow(ctx, "GET /search", "api-key-42"))
+
+	mr.Close() // Redis goes down
+	for range 6 {
+		show(limiter.Allow(ctx, "GET /search", "api-key-42"))
+	}
+
+	if err := mr.Restart(); err != nil { // and comes back
+		log.Fatal(err)
+	}
+	res, err := limiter.Allow(ctx, "GET /search", "api-key-7")
+	for err == nil && res.Fallback { // until the breaker's probe finds it back
+		time.Sleep(10 * time.Millisecond)
+		res, err = limiter.Allow(ctx, "GET /search", "api-key-7")
+	}
+	show(limiter.Allow(ctx, "GET /search", "api-key-42")) // Redis kept its count
+	// Output:
+	// on Redis: allowed, 9 of 10 left
+	// in process: allowed, 4 of 5 left
+	// in process: allowed, 3 of 5 left
+	// in process: allowed, 2 of 5 left
+	// in process: allowed, 1 of 5 left
+	// in process: allowed, 0 of 5 left
+	// in process: denied, retry after 1m0s
+	// on Redis: allowed, 8 of 10 left
+}
+
 // Seed 002's notification sender: all event types of a user together at
 // most 3 per fixed half hour (FixedWindows: a rule without a precision is a
 // fixed window, which resets at :00 and :30 UTC), each type at most 2 per

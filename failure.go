@@ -45,10 +45,11 @@ func (e *notDurable) Unwrap() []error { return []error{ErrUnavailable, e.err} }
 
 // bounded runs f and returns its result or, if ctx ends first, ctx's
 // error at once (ErrLockNotObtained if f last saw the lock held by another
-// holder): f then goes on in the background until it notices, so a call
+// holder), or batch.ErrCut if cut closes first (the breaker opened: see
+// guarded): f then goes on in the background until it notices, so a call
 // never overruns its deadline while Redis is slow or a lock is released.
 // A call whose context has already ended sends nothing.
-func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lock.View) (T, error)) (T, error) {
+func bounded[T any](ctx context.Context, cut <-chan struct{}, f func(ctx context.Context, view *lock.View) (T, error)) (T, error) {
 	var zero T
 	if ctx.Err() != nil {
 		return zero, batch.GivenUp(ctx, false, nil)
@@ -67,11 +68,15 @@ func bounded[T any](ctx context.Context, f func(ctx context.Context, view *lock.
 	case o := <-done:
 		return o.v, o.err
 	case <-ctx.Done():
-		select {
-		case o := <-done:
-			return o.v, o.err
-		default:
-			return zero, batch.GivenUp(ctx, view.Contended(), nil)
-		}
+	case <-cut:
 	}
+	select {
+	case o := <-done:
+		return o.v, o.err // it finished meanwhile
+	default:
+	}
+	if ctx.Err() != nil {
+		return zero, batch.GivenUp(ctx, view.Contended(), nil)
+	}
+	return zero, batch.ErrCut
 }

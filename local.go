@@ -27,7 +27,7 @@ import (
 // the keys used within the longest window, also after a churn of
 // millions, and no goroutine runs in the background.
 // The options that concern Redis (WithPrefix, WithLockTTL, WithLockWait,
-// WithScanCount) are accepted and change nothing.
+// WithScanCount, WithFallback) are accepted and change nothing.
 func NewLocal(opts ...Option) (*Bucket, error) {
 	cfg, p, err := configure(opts)
 	if err != nil {
@@ -64,7 +64,9 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 	return &localCounts{plan: p, counts: counts, noClientShare: c.Layout != nil && !p.HasClientRule}, nil
 }
 
-// allow decides a call in process.
+// allow decides a call in process. A call heavier than a rule (which
+// reaches it only as a fallback's, whose rules are smaller than the
+// Bucket's) is denied and recorded nowhere, as the Bucket's look does.
 func (l *localCounts) allow(ctx context.Context, resource, client string, n int, res *Result) error {
 	if ctx.Err() != nil {
 		*res = Result{}
@@ -72,15 +74,17 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 	}
 	l.counts.Decide(resource, client, n, func(v limits.View) bool {
 		l.evaluateInto(res, v, n, l.RecordDenied)
-		return res.Allowed || l.RecordDenied
+		return (res.Allowed || l.RecordDenied) && n <= l.maxN
 	})
 	return nil
 }
 
-// read is Peek: in process, a read cannot fail (the Bucket's bound saw
-// ctx).
-func (l *localCounts) read(_ context.Context, resource, client string, n int) (limits.View, error) {
-	return l.counts.Peek(resource, client, n), nil
+// read is Peek: in process, a read fails only if ctx has ended.
+func (l *localCounts) read(ctx context.Context, resource, client string, n int) (reading, error) {
+	if ctx.Err() != nil {
+		return reading{}, batch.GivenUp(ctx, false, nil)
+	}
+	return reading{View: l.counts.Peek(resource, client, n), plan: &l.plan}, nil
 }
 
 // flush forgets client's calls at resource: its counts, and its share of

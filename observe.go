@@ -154,6 +154,14 @@ type Decision struct {
 
 	// Err is the error the method returned, or nil.
 	Err error
+
+	// Fallback is Result.Fallback of AllowN and PeekN: the call was
+	// decided in this process because Redis was unreachable (see
+	// WithFallback). Its switch from false to true and back is the
+	// Bucket's switch to its fallback and back to Redis, for the
+	// resource's server. False for Flush and FlushAll, and whenever Err is
+	// not nil.
+	Fallback bool
 }
 
 // observed is when a call began, or the zero time if the Bucket has no
@@ -177,7 +185,7 @@ func (b *Bucket) observe(ctx context.Context, start time.Time, op Op, resource, 
 	d := Decision{Op: op, Resource: resource, Client: client, N: n, Latency: time.Since(start), Err: *err}
 	d.ErrKind = Kind(d.Err)
 	if res != nil && d.Err == nil {
-		d.Allowed = res.Allowed
+		d.Allowed, d.Fallback = res.Allowed, res.Fallback
 		d.DeniedBy = slices.Clone(res.DeniedBy)
 	}
 	b.cfg.observer(ctx, d)

@@ -41,7 +41,9 @@ type config struct {
 	noBreaker    bool
 	breakers     *outage.Breakers // nil: the Bucket's own (a Tiers shares one)
 	replicas     int              // WithReplicas: 0, none
-	replicaWait  time.Duration
+	replicaWait  time.Duration    // WithReplicas: how long a decision waits for them
+	fallback     bool             // WithFallback
+	instances    int              // WithFallback's: each rule's Requests is shared by them
 }
 
 func defaultConfig() config {
@@ -189,6 +191,47 @@ func WithReplicas(n int, timeout time.Duration) Option {
 	return func(c *config) { c.replicas, c.replicaWait = n, timeout }
 }
 
+// WithFallback makes the Bucket decide in this process while Redis is
+// unreachable, rather than fail with ErrUnavailable. While the breaker of the server that holds a resource is open
+// (see WithoutBreaker), the resource's calls are decided on counts kept
+// in this process's memory, as NewLocal keeps them, by the same rules and
+// strategy, each rule's Requests divided by instances and rounded down:
+// instances is how many processes share the Bucket's rules, so that
+// together they admit no more than a rule allows. A call whose decision
+// was under way when the breaker opened, or that found the server gone,
+// is decided in process too. The Result says so (Result.Fallback; its
+// Rules and DeniedBy name the divided rules), and so does the observer's
+// Decision. Calls go to Redis again as soon as the breaker's probe finds
+// the server back. What was counted in process is never written to
+// Redis; it is kept, for another outage, until it leaves its windows.
+//
+// What holds: in any window, each process admits at most its share of
+// each rule in process, whatever the number of outages in it; so a
+// window that lies within an outage admits at most the rule's Requests
+// across the processes, if no more than instances of them run. A window
+// that spans a switch, to the process or back, may admit what Redis
+// counted in it (at most the rule's Requests) and what each process
+// admitted in process (at most its share): at most twice the rule. Redis
+// keeps its counts through an outage only if it restarts with them (see
+// docs/operating-redis.md).
+//
+// A slow or paused Redis is not down: its calls wait for it up to their
+// deadlines, as without the fallback. While the fallback decides, PeekN
+// and Usage answer from the process's counts; Flush and FlushAll forget
+// the process's counts as well as Redis's, and return Redis's error if it
+// could not be reached; WaitN waits as the fallback's denials say, and
+// for a weight above a rule's share (RetryAfter Never), which only Redis
+// can admit, asks again every 100 ms. A denial this Bucket cached
+// from Redis (see docs/api.md) still answers, as Redis did.
+//
+// New returns an error matching ErrInvalidOption if instances is below 1,
+// a rule's Requests is below instances (its share would be nothing), or
+// the breaker is off (WithoutBreaker). NewLocal accepts it and changes
+// nothing.
+func WithFallback(instances int) Option {
+	return func(c *config) { c.fallback, c.instances = true, instances }
+}
+
 func (c *config) validate() error {
 	if len(c.rules) == 0 {
 		return ErrNoRule
@@ -218,7 +261,10 @@ func (c *config) validateOthers() error {
 	case c.scanCount < 1:
 		return fmt.Errorf("%w: SCAN COUNT %d is below 1", ErrInvalidOption, c.scanCount)
 	}
-	return c.validateReplicas()
+	if err := c.validateReplicas(); err != nil {
+		return err
+	}
+	return c.validateFallback()
 }
 
 // validateReplicas checks WithReplicas.
@@ -228,6 +274,24 @@ func (c *config) validateReplicas() error {
 		return fmt.Errorf("%w: WithReplicas(%d): a negative number of replicas", ErrInvalidOption, c.replicas)
 	case c.replicas > 0 && c.replicaWait < time.Millisecond:
 		return fmt.Errorf("%w: WithReplicas(%d, %v): a wait under 1ms", ErrInvalidOption, c.replicas, c.replicaWait)
+	}
+	return nil
+}
+
+// validateFallback checks WithFallback's instances against the rules.
+func (c *config) validateFallback() error {
+	switch {
+	case !c.fallback:
+		return nil
+	case c.instances < 1:
+		return fmt.Errorf("%w: fallback instances %d, want at least 1", ErrInvalidOption, c.instances)
+	case c.noBreaker:
+		return fmt.Errorf("%w: WithFallback decides while the breaker is open: WithoutBreaker turns it off", ErrInvalidOption)
+	}
+	for _, r := range c.rules {
+		if r.Limit.Requests < c.instances {
+			return fmt.Errorf("%w: rule %v cannot be shared by %d fallback instances: each would admit nothing", ErrInvalidOption, r, c.instances)
+		}
 	}
 	return nil
 }

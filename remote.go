@@ -92,17 +92,11 @@ func (r *remote) allow(ctx context.Context, resource, client string, n int, res 
 // open, and cuts it short should the breaker open while it waits (see
 // breaker.go).
 func (r *remote) decide(ctx context.Context, resource, client string, n int) (Result, error) {
-	br, err := r.breakerOf(ctx, resource)
+	br, cut, err := r.watch(ctx, resource)
 	if err != nil {
 		return Result{}, err
 	}
-	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}}
-	if br != nil {
-		call.Cut = br.Watch() // before Admit: an opening in between cuts the call
-		if err := br.Admit(); err != nil {
-			return Result{}, err
-		}
-	}
+	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}, Cut: cut}
 	res, err := r.batches.Do(r.batchKey(resource, client), call)
 	if errors.Is(err, batch.ErrCut) {
 		return Result{}, br.Refusal()
@@ -142,8 +136,7 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	if !r.cfg.noBreaker {
 		// A batch that waits this long for Redis makes the breaker look
 		// whether the server is gone: see breaker.go.
-		suspect := time.AfterFunc(outage.SuspectAfter, r.breakers.Of(where.Node).Suspect)
-		defer suspect.Stop()
+		defer r.breakers.Of(where.Node).Suspecting()()
 	}
 	requests := make([]limits.Call, len(calls))
 	for i, c := range calls {
@@ -218,20 +211,23 @@ func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*
 
 // read reads what every rule counts for a call of weight n by client at
 // resource, without writing anything.
-func (r *remote) read(ctx context.Context, resource, client string, n int) (limits.View, error) {
-	where, err := r.siteOf(ctx, resource, nil)
-	if err != nil {
-		return limits.View{}, err
-	}
-	v, err := r.store.Peek(ctx, where, client, n)
-	return v, classify(r.route.Redirected(err))
+func (r *remote) read(ctx context.Context, resource, client string, n int) (reading, error) {
+	v, err := guarded(ctx, r, resource, func(ctx context.Context, _ *lock.View) (limits.View, error) {
+		where, err := r.siteOf(ctx, resource, nil)
+		if err != nil {
+			return limits.View{}, err
+		}
+		v, err := r.store.Peek(ctx, where, client, n)
+		return v, classify(r.route.Redirected(err))
+	})
+	return reading{View: v, plan: &r.plan}, err
 }
 
 // flush is Flush on Redis: the cached denials are forgotten before and
 // after, for a decision that raced it.
 func (r *remote) flush(ctx context.Context, resource, client string) error {
 	r.denials.Forget(resource, &client)
-	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
+	_, err := guarded(ctx, r, resource, func(ctx context.Context, view *lock.View) (struct{}, error) {
 		where, err := r.siteOf(ctx, resource, view)
 		if err != nil {
 			return struct{}{}, err
@@ -246,7 +242,7 @@ func (r *remote) flush(ctx context.Context, resource, client string) error {
 // flushAll is FlushAll on Redis.
 func (r *remote) flushAll(ctx context.Context, resource string) error {
 	r.denials.Forget(resource, nil)
-	_, err := bounded(ctx, func(ctx context.Context, view *lock.View) (struct{}, error) {
+	_, err := guarded(ctx, r, resource, func(ctx context.Context, view *lock.View) (struct{}, error) {
 		where, err := r.siteOf(ctx, resource, view)
 		if err != nil {
 			return struct{}{}, err

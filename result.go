@@ -8,7 +8,9 @@ import (
 
 // Result is the answer to Allow, AllowN, Peek and PeekN. All its durations are
 // computed from Redis time and the counts Redis holds, exact to the
-// millisecond (under Windows, rounded up to the end of an interval).
+// millisecond (under Windows, rounded up to the end of an interval); those
+// of a Result whose Fallback is true, from this host's clock and the counts
+// this process holds.
 type Result struct {
 	// Allowed reports whether every rule had room for the request and it was
 	// recorded under all of them (for Peek: whether Allow would admit it).
@@ -37,6 +39,15 @@ type Result struct {
 
 	// Rules reports each rule on its own, in the order given to New.
 	Rules []RuleResult
+
+	// Fallback reports that the call was decided in this process by the
+	// Bucket's fallback (WithFallback), because the breaker found Redis
+	// unreachable: Rules and DeniedBy then name the rules as the fallback
+	// applies them, each Requests divided by the instances WithFallback
+	// names, and every other field is the process's own counts; nothing
+	// of the call is recorded in Redis. False for a call Redis decided, and
+	// under NewLocal.
+	Fallback bool
 }
 
 // RuleResult is the state of one rule after a call.
@@ -87,7 +98,7 @@ func (p plan) evaluate(v limits.View, n int, recordDenied bool) Result {
 
 // evaluateInto is evaluate writing into res, in the room of its slices.
 func (p plan) evaluateInto(res *Result, v limits.View, n int, recordDenied bool) {
-	*res = Result{Allowed: true, Rules: roomFor(res.Rules, len(p.Rules)), DeniedBy: res.DeniedBy[:0]}
+	*res = Result{Allowed: true, Fallback: p.fallback, Rules: roomFor(res.Rules, len(p.Rules)), DeniedBy: res.DeniedBy[:0]}
 	for i, rule := range p.Rules {
 		if !rule.HasRoom(v.Counts[i].Used, n) {
 			res.Allowed = false

@@ -105,6 +105,9 @@ type plan struct {
 	// admitted (see Never). largest is the largest: no rule reads further
 	// for a heavier call.
 	maxN, largest int
+	// fallback: the plan of a fallback's shares of the rules (see
+	// WithFallback), whose Results say so.
+	fallback bool
 }
 
 func newPlan(cfg config) plan {

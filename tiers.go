@@ -45,6 +45,12 @@ var ErrUnknownTier = errors.New("leakybucket: unknown tier")
 //     (free 10 a minute, pro 1000 an hour) keep their counts apart.
 //
 // Use Logs or Windows where counts must follow clients across tiers.
+//
+// The tiers' Buckets share what they learn of a server's outage, so the
+// first call that finds Redis gone switches every tier. With WithFallback
+// among the shared options, each tier's Bucket then decides in process by
+// the shares of its own rules, on counts of its own: a Set during an
+// outage makes a Bucket whose counts in process start empty.
 type Tiers struct {
 	rdb    redis.UniversalClient
 	shared []Option

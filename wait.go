@@ -16,6 +16,10 @@ const (
 	maxJitter = 50 * time.Millisecond
 )
 
+// fallbackRetry is how often WaitN asks again for a weight that the
+// fallback can never admit, until Redis is back (see WithFallback).
+const fallbackRetry = 100 * time.Millisecond
+
 // Wait is shorthand for WaitN(ctx, resource, client, 1).
 func (b *Bucket) Wait(ctx context.Context, resource, client string) error {
 	return b.WaitN(ctx, resource, client, 1)
@@ -46,7 +50,9 @@ func (b *Bucket) Wait(ctx context.Context, resource, client string) error {
 // nothing, as x/time/rate's WaitN fails for n above its burst: no wait
 // would ever admit it. With WithRecordDenied every attempt counts as a call, so
 // the retries of many waiters on one key use up its room; Wait suits
-// Buckets without it.
+// Buckets without it. While a fallback decides (WithFallback), WaitN
+// sleeps as its denials say, and asks again every 100 ms for a weight
+// above a rule's share, which only Redis can admit.
 func (b *Bucket) WaitN(ctx context.Context, resource, client string, n int) error {
 	if err := b.check(resource, client, n); err != nil {
 		return err
@@ -62,16 +68,33 @@ func (b *Bucket) WaitN(ctx context.Context, resource, client string, n int) erro
 		if err != nil || res.Allowed {
 			return err
 		}
-		// A denial always says when to come back; a zero would spin.
-		wait := max(res.RetryAfter, time.Millisecond)
-		left, hasDeadline := timeLeft(ctx)
-		if hasDeadline && wait > left {
-			return &deadlineError{n: n, wait: wait, left: left}
+		sleep, err := pause(ctx, res, n)
+		if err != nil {
+			return err
 		}
-		if err := backoff.Sleep(ctx, wait+jitter(wait, left, hasDeadline)); err != nil {
+		if err := backoff.Sleep(ctx, sleep); err != nil {
 			return fmt.Errorf("leakybucket: Wait(n=%d): %w", n, err)
 		}
 	}
+}
+
+// pause returns how long WaitN sleeps after res, a denial of weight n,
+// its jitter included; or the error it returns at once, without
+// sleeping, when the wait would outlast ctx's deadline.
+func pause(ctx context.Context, res Result, n int) (time.Duration, error) {
+	// A denial always says when to come back; a zero would spin.
+	wait := max(res.RetryAfter, time.Millisecond)
+	left, hasDeadline := timeLeft(ctx)
+	switch {
+	case res.RetryAfter == Never:
+		// The fallback's share of a rule is below n (fits saw that the
+		// rule is not): only Redis, once back, can admit it, at a time
+		// no one knows.
+		wait = fallbackRetry
+	case hasDeadline && wait > left:
+		return 0, &deadlineError{n: n, wait: wait, left: left}
+	}
+	return wait + jitter(wait, left, hasDeadline), nil
 }
 
 // timeLeft returns the time until ctx's deadline, and whether it has one.

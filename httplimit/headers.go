@@ -23,10 +23,13 @@ const (
 
 // policies are the Bucket's rules as the RateLimit fields name them.
 type policies struct {
-	names  []string // by rule: "per-client-10s"
-	quoted []string // by rule: names as Structured Field strings
-	shown  []int    // the rules advertised, in order
-	field  string   // the RateLimit-Policy field, the same on every response; "" if none is shown
+	names  []string           // by rule: "per-client-10s"
+	quoted []string           // by rule: names as Structured Field strings
+	shown  []int              // the rules advertised, in order
+	rules  []leakybucket.Rule // as the Bucket has them
+	// field is the RateLimit-Policy field of the Bucket's rules, on every
+	// response but those its fallback decided; "" if none is shown.
+	field string
 }
 
 // newPolicies names each rule (names, or defaults when names is empty),
@@ -39,18 +42,39 @@ func newPolicies(rules []leakybucket.Rule, names []string, hideResource bool) (p
 	if err := checkNames(names, len(rules)); err != nil {
 		return policies{}, err
 	}
-	p := policies{names: names, quoted: make([]string, len(rules))}
-	var items []string
+	p := policies{names: names, quoted: make([]string, len(rules)), rules: rules}
 	for i, rule := range rules {
 		p.quoted[i] = sfString(names[i])
 		if hideResource && rule.Scope == leakybucket.ScopeResource {
 			continue
 		}
 		p.shown = append(p.shown, i)
-		items = append(items, p.quoted[i]+";q="+strconv.Itoa(rule.Limit.Requests)+window(rule.Limit.Window))
 	}
-	p.field = strings.Join(items, ", ")
+	p.field = p.fieldOf(func(i int) leakybucket.Rule { return rules[i] })
 	return p, nil
+}
+
+// fieldOf renders RateLimit-Policy for the rules shown, rule(i) being
+// the i-th rule.
+func (p policies) fieldOf(rule func(i int) leakybucket.Rule) string {
+	items := make([]string, len(p.shown))
+	for j, i := range p.shown {
+		l := rule(i).Limit
+		items[j] = p.quoted[i] + ";q=" + strconv.Itoa(l.Requests) + window(l.Window)
+	}
+	return strings.Join(items, ", ")
+}
+
+// fieldFor returns RateLimit-Policy for res: the Bucket's, unless res
+// counts by other quotas, the shares of its rules that its fallback
+// applies while Redis is unreachable (leakybucket.WithFallback).
+func (p policies) fieldFor(res leakybucket.Result) string {
+	for i, rr := range res.Rules {
+		if rr.Rule != p.rules[i] {
+			return p.fieldOf(func(i int) leakybucket.Rule { return res.Rules[i].Rule })
+		}
+	}
+	return p.field
 }
 
 // window returns the w parameter of a window: whole seconds only (the
@@ -173,7 +197,7 @@ func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
 			items[j] += ";t=" + strconv.FormatInt(t, 10)
 		}
 	}
-	h.Set(headerPolicy, p.field)
+	h.Set(headerPolicy, p.fieldFor(res))
 	h.Set(headerRateLimit, strings.Join(items, ", "))
 	if legacy {
 		writeLegacy(h, p.closest(res), res)

@@ -3,19 +3,15 @@
 package httplimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/leakybucket/leakybucket"
+	"github.com/leakybucket/leakybucket/internal/redisserver"
 	"github.com/leakybucket/leakybucket/internal/stall"
 	"github.com/redis/go-redis/v9"
 )
@@ -30,8 +26,8 @@ import (
 func TestOutageFailsFast(t *testing.T) {
 	for _, open := range []bool{false, true} {
 		t.Run(fmt.Sprint("fail open ", open), func(t *testing.T) {
-			srv := startServer(t)
-			rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
+			srv := redisserver.Start(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			t.Cleanup(func() { _ = rdb.Close() })
 			b := bucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(1_000_000)))
 			var reported []error
@@ -43,7 +39,7 @@ func TestOutageFailsFast(t *testing.T) {
 			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK {
 				t.Fatalf("before the kill: %d %q", w.Code, w.Body)
 			}
-			srv.kill()
+			srv.Kill()
 			want := http.StatusServiceUnavailable
 			if open {
 				want = http.StatusOK
@@ -52,7 +48,7 @@ func TestOutageFailsFast(t *testing.T) {
 			if open && countUnavailable(reported) < len(reported)*95/100 {
 				t.Errorf("%d of %d reported errors match ErrUnavailable", countUnavailable(reported), len(reported))
 			}
-			srv.restart(t)
+			srv.Restart(t)
 			checkRecovery(t, h)
 		})
 	}
@@ -94,9 +90,18 @@ func checkOutage(t *testing.T, h http.Handler, want int) {
 // of the restart.
 func checkRecovery(t *testing.T, h http.Handler) {
 	t.Helper()
+	checkDecidedBy(t, h, "203.0.113.9:1", "")
+}
+
+// checkDecidedBy checks that a request from remote is served with the
+// RateLimit fields (RateLimit-Policy policy, if not empty) within a
+// second of the restart.
+func checkDecidedBy(t *testing.T, h http.Handler, remote, policy string) {
+	t.Helper()
 	start := time.Now()
 	for time.Since(start) < 5*time.Second {
-		if w := get(h, "203.0.113.9:1"); w.Code == http.StatusOK && w.Result().Header.Get("RateLimit") != "" {
+		w := get(h, remote)
+		if h := w.Result().Header; w.Code == http.StatusOK && h.Get("RateLimit") != "" && (policy == "" || h.Get("RateLimit-Policy") == policy) {
 			if took := time.Since(start); took > time.Second {
 				t.Errorf("decided again %v after the restart, want within 1s", took)
 			}
@@ -117,68 +122,6 @@ func countUnavailable(errs []error) int {
 	return n
 }
 
-// server is a redis-server of the test's own, which it kills and starts
-// again on the same port.
-type server struct {
-	bin, addr string
-	args      []string
-	cmd       *exec.Cmd
-}
-
-// startServer starts a redis-server on a free port, denied scripting as
-// make test's is; it skips the test where there is none (fails under CI).
-func startServer(t *testing.T) *server {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("redis-server is not installed: CI must run the outage test (use make test)")
-		}
-		t.Skip("redis-server is not installed")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	s := &server{bin: bin, addr: "127.0.0.1:" + strconv.Itoa(port), args: []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir(), "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-@scripting"}}
-	s.start(t)
-	t.Cleanup(s.kill)
-	return s
-}
-
-// start runs the server and waits until it answers.
-func (s *server) start(t *testing.T) {
-	t.Helper()
-	s.cmd = exec.Command(s.bin, s.args...)
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
-	defer rdb.Close()
-	for deadline := time.Now().Add(10 * time.Second); rdb.Ping(context.Background()).Err() != nil; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on %s did not answer within 10s", s.addr)
-		}
-	}
-}
-
-// kill ends the server at once (SIGKILL), as a crash would.
-func (s *server) kill() {
-	if s.cmd != nil && s.cmd.Process != nil && s.cmd.ProcessState == nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	}
-}
-
-// restart starts the server again on its port.
-func (s *server) restart(t *testing.T) {
-	t.Helper()
-	s.start(t)
-}
-
 // TestOutageEachStrategy: the middleware, failing open, under every
 // strategy, with ten clients in turn and Redis killed: after the first
 // request that failed to be decided, the p99 of the middleware's own time
@@ -188,8 +131,8 @@ func (s *server) restart(t *testing.T) {
 func TestOutageEachStrategy(t *testing.T) {
 	for _, s := range []leakybucket.Strategy{leakybucket.Logs, leakybucket.SortedSet, leakybucket.Windows(time.Millisecond)} {
 		t.Run(s.String(), func(t *testing.T) {
-			srv := startServer(t)
-			rdb := redis.NewClient(&redis.Options{Addr: srv.addr})
+			srv := redisserver.Start(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			t.Cleanup(func() { _ = rdb.Close() })
 			b := bucket(t, rdb, leakybucket.WithStrategy(s), leakybucket.PerClient(leakybucket.PerMinute(1_000_000)))
 			var reported []error
@@ -198,7 +141,7 @@ func TestOutageEachStrategy(t *testing.T) {
 			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK {
 				t.Fatalf("before the kill: %d %q", w.Code, w.Body)
 			}
-			srv.kill()
+			srv.Kill()
 			meter := stall.Start()
 			var own []time.Duration
 			for c := range 10 {
@@ -224,8 +167,57 @@ func TestOutageEachStrategy(t *testing.T) {
 			if p99 := own[len(own)*99/100]; p99 > 20*time.Millisecond {
 				t.Errorf("p99 of the %d requests after the first failed one = %v, want at most 20ms", len(own), p99)
 			}
-			srv.restart(t)
+			srv.Restart(t)
 			checkRecovery(t, h)
+		})
+	}
+}
+
+// TestOutageFallback: with the Bucket's fallback (WithFallback(2)), under
+// every strategy, Redis killed: no request waits for it nor reaches the
+// failure policy; each is decided in process by the share of the rule, 5
+// of 10 a minute, which RateLimit-Policy advertises while it applies: 5
+// served, then 429 with Retry-After; and requests are decided by Redis
+// again, with the rule's own quota, within a second of a restart.
+func TestOutageFallback(t *testing.T) {
+	for _, s := range []leakybucket.Strategy{leakybucket.Logs, leakybucket.SortedSet, leakybucket.Windows(time.Millisecond)} {
+		t.Run(s.String(), func(t *testing.T) {
+			srv := redisserver.Start(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { _ = rdb.Close() })
+			b := bucket(t, rdb, leakybucket.WithStrategy(s), leakybucket.PerClient(leakybucket.PerMinute(10)), leakybucket.WithFallback(2))
+			var reported []error
+			// A decision timeout long enough that only a request the
+			// fallback could not decide fails, not one that this loaded
+			// machine stalled.
+			h := handler(t, b, WithDecisionTimeout(5*time.Second), WithFailOpen(func(_ *http.Request, err error) { reported = append(reported, err) }))
+			const onRedis, inProcess = `"per-client-60s";q=10;w=60`, `"per-client-60s";q=5;w=60`
+			if w := get(h, "203.0.113.9:1"); w.Code != http.StatusOK || w.Header().Get("RateLimit-Policy") != onRedis {
+				t.Fatalf("before the kill: %v, policy %q", responseOf(w), w.Header().Get("RateLimit-Policy"))
+			}
+			srv.Kill()
+			var took []time.Duration
+			for i := range 8 {
+				start := time.Now()
+				w := get(h, "203.0.113.10:1")
+				took = append(took, time.Since(start))
+				want := http.StatusOK
+				if i >= 5 {
+					want = http.StatusTooManyRequests
+				}
+				if w.Code != want || w.Header().Get("RateLimit-Policy") != inProcess || (i >= 5) != (w.Header().Get("Retry-After") != "") {
+					t.Errorf("request %d in process: %v, policy %q; want %d, policy %s", i, responseOf(w), w.Header().Get("RateLimit-Policy"), want, inProcess)
+				}
+			}
+			t.Logf("requests in process took %v", took)
+			if slowest := slices.Max(took[1:]); slowest > 10*time.Millisecond {
+				t.Errorf("a request after the first took %v in process, want at most 10ms", slowest)
+			}
+			if len(reported) > 0 {
+				t.Errorf("the failure policy heard %v, want nothing: the fallback decides", reported)
+			}
+			srv.Restart(t)
+			checkDecidedBy(t, h, "203.0.113.11:1", onRedis)
 		})
 	}
 }

@@ -26,6 +26,13 @@
 //	request_canceled  the context ended before a decision (ErrorDeadline)
 //	error             any other error: error.type says which
 //
+// While a Bucket's fallback decides in process (leakybucket.WithFallback),
+// its calls carry leakybucket.fallback=true on both instruments, and its
+// policies are the shares it applies ("per-client 3 per 1m0s"): the
+// switch to the fallback and back shows as the series with the attribute
+// starting and stopping. The attribute is absent on the calls Redis
+// decides, so that a Bucket without a fallback keeps its series.
+//
 // leakybucket.policy names the rules that denied, by Rule.String, joined
 // with " + " in the order given to leakybucket.New: "per-client 10 per
 // 1m0s", or "per-resource 100 per 30m0s + per-client 10 per 30m0s" when
@@ -64,6 +71,10 @@ const (
 	OperationKey = attribute.Key("leakybucket.operation")
 	// ErrorTypeKey is the semantic conventions' error.type.
 	ErrorTypeKey = attribute.Key("error.type")
+	// FallbackKey is true on the calls that a Bucket's fallback decided
+	// in process while Redis was unreachable (leakybucket.WithFallback,
+	// Decision.Fallback), and absent on every other.
+	FallbackKey = attribute.Key("leakybucket.fallback")
 )
 
 // The values of ResultKey.
@@ -151,7 +162,7 @@ func (r *recorder) observe(ctx context.Context, d leakybucket.Decision) {
 // attributes returns extra and the attributes of d's outcome: the result
 // (for an Allow), the denying rules, the error's type.
 func attributes(d leakybucket.Decision, extra []attribute.KeyValue) []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, len(extra)+4)
+	attrs := make([]attribute.KeyValue, 0, len(extra)+5)
 	attrs = append(attrs, extra...)
 	if d.Op == leakybucket.OpAllow {
 		attrs = append(attrs, ResultKey.String(result(d)))
@@ -161,6 +172,9 @@ func attributes(d leakybucket.Decision, extra []attribute.KeyValue) []attribute.
 	}
 	if d.Err != nil {
 		attrs = append(attrs, ErrorTypeKey.String(errorType(d.ErrKind)))
+	}
+	if d.Fallback {
+		attrs = append(attrs, FallbackKey.Bool(true))
 	}
 	return attrs
 }

@@ -315,6 +315,13 @@ func (l *Counts) sweepNext(now int64) {
 	}
 }
 
+// Sweep does what every decision does beside its own: every sweepEvery
+// calls, it sweeps the next shard in turn. For a caller that decides
+// mostly elsewhere (a Bucket's fallback, while Redis answers), so that
+// the scopes of its last decisions are freed once they leave every
+// window, though no decision comes here any more.
+func (l *Counts) Sweep() { l.sweepNext(l.now()) }
+
 // sweep frees the scopes that no window counts any more at now.
 func (sh *shard) sweep(now, longest int64) {
 	for s := sh.oldest; s != nil && s.written+longest <= now; s = sh.oldest {

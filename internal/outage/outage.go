@@ -9,9 +9,9 @@
 // once with ErrUnavailable, the last cause in its chain, while a single
 // background probe per server dials it and sends PING, waiting a little
 // longer after each failure, until it answers. Then calls go to Redis
-// again. A call that has waited for Redis longer than SuspectAfter, or ran
-// out of time while Redis was silent, makes the probe look too, at most
-// once per suspectEvery: go-redis retries a refused dial for half a second
+// again. A call that has waited for Redis longer than SuspectAfter (and
+// again every suspectEvery while it waits), or ran out of time while Redis
+// was silent, makes the probe look too, at most once per suspectEvery: go-redis retries a refused dial for half a second
 // before it says so, and returns the bare context error to a caller whose
 // deadline comes first, while the probe's own dial is refused at once. If
 // the server is gone, the breaker opens: the calls still waiting for it
@@ -114,6 +114,34 @@ func (br *Breaker) Refusal() error {
 func (br *Breaker) Suspect() {
 	if br.down.Load() == nil {
 		br.startProbe(true)
+	}
+}
+
+// Suspecting makes the probe look (Suspect) once a call has waited for
+// the server for SuspectAfter, and again every suspectEvery while it
+// still waits, until stop is called. Not once only: a probe that found
+// the server there a moment before it was killed would leave the call to
+// wait out its deadline, as the suspicions within suspectEvery of it are
+// dropped. The probes stay at most one per suspectEvery.
+func (br *Breaker) Suspecting() (stop func()) {
+	var mu sync.Mutex // guards t and stopped
+	var t *time.Timer
+	stopped := false
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(SuspectAfter, func() {
+		br.Suspect()
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(suspectEvery)
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
 	}
 }
 

@@ -7,12 +7,15 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 func TestGone(t *testing.T) {
@@ -68,4 +71,53 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 	if bs.AnyOpen() {
 		t.Error("AnyOpen after the probe closed it")
 	}
+}
+
+// A call that waits suspects again every suspectEvery: a probe that found
+// the server there a moment before it went away, which drops the
+// suspicions within suspectEvery of it, does not leave the call to wait
+// out its deadline. On fake time, with a server that answers PING until
+// it is gone, and then refuses.
+func TestSuspectingLooksAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var gone atomic.Bool
+		dial := func(context.Context, string, string) (net.Conn, error) {
+			if gone.Load() {
+				return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+			}
+			c, s := net.Pipe()
+			go func() {
+				defer s.Close()
+				var buf [64]byte
+				if _, err := s.Read(buf[:]); err == nil {
+					_, _ = io.WriteString(s, "+PONG\r\n")
+				}
+			}()
+			return c, nil
+		}
+		rdb := redis.NewClient(&redis.Options{Addr: "server", Dialer: dial,
+			// Its endpoint detection would resolve the address with DNS,
+			// which cannot run inside a synctest bubble.
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+		defer rdb.Close()
+		var bs Breakers
+		br := bs.Of(rdb)
+		br.Suspect() // a slow call: the probe finds the server there
+		synctest.Wait()
+		gone.Store(true)
+		stop := br.Suspecting() // a call waits for the server, now gone
+		time.Sleep(SuspectAfter)
+		synctest.Wait()
+		if br.Admit() != nil {
+			t.Fatal("open after SuspectAfter, within suspectEvery of the last probe: want that suspicion dropped")
+		}
+		time.Sleep(suspectEvery)
+		synctest.Wait()
+		if br.Admit() == nil {
+			t.Error("still closed suspectEvery later: the waiting call did not suspect again")
+		}
+		stop()
+		gone.Store(false) // the probe finds it back, and ends
+		time.Sleep(time.Second)
+	})
 }

@@ -1,0 +1,88 @@
+package leakybucket
+
+import (
+	"context"
+)
+
+// The fallback (WithFallback): a Bucket's calls go to Redis while the
+// breaker of their server is closed, and are decided in process, by each
+// rule's share, while it is open.
+
+// fallback is the backend of a Bucket made WithFallback: the counts in
+// Redis, and the shares' counts in process for when Redis is unreachable.
+type fallback struct {
+	*remote
+	local *localCounts
+}
+
+// newFallback returns the backend of a Bucket of cfg WithFallback, on r.
+func newFallback(cfg config, r *remote) (*fallback, error) {
+	local, err := newLocalCounts(cfg.strategy, sharesOf(cfg))
+	if err != nil {
+		return nil, err
+	}
+	return &fallback{remote: r, local: local}, nil
+}
+
+// sharesOf returns the plan of cfg's fallback: each rule's Requests
+// divided by the instances, rounded down, so that the instances together
+// never admit more than the rule.
+func sharesOf(cfg config) plan {
+	shared := cfg
+	shared.rules = make([]Rule, len(cfg.rules))
+	for i, r := range cfg.rules {
+		r.Limit.Requests /= cfg.instances
+		shared.rules[i] = r
+	}
+	p := newPlan(shared)
+	p.fallback = true
+	return p
+}
+
+// allow decides a call on Redis, or in process if Redis is unreachable:
+// the breaker refused the call or cut it, or the call found the server
+// gone. A call decided on Redis lets the process's counts free what left
+// their windows, so that an outage's clients do not outlive it there.
+func (f *fallback) allow(ctx context.Context, resource, client string, n int, res *Result) error {
+	err := f.remote.allow(ctx, resource, client, n, res)
+	if !f.down(ctx, resource, err) {
+		if err == nil {
+			f.local.counts.Sweep()
+		}
+		return err
+	}
+	return f.local.allow(ctx, resource, client, n, res)
+}
+
+// read reads on Redis, or in process if Redis is unreachable.
+func (f *fallback) read(ctx context.Context, resource, client string, n int) (reading, error) {
+	rd, err := f.remote.read(ctx, resource, client, n)
+	if !f.down(ctx, resource, err) {
+		return rd, err
+	}
+	return f.local.read(ctx, resource, client, n)
+}
+
+// flush forgets client's counts in process and on Redis: an error says
+// that Redis's are left.
+func (f *fallback) flush(ctx context.Context, resource, client string) error {
+	if err := f.local.flush(ctx, resource, client); err != nil {
+		return err
+	}
+	return f.remote.flush(ctx, resource, client)
+}
+
+// flushAll forgets every count of resource in process and on Redis.
+func (f *fallback) flushAll(ctx context.Context, resource string) error {
+	if err := f.local.flushAll(ctx, resource); err != nil {
+		return err
+	}
+	return f.remote.flushAll(ctx, resource)
+}
+
+// down reports whether a call at resource that ended with err on Redis
+// is the fallback's to decide: its server is unreachable (see gone). Not
+// a call whose context has ended: it is decided nowhere.
+func (f *fallback) down(ctx context.Context, resource string, err error) bool {
+	return err != nil && ctx.Err() == nil && f.remote.gone(ctx, resource, err)
+}
