@@ -84,7 +84,8 @@ var (
 	// WAIT itself failed (its error, such as NOPERM, is in the chain). No
 	// call of that decision was admitted, and its writes were taken back.
 	// It always comes with ErrUnavailable: match either. It never opens
-	// the breaker: the server itself answers.
+	// the breaker: the server itself answers. WithFallback, the call gets
+	// no error: the fallback decides it in process.
 	ErrNotReplicated = txn.ErrNotReplicated
 
 	// ErrLockExpired: the lock expired (or changed hands) before the decision

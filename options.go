@@ -169,9 +169,10 @@ func WithoutBreaker() Option {
 // cron tick, up to 100 ms late with its default hz, so the wait leaves
 // that and a fifth of the time left.
 // A decision whose writes too few replicas acknowledged by then admits
-// no call: each fails with an error matching ErrUnavailable and
-// ErrNotReplicated, and what the decision wrote is taken back, as for a
-// denied call, before the callers are answered. So while a replica lags
+// no call on Redis: what the decision wrote is taken back, as for a
+// denied call, and then each call fails with an error matching
+// ErrUnavailable and ErrNotReplicated, or, WithFallback, is decided by
+// the fallback in process, by its share of the rules. So while a replica lags
 // behind by more than timeout, is paused or gone, or the server has fewer
 // than n, every call fails after its wait: choose timeout above the
 // replicas' usual lag (a round trip to them, a millisecond or two on a
@@ -199,7 +200,9 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // instances is how many processes share the Bucket's rules, so that
 // together they admit no more than a rule allows. A call whose decision
 // was under way when the breaker opened, or that found the server gone,
-// is decided in process too. The Result says so (Result.Fallback; its
+// is decided in process too, and so is one whose decision its replicas did
+// not acknowledge (WithReplicas), though the breaker stays closed for it.
+// The Result says so (Result.Fallback; its
 // Rules and DeniedBy name the divided rules), and so does the observer's
 // Decision. Calls go to Redis again as soon as the breaker's probe finds
 // the server back. What was counted in process is never written to

@@ -269,3 +269,51 @@ func waitUncounted(t testing.TB, admin redis.UniversalClient, prefix string) int
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestReplicasFallback: WithReplicas and WithFallback, on a server whose
+// replicas do not acknowledge (miniredis, its WAIT answering 0): every
+// call is decided by the fallback, in process, by its share (the limit,
+// for one instance), with no error; nothing stays counted on Redis, whose
+// breaker stays closed (Peek reads Redis); once the replicas acknowledge,
+// the calls are decided on Redis again, which counts from nothing.
+func TestReplicasFallback(t *testing.T) {
+	t.Parallel()
+	for _, s := range strategies {
+		t.Run(s.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			m := miniredis.RunT(t)
+			acks := &atomic.Int64{}
+			m.Server().SetPreHook(ackedBy(acks))
+			rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { _ = rdb.Close() })
+			b, err := New(rdb, append(replicaRules(), WithStrategy(s), WithReplicas(1, 20*time.Millisecond), WithFallback(1))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			admitted := 0
+			for i := range 7 {
+				res, err := b.Allow(ctx, "r", "c")
+				if err != nil || !res.Fallback {
+					t.Fatalf("call %d, not acknowledged: %+v, %v: want decided by the fallback, no error", i, res, err)
+				}
+				if res.Allowed {
+					admitted++
+				}
+			}
+			if admitted != 5 {
+				t.Errorf("the fallback admitted %d of 7 calls, want its share, 5", admitted)
+			}
+			if w := weightUnder(t, rdb, DefaultPrefix); w != 0 {
+				t.Errorf("Redis's keys count %d units after the take-backs: %q", w, keysUnder(t, rdb, DefaultPrefix))
+			}
+			if res, err := b.Peek(ctx, "r", "c"); err != nil || res.Fallback || res.Rules[0].Remaining != 4 {
+				t.Errorf("Peek = %+v, %v: want read on Redis (the breaker closed), nothing counted (4 left after one more)", res, err)
+			}
+			acks.Store(1)
+			if res, err := b.Allow(ctx, "r", "c"); err != nil || res.Fallback || !res.Allowed || res.Rules[0].Remaining != 4 {
+				t.Errorf("acknowledged: %+v, %v: want admitted on Redis, 4 left", res, err)
+			}
+		})
+	}
+}
