@@ -438,12 +438,13 @@ func sentinelDeployment(t *testing.T) deployment {
 	}
 }
 
-// startSentinel starts a Sentinel (redis-server --sentinel) on a free
-// loopback port, monitoring the primary at addr as "m" with a quorum of
-// 1, and returns its address. It is killed when the test ends.
+// startSentinel starts a Sentinel (redis-sentinel, Debian's package of
+// it, which scripts/test.sh installs) on a free loopback port, monitoring
+// the primary at addr as "m" with a quorum of 1, and returns its address.
+// It is killed when the test ends.
 func startSentinel(t *testing.T, primary string) string {
 	t.Helper()
-	bin := redisServerBin(t)
+	bin := binOrSkip(t, "redis-sentinel")
 	host, port := hostPort(t, primary)
 	for range 3 {
 		dir := t.TempDir()
@@ -455,7 +456,7 @@ func startSentinel(t *testing.T, primary string) string {
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, conf, "--sentinel")
+		cmd := exec.Command(bin, conf)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -476,7 +477,7 @@ func startSentinel(t *testing.T, primary string) string {
 			}
 		}
 	}
-	t.Fatal("redis-server --sentinel would not start on 3 ports in a row")
+	t.Fatal("redis-sentinel would not start on 3 ports in a row")
 	return ""
 }
 
