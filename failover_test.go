@@ -592,7 +592,8 @@ func resourceIn(t *testing.T, node *redis.Client, from, to int64) string {
 // TestReplicaStops: WithReplicas, a replica that stops acknowledging
 // (SIGSTOP) makes every call fail as unavailable, with ErrNotReplicated,
 // within its deadline, even where the wait asked for is longer than the
-// deadline; nothing the calls wrote stays counted once they returned and
+// deadline, or, WithFallback, be decided by the fallback, with no error,
+// within its deadline; nothing the calls wrote stays counted once they returned and
 // their take-backs ran (the keys are read); the breaker stays closed; and
 // the calls are admitted again once the replica resumes. Before, with the
 // replica in sync, an uncontended decision costs the round trips it costs
@@ -632,6 +633,11 @@ func TestReplicaStops(t *testing.T) {
 			checkReplicaStopped(t, slow, time.Second)
 			if w := waitUncounted(t, p, prefix); w != 0 {
 				t.Errorf("the keys still count %d units: %q", w, keysUnder(t, p, prefix))
+			}
+			fb := faultBucket(t, rdb, append(rules, WithPrefix("fb"+prefix), WithReplicas(1, 50*time.Millisecond), WithFallback(1))...)
+			checkReplicaFallback(t, fb, 500*time.Millisecond)
+			if w := waitUncounted(t, p, "fb"+prefix); w != 0 {
+				t.Errorf("WithFallback: the keys still count %d units: %q", w, keysUnder(t, p, "fb"+prefix))
 			}
 			if res, err := b.Peek(context.Background(), "r", "c0"); err != nil || res.Rules[0].Remaining != 4 {
 				t.Errorf("Peek = %+v, %v: want nothing counted, and the breaker closed", res, err)
@@ -677,5 +683,16 @@ func checkReplicaStopped(t *testing.T, b *Bucket, deadline time.Duration) {
 	t.Helper()
 	if bad := unreplicatedCalls(b, 10, deadline); len(bad) > 0 {
 		t.Errorf("deadline %v: %d of 30 calls were not unavailable and not replicated in time; first: %s", deadline, len(bad), bad[0])
+	}
+}
+
+// checkReplicaFallback: calls of several clients at once, each with
+// deadline, all decided by the fallback (each client's three calls
+// within its share), in time.
+func checkReplicaFallback(t *testing.T, b *Bucket, deadline time.Duration) {
+	t.Helper()
+	bad := callsAtOnce(b, 10, deadline, func(res Result, err error) bool { return err == nil && res.Fallback && res.Allowed })
+	if len(bad) > 0 {
+		t.Errorf("WithFallback, deadline %v: %d of 30 calls were not admitted by the fallback in time; first: %s", deadline, len(bad), bad[0])
 	}
 }

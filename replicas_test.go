@@ -155,6 +155,16 @@ func checkAcknowledged(t *testing.T, s Strategy, srv replicaServer) {
 // late the scheduler woke a sleeping goroutine meanwhile, which the
 // library cannot help (on a loaded 2-core machine, tens of ms).
 func unreplicatedCalls(b *Bucket, clients int, deadline time.Duration) []string {
+	return callsAtOnce(b, clients, deadline, func(res Result, err error) bool {
+		return errors.Is(err, ErrUnavailable) && errors.Is(err, ErrNotReplicated) && !res.Allowed
+	})
+}
+
+// callsAtOnce makes three calls of b from each of clients clients at
+// once, each with deadline, and describes those of which want is false,
+// or that did not end by their deadline, bar 20 ms and the scheduler's
+// lag (see unreplicatedCalls).
+func callsAtOnce(b *Bucket, clients int, deadline time.Duration, want func(Result, error) bool) []string {
 	type call struct {
 		res  Result
 		err  error
@@ -179,7 +189,7 @@ func unreplicatedCalls(b *Bucket, clients int, deadline time.Duration) []string 
 	var bad []string
 	for _, cs := range calls {
 		for _, c := range cs {
-			if !errors.Is(c.err, ErrUnavailable) || !errors.Is(c.err, ErrNotReplicated) || c.res.Allowed || c.took > deadline+20*time.Millisecond+lag {
+			if !want(c.res, c.err) || c.took > deadline+20*time.Millisecond+lag {
 				bad = append(bad, fmt.Sprintf("%+v, %v after %v (the scheduler's lag: %v)", c.res, c.err, c.took.Round(time.Millisecond), lag.Round(time.Millisecond)))
 			}
 		}
