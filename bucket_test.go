@@ -425,6 +425,10 @@ func TestBadInput(t *testing.T) {
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(999 * time.Microsecond))}, ErrInvalidOption},
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-time.Second))}, ErrInvalidOption},
 			{[]Option{PerClient(PerMinute(1)), PerResource(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(-1, time.Second)}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(1, 0)}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(1, 999*time.Microsecond)}, ErrInvalidOption},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(2, -time.Second)}, ErrInvalidOption},
 		} {
 			if _, err := e.new(tc.opts...); !errors.Is(err, tc.want) {
 				t.Errorf("New(%d options) error = %v, want %v", len(tc.opts), err, tc.want)
