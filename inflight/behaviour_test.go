@@ -129,31 +129,33 @@ func TestAcquireWaitsInOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan string, 3)
-		leases := make(chan *Lease, 3)
-		for _, who := range []string{"a", "b", "c"} {
+		type served struct {
+			who string
+			le  *Lease
+			err error
+		}
+		got := make(chan served, 3)
+		for i, who := range []string{"a", "b", "c"} {
 			go func() {
 				le, err := l.Acquire(ctx, "r", who)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				got <- who
-				leases <- le
+				got <- served{who, le, err}
 			}()
-			time.Sleep(50 * time.Millisecond) // arrive in order
+			waitForWaiters(t, l, "r", i+1) // arrive in order
 		}
 		// A newcomer is refused while others wait, even with room.
 		if err := first.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 		for _, want := range []string{"a", "b", "c"} {
-			if who := <-got; who != want {
-				t.Fatalf("served %s, want %s", who, want)
+			s := <-got
+			if s.err != nil {
+				t.Fatalf("Acquire(%s) = %v", s.who, s.err)
 			}
-			le := <-leases
+			if s.who != want {
+				t.Fatalf("served %s, want %s", s.who, want)
+			}
 			time.Sleep(20 * time.Millisecond)
-			if err := le.Release(ctx); err != nil {
+			if err := s.le.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
