@@ -235,7 +235,7 @@ func (l *commandLog) all() []string {
 
 // Each method sends exactly what commands_test.go lists for it. Every
 // method runs down each of its paths, for rules per resource, per client and
-// both: Allow with intervals to prune and a weight that saturates a Windows
+// both, and WithRecordDenied: Allow with intervals to prune and a weight that saturates a Windows
 // interval, Flush of a client that shares an interval with another, FlushAll
 // of a resource with keys left. Each call may send only its method's
 // commands; on miniredis, whose fake time makes the paths certain, the calls
@@ -278,6 +278,7 @@ func TestCommandsPerMethod(t *testing.T) {
 			{"per-resource", []Option{PerResource(limit)}},
 			{"per-client", []Option{PerClient(limit)}},
 			{"both", []Option{PerResource(limit), PerClient(limit)}},
+			{"recorded", []Option{PerClient(limit), WithRecordDenied()}},
 		} {
 			opts := append(rules.opts, WithPrefix(e.prefix+":"+rules.name))
 			b, elsewhere := e.bucket(t, opts...), e.bucket(t, opts...)

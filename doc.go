@@ -11,7 +11,7 @@
 // denied call is a Result with Allowed false, never an error.
 //
 // A Strategy decides how the counts are kept. SortedSet (a sliding log
-// per rule, capped at its limit) and Windows(precision) (per-interval
+// per rule, in a sorted set) and Windows(precision) (per-interval
 // weights in a hash; a rule may carry a precision of its own, and under
 // FixedWindows a rule without one is a fixed window) decide in one
 // MULTI/EXEC without a lock: the

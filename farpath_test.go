@@ -162,7 +162,7 @@ func (f *farTxns) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 		for _, c := range cmds {
 			args := c.Args()
 			switch commandName(c) {
-			case "zremrangebyrank":
+			case "pexpire": // a set the decision wrote to
 				writes = true
 			case "zrange":
 				oldest = oldest || len(args) > 2 && fmt.Sprint(args[2]) == "0"

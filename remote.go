@@ -32,7 +32,7 @@ type remote struct {
 	keyPrefix string              // the prefix and the tag of the strategy's key layout
 
 	clocks    clock.Set
-	batches   batch.Group[ask, Result, store.Carried]
+	batches   *batch.Group[ask, Result, store.Carried]
 	denials   denials.Cache[Result]
 	foresight *foresight.Foresight
 	breakers  *outage.Breakers // shared by the Buckets of a Tiers
@@ -45,11 +45,11 @@ func newRemote(cfg config, p plan, st store.Store, node func(context.Context, st
 	if r.breakers == nil {
 		r.breakers = &outage.Breakers{}
 	}
-	r.batches.Run, r.batches.Workers = r.decideBatch, lockFreeWorkers
+	workers := lockFreeWorkers
 	if st.Locked() {
-		r.batches.Workers = 1
+		workers = 1
 	}
-	r.batches.Idle = func(l *line) { l.State.Flush() }
+	r.batches = batch.NewGroup(workers, func(l *line) { l.State.Flush() })
 	return r
 }
 
@@ -97,7 +97,7 @@ func (r *remote) decide(ctx context.Context, resource, client string, n int) (Re
 		return Result{}, err
 	}
 	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}, Cut: cut}
-	res, err := r.batches.Do(r.batchKey(resource, client), call)
+	res, err := r.batches.Do(r.batchKey(resource, client), call, r.decideBatch)
 	if errors.Is(err, batch.ErrCut) {
 		return Result{}, br.Refusal()
 	}
@@ -129,10 +129,12 @@ func (r *remote) batchKey(resource, client string) string {
 func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
-	where.Carry, where.Busy, where.Acks = &l.State, l.Busy, r.acks(calls)
+	var ahead store.Carried
+	where.Carry, where.Busy, where.Ahead, where.Acks = &l.State, l.Busy, &ahead, r.acks(calls)
 	if err != nil {
 		return err
 	}
+	defer ahead.Flush() // what no decision carried, sent alone
 	if !r.cfg.noBreaker {
 		// A batch that waits this long for Redis makes the breaker look
 		// whether the server is gone: see breaker.go.
@@ -146,19 +148,10 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 		r.foresight.Foresee(resource, requests, now)
 	}
 	again, err := r.decideRequests(ctx, where, calls, requests)
-	if err != nil || len(again) == 0 {
+	if err != nil {
 		return err
 	}
-	// Calls that only looked, and had room: decided again, writing. Only
-	// their callers get this round's error.
-	retry := make([]*queued, len(again))
-	for i, j := range again {
-		retry[i] = calls[j]
-		requests[i] = limits.Call{Client: calls[j].Req.client, N: calls[j].Req.n}
-	}
-	if _, err := r.decideRequests(ctx, where, retry, requests[:len(again)]); err != nil {
-		r.batches.Fail(retry, classify(err))
-	}
+	r.decideAgain(ctx, where, calls, requests, again)
 	return nil
 }
 
@@ -178,6 +171,34 @@ func (r *remote) acks(calls []*queued) txn.Acks {
 	return a
 }
 
+// redo is a call of a batch to decide again: call i, looking only or not.
+type redo struct {
+	i    int
+	look bool
+}
+
+// decideAgain decides again the calls of a round that again lists: those
+// that looked and had room, writing; those read Short that their counts
+// denied, looking, for the full read that their denial's Result needs
+// (and if they find room after all, once more, writing). So no call is
+// decided more than three times. requests is the round's, reused. Only
+// the callers of a round that fails get its error.
+func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call, again []redo) {
+	for len(again) > 0 {
+		retry := make([]*queued, len(again))
+		for i, a := range again {
+			retry[i] = calls[a.i]
+			requests[i] = limits.Call{Client: calls[a.i].Req.client, N: calls[a.i].Req.n, Look: a.look}
+		}
+		calls, requests = retry, requests[:len(again)]
+		var err error
+		if again, err = r.decideRequests(ctx, where, calls, requests); err != nil {
+			r.batches.Fail(calls, classify(err))
+			return
+		}
+	}
+}
+
 // foresees reports whether calls may be sent to look only: not under Logs,
 // whose lock lets no other decision count a call before it is judged, nor
 // with WithRecordDenied, under which every call counts.
@@ -188,8 +209,8 @@ func (r *remote) foresees() bool {
 // decideRequests has the store decide calls (requests, by call), and
 // returns the calls that only looked and had room, or were read Short and
 // had none, to decide again.
-func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]int, error) {
-	var again []int
+func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]redo, error) {
+	var again []redo
 	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		c := calls[i].Req
 		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
@@ -199,7 +220,7 @@ func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*
 			if v.Short {
 				r.foresight.Saw(c.resource, c.client, v, c.n, false)
 			}
-			again = append(again, i)
+			again = append(again, redo{i: i, look: v.Short})
 			return false
 		}
 		recorded := r.batches.Settle(calls[i], res) && (res.Allowed || r.cfg.recordDenied)

@@ -43,11 +43,11 @@ var (
 	Logs Strategy = logsStrategy{}
 
 	// SortedSet keeps one sorted set per rule and scope (the resource for a
-	// per-resource rule, each (resource, client) for a per-client one),
-	// capped at the rule's Requests: one member per unit of weight, scored
-	// by Redis time. A decision is one MULTI/EXEC that adds the call and
-	// removes it again if it went past the cap, so it decides by the
-	// call's position, in O(log n), with no lock. It is exact to within
+	// per-resource rule, each (resource, client) for a per-client one):
+	// one member per unit of weight, scored by Redis time. A decision is
+	// one MULTI/EXEC that trims the window, counts it and adds the call,
+	// in O(log n), with no lock; the call is decided from the count, and
+	// taken back by a second one if it was denied. It is exact to within
 	// the error of its estimate of Redis's clock (a stamp may be early,
 	// never late). A rule's Requests may be at most 1 000 000.
 	SortedSet Strategy = sortedSetStrategy{}

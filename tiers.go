@@ -36,8 +36,8 @@ var ErrUnknownTier = errors.New("leakybucket: unknown tier")
 //     tiers that differ only in Requests share every count: a client that
 //     used 8 of free's 10 has 92 of pro's 100 left, and lowering a limit
 //     below what a client used denies it until enough leaves the window.
-//   - SortedSet keeps one set per rule, named by its window and Requests
-//     and capped at Requests, so a tier with other Requests counts in sets
+//   - SortedSet keeps one set per rule, named by its window and Requests,
+//     so a tier with other Requests counts in sets
 //     of its own: a client changing tier, or a limit changing, starts
 //     from zero under the new rules (the old sets expire on their own).
 //     Changing this would change the key layout of the core.

@@ -193,7 +193,7 @@ func hotProse(b *strings.Builder, cfg config, rows []row) {
 	win := cells(rows, at(hot, hi), windowsName)
 	fmt.Fprintf(b, "- **A hot key** is batched: the concurrent calls of one Bucket for one resource are decided together, in one MULTI/EXEC (SortedSet, Windows) or under one lock (Logs), so a decision costs %s round trips. "+
 		"At %s/min the limit is soon reached and every later call is denied: the strategies answer %s decisions/s, %s redis_rate. "+
-		"At %s/min every call is admitted and recorded: Logs SCANs every log key in the window and SortedSet adds to a set capped at the limit (O(log n)), %s decisions/s (%s redis_rate, p99 %s), while Windows adds to one hash of at most window / precision fields: %s (%s redis_rate, p99 %s).\n",
+		"At %s/min every call is admitted and recorded: Logs SCANs every log key in the window and SortedSet adds to a sorted set of the window's calls (O(log n)), %s decisions/s (%s redis_rate, p99 %s), while Windows adds to one hash of at most window / precision fields: %s (%s redis_rate, p99 %s).\n",
 		spanRows(cells(rows, hot, ours...), tripsOf, tripsFmt),
 		thousands(int64(lo)), spanRows(atLo, rateOf, rate), spanVs(rows, atLo, redisRateName),
 		thousands(int64(hi)), spanRows(logged, rateOf, rate), spanVs(rows, logged, redisRateName), spanRows(logged, p99Of, latency),

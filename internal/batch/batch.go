@@ -1,12 +1,13 @@
 // Package batch decides concurrent calls together, as singleflight shares
 // one call among its callers. Calls that go to the same place (a key: the
-// same lock under Logs, the same resource otherwise) queue in one line. Worker goroutines, started as calls arrive (Group.Workers
-// per line: one under a lock, which admits one batch at a time)
-// and gone once the line is empty, take the waiting calls in batches and
-// hand each batch to Run, which decides its calls in arrival order, each
-// seeing the ones before it, in one store round (one MULTI/EXEC, or one
-// lock's two round trips under Logs). A hot resource then costs one round
-// trip per batch instead of one per call.
+// same lock under Logs, the same resource otherwise) queue in one line.
+// Worker goroutines, started as calls arrive (NewGroup's workers per line:
+// one under a lock, which admits one batch at a time) and gone once the
+// line is empty, take the waiting calls in batches and hand each batch to
+// the function that Do was given, which decides its calls in arrival
+// order, each seeing the ones before it, in one store round (one
+// MULTI/EXEC, or one lock's two round trips under Logs). A hot resource
+// then costs one round trip per batch instead of one per call.
 //
 // A batch runs detached from its callers' contexts (it keeps the values of
 // the first one's, for tracing): its deadline is the latest of theirs, and
@@ -95,18 +96,10 @@ type batch[Q, R any] struct {
 	cancel context.CancelFunc
 }
 
-// A Group holds the lines of one Bucket. Set Run, Idle and Workers
-// before the first Do.
+// A Group holds the lines of one Bucket.
 type Group[Q, R, S any] struct {
-	// Run decides a batch: for each call, Settle with its result or Fail.
-	Run func(ctx context.Context, calls []*Call[Q, R], line *Line[Q, R, S]) error
-	// Idle runs when a line's last worker stops: no batch is left to
-	// carry what the last one handed on.
-	Idle func(line *Line[Q, R, S])
-	// Workers is how many batches of one line may be under way at once:
-	// one under a lock, more where Redis's transactions alone keep the
-	// counts exact.
-	Workers int
+	workers int                       // see NewGroup
+	idle    func(line *Line[Q, R, S]) // see NewGroup
 
 	mu    sync.Mutex
 	lines map[string]*Line[Q, R, S] // by key
@@ -119,6 +112,17 @@ type Group[Q, R, S any] struct {
 	decision atomic.Int64
 	tried    atomic.Int64
 }
+
+// NewGroup returns a Group whose lines run up to workers batches at once
+// (one under a lock, more where Redis's transactions alone keep the counts
+// exact), and that calls idle, if not nil, when a line's last worker
+// stops: no batch is left to carry what the last one handed on.
+func NewGroup[Q, R, S any](workers int, idle func(line *Line[Q, R, S])) *Group[Q, R, S] {
+	return &Group[Q, R, S]{workers: max(workers, 1), idle: idle, lines: map[string]*Line[Q, R, S]{}}
+}
+
+// A Run decides a batch: for each call, Settle with its result or Fail.
+type Run[Q, R, S any] func(ctx context.Context, calls []*Call[Q, R], line *Line[Q, R, S]) error
 
 // probeEvery is how often a batch runs even when the average says it
 // cannot finish in time.
@@ -154,31 +158,29 @@ func (q *Group[Q, R, S]) hopeless(ctx context.Context) error {
 	return nil
 }
 
-// Do queues c in the line key, and returns its result once a batch
-// decided it, or its context's error once it ends.
-func (q *Group[Q, R, S]) Do(key string, c *Call[Q, R]) (R, error) {
+// Do queues c in the line key, and returns its result once a batch,
+// decided by run, decided it, or its context's error once it ends. Every
+// Do of a Group is given the same run.
+func (q *Group[Q, R, S]) Do(key string, c *Call[Q, R], run Run[Q, R, S]) (R, error) {
 	var zero R
 	if c.Ctx.Err() != nil {
 		return zero, GivenUp(c.Ctx, false, nil) // nothing sent
 	}
 	c.done = make(chan struct{})
 	q.mu.Lock()
-	if q.lines == nil {
-		q.lines = map[string]*Line[Q, R, S]{}
-	}
 	l := q.lines[key]
 	if l == nil {
 		l = q.newLine()
 		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
-	start := l.workers < max(q.Workers, 1)
+	start := l.workers < q.workers
 	if start {
 		l.workers++
 	}
 	q.mu.Unlock()
 	if start {
-		go q.work(key, l)
+		go q.work(key, l, run)
 	}
 	select {
 	case <-c.done:
@@ -272,20 +274,20 @@ func (e *waitError) Error() string {
 
 func (e *waitError) Unwrap() []error { return []error{e.cause, e.last} }
 
-// work runs batches of line l until it is empty.
-func (q *Group[Q, R, S]) work(key string, l *Line[Q, R, S]) {
+// work runs batches of line l with run until l is empty.
+func (q *Group[Q, R, S]) work(key string, l *Line[Q, R, S], run Run[Q, R, S]) {
 	for {
 		b, ctx := q.next(key, l)
 		if b == nil {
-			if q.Idle != nil {
-				q.Idle(l) // no batch left to carry what the last handed on
+			if q.idle != nil {
+				q.idle(l) // no batch left to carry what the last handed on
 			}
 			return
 		}
 		err := q.hopeless(ctx)
 		if err == nil {
 			start := time.Now()
-			err = q.Run(ctx, b.calls, l)
+			err = run(ctx, b.calls, l)
 			if err == nil && l.Lock.FreeSince(start) {
 				q.took(time.Since(start))
 			}

@@ -14,27 +14,28 @@ import (
 // group decides each call as its Req doubled, after d, recording the sizes
 // of its batches.
 type group struct {
-	Group[int, int, int]
+	*Group[int, int, int]
+	d       time.Duration
 	mu      sync.Mutex
 	batches []int
 	idle    int
 }
 
 func newGroup(d time.Duration, workers int) *group {
-	g := &group{}
-	g.Workers = workers
-	g.Run = func(ctx context.Context, calls []*Call[int, int], l *Line[int, int, int]) error {
-		time.Sleep(d)
-		g.mu.Lock()
-		g.batches = append(g.batches, len(calls))
-		g.mu.Unlock()
-		for _, c := range calls {
-			g.Settle(c, 2*c.Req)
-		}
-		return nil
-	}
-	g.Idle = func(*Line[int, int, int]) { g.mu.Lock(); g.idle++; g.mu.Unlock() }
+	g := &group{d: d}
+	g.Group = NewGroup(workers, func(*Line[int, int, int]) { g.mu.Lock(); g.idle++; g.mu.Unlock() })
 	return g
+}
+
+func (g *group) run(ctx context.Context, calls []*Call[int, int], l *Line[int, int, int]) error {
+	time.Sleep(g.d)
+	g.mu.Lock()
+	g.batches = append(g.batches, len(calls))
+	g.mu.Unlock()
+	for _, c := range calls {
+		g.Settle(c, 2*c.Req)
+	}
+	return nil
 }
 
 // Calls that arrive while a batch runs are decided together in the next,
@@ -46,7 +47,7 @@ func TestCallsWaitingAreOneBatch(t *testing.T) {
 		results := make([]int, 10)
 		for i := range results {
 			wg.Go(func() {
-				res, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: i})
+				res, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: i}, g.run)
 				if err != nil {
 					t.Error(err)
 				}
@@ -73,9 +74,9 @@ func TestCallsWaitingAreOneBatch(t *testing.T) {
 // and its call is recorded nowhere: Settle reports that no one waits.
 func TestAbandonedCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := &Group[int, int, int]{Workers: 1}
+		g := NewGroup[int, int, int](1, nil)
 		settled := make(chan bool, 1)
-		g.Run = func(ctx context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+		run := func(ctx context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
 			time.Sleep(time.Second)
 			settled <- g.Settle(calls[0], 1)
 			return nil
@@ -83,7 +84,7 @@ func TestAbandonedCall(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		_, err := g.Do("k", &Call[int, int]{Ctx: ctx, Req: 1})
+		_, err := g.Do("k", &Call[int, int]{Ctx: ctx, Req: 1}, run)
 		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 10*time.Millisecond {
 			t.Fatalf("Do = %v after %v, want the deadline after 10ms", err, time.Since(start))
 		}
@@ -97,8 +98,8 @@ func TestAbandonedCall(t *testing.T) {
 func TestFail(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		boom := errors.New("boom")
-		g := &Group[int, int, int]{Workers: 1}
-		g.Run = func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+		g := NewGroup[int, int, int](1, nil)
+		run := func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
 			if calls[0].Req == 1 {
 				g.Fail(calls, boom)
 				return nil
@@ -106,7 +107,7 @@ func TestFail(t *testing.T) {
 			return boom
 		}
 		for _, req := range []int{1, 2} {
-			if _, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: req}); !errors.Is(err, boom) {
+			if _, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: req}, run); !errors.Is(err, boom) {
 				t.Errorf("call %d: error %v, want boom", req, err)
 			}
 		}

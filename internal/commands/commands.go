@@ -63,7 +63,7 @@ var Strategies = map[string]map[Method]Sends{
 	},
 	"sortedset": {
 		Allow: {false, append(slices.Clone(Txn), "time", "zremrangebyscore", "zcard", "zrange", "zadd",
-			"zremrangebyrank", "pexpireat", "zrem"), []string{"ping"}},
+			"zremrangebyrank", "pexpire", "zrem"), []string{"ping"}},
 		Peek:     {false, []string{"time", "zcount", "zrangebyscore", "zrange"}, nil},
 		Flush:    {false, []string{"zrange", "multi", "del", "zrem", "exec"}, nil},
 		FlushAll: {false, []string{"scan", "del"}, nil},

@@ -91,11 +91,11 @@ func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 	defer f.mu.Unlock()
 	var written map[seenKey]int // weight of the batch's calls marked to write
 	for i := range calls {
-		calls[i].Look = !f.roomFor(resource, calls[i], now, written, false)
-		if calls[i].Look {
+		room, far := f.roomFor(resource, calls[i], now, written)
+		calls[i].Look, calls[i].Far = !room, far
+		if !room {
 			continue
 		}
-		calls[i].Far = f.roomFor(resource, calls[i], now, written, true)
 		if written == nil {
 			written = map[seenKey]int{}
 		}
@@ -106,20 +106,19 @@ func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 }
 
 // roomFor reports whether every rule showed room for c, on top of the
-// batch's calls before it, and with margin, each rule's margin beside it.
-// f.mu is held.
-func (f *Foresight) roomFor(resource string, c limits.Call, now int64, written map[seenKey]int, withMargin bool) bool {
+// batch's calls before it, and whether each showed its margin beside it
+// too (see margin). f.mu is held.
+func (f *Foresight) roomFor(resource string, c limits.Call, now int64, written map[seenKey]int) (room, far bool) {
+	far = true
 	for r, rule := range f.rules {
 		k := f.seenKeyOf(resource, c.Client, r)
 		used := limits.AddCapped(f.seen[k].usedAt(rule, now), written[k])
-		if withMargin {
-			used = limits.AddCapped(used, margin(rule))
-		}
 		if !rule.HasRoom(used, c.N) {
-			return false
+			return false, false
 		}
+		far = far && rule.HasRoom(limits.AddCapped(used, margin(rule)), c.N)
 	}
-	return true
+	return true, far
 }
 
 // margin is the room a rule must show beside a call for the call to be

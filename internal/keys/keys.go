@@ -6,7 +6,7 @@
 //	P:T:{R}:lock                  Logs: the lock, when a rule is per-resource
 //	P:T:{R}:lock:C                Logs: the lock, when every rule is per-client
 //	P:T:{R}:log:C:<ms>:<n>:<uuid> Logs: calls of total weight n made at Redis time <ms>
-//	P:T:{R}:zset:W:L[:C]          SortedSet: the calls of a rule of window W ms and
+//	P:T:{R}:zlog:W:L[:C]          SortedSet: the calls of a rule of window W ms and
 //	                              limit L, the resource's or the client's
 //	P:T:{R}:hash[@G][:C]          Windows: weight per interval in generation G,
 //	                              the resource's or the client's
@@ -17,7 +17,7 @@
 // that no lock, WATCH or MULTI/EXEC crosses slots. base64url has no ':',
 // brace or glob metacharacter, so the tag ends where R ends, no two
 // (resource, client) pairs share a key, and no MATCH pattern of one kind
-// of key or client matches another ("log:", "lock", "zset", "hash",
+// of key or client matches another ("log:", "lock", "zlog", "hash",
 // "fence:" and "gen" differ before any '*').
 package keys
 
@@ -94,8 +94,11 @@ func ParseLog(key, logs string) (l Log, ok bool) {
 	return Log{Client: parts[0], At: at, Weight: weight}, true
 }
 
-// SortedSet is the prefix of the resource's sorted sets.
-func (k Space) SortedSet() string { return k.base + "zset" }
+// SortedSet is the prefix of the resource's sorted sets. (Versions that
+// capped each set at its limit named them "zset": a process of such a
+// version, sharing a set with one that writes before it judges, could
+// remove calls that the other admitted, so the two never share one.)
+func (k Space) SortedSet() string { return k.base + "zlog" }
 
 // ClientSortedSet is the prefix of client's sorted sets.
 func (k Space) ClientSortedSet(client string) string { return k.SortedSet() + ":" + Encode(client) }

@@ -72,7 +72,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	r := newRound(now)
 	t := txn.New(where.Keys, !r.idempotent())
 	t.Acks = where.Acks
-	carried := where.Carry.take()
+	carried := append(where.Carry.take(), where.Ahead.take()...)
 	for _, cmd := range carried {
 		t.Add(cmd...)
 	}
@@ -123,10 +123,15 @@ func forsake(where Site, r round, t *txn.Txn) {
 
 // handOn hands take-backs to the next batch of the line, which carries
 // them at no round trip of their own, when calls wait for it; else, or if
-// some are guarded (which a decision cannot carry) or urgent, it sends
-// them now, before the callers are answered, so that their next call
-// counts without them.
+// some are guarded (which a decision cannot carry), it sends them now,
+// before the callers are answered, so that their next call counts without
+// them. Urgent ones go ahead of the batch's next decision, which decides
+// their calls again right after.
 func handOn(where Site, back *txn.Txn, idempotent bool) {
+	if back.Urgent && where.Ahead != nil && len(back.Guards) == 0 {
+		where.Ahead.hand(where, back.Cmds, idempotent)
+		return
+	}
 	if where.Busy != nil && where.Busy() && len(back.Guards) == 0 && !back.Urgent {
 		where.Carry.hand(where, back.Cmds, idempotent)
 		return

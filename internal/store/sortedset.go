@@ -26,45 +26,45 @@ func NewSortedSet(p Plan) Store {
 		if s.setOf[i] < 0 {
 			s.setOf[i] = len(s.sets)
 			s.sets = append(s.sets, spec)
+			s.lives = append(s.lives, spec.window+clock.LagLimit.Milliseconds())
 		}
 	}
 	return s
 }
 
-// sortedSetStore is the SortedSet strategy: a sliding log per rule, capped
-// at the rule's Requests, decided in one MULTI/EXEC without a lock. Each
-// unit of weight of a counted call is one member, scored with the Redis
-// time at which the call was decided (the host's estimate of it, see
-// package clock). Per batch and set, the transaction:
+// sortedSetStore is the SortedSet strategy: a sliding log per rule,
+// decided in one MULTI/EXEC without a lock. Each unit of weight of a
+// counted call is one member, scored with the Redis time at which the
+// call was decided (the host's estimate of it, see package clock). Per
+// batch and set, the transaction:
 //
 //  1. trims the members that have left the window (ZREMRANGEBYSCORE),
-//     and reads what is left: ZCARD, the newest member, and the oldest
-//     ones unless every call of the batch on the set was sent Far (only
-//     a denial's RetryAfter needs them: a Far call the counts deny is
-//     decided again, see limits.View.Short);
-//  2. for each call, in order: adds its members with a score above any
-//     time (ZADD pending), removes whatever is now past the cap
-//     (ZREMRANGEBYRANK Requests -1: only pending members can be there, as
-//     the set held at most Requests before), and gives the members that
-//     stayed their real score (ZADD XX);
-//  3. sets the key to expire clock.LagLimit after its newest member leaves the
-//     window, unless it expires later already (PEXPIREAT NX, then GT),
-//     if the batch wrote to it.
+//     and reads what is left: ZCARD, the newest member, and as many of
+//     the oldest as must leave the window for the batch's heaviest call
+//     to fit, unless every call of the batch on the set was sent Far
+//     (only a denial's RetryAfter needs them: a Far call the counts deny
+//     is decided again, see limits.View.Short);
+//  2. adds the members of every call of the batch that writes (ZADD, one
+//     for the set), before any of them is judged;
+//  3. sets the key to expire a window and clock.LagLimit after Redis ran
+//     the transaction (PEXPIRE), if the batch wrote to it.
 //
-// So a call that does not fit is gone before EXEC returns: it never makes
-// another caller see the set fuller than it is. A call the cap let in may
-// still be denied by another rule, or be a weighted call that fit only in
-// part: its members are then removed by a second round trip (ZREM), and
-// until then others count them. Such a call is one that every rule showed
-// this process room for (package foresight): a call it saw no room for only
-// looks, and writes nothing.
-// With WithRecordDenied every call is kept and the cap drops the oldest
-// instead: the newest Requests attempts decide, as all of them would.
+// Each call is then judged, in order, from the count read, plus the
+// calls of the batch recorded before it. A written call that is not
+// recorded (denied, or its caller gone) stays counted until a second
+// transaction removes its members (ZREM): until then others count it, and
+// may be denied, never admitted past a limit. Such a call is one that
+// every rule showed this process room for (package foresight): a call it
+// saw no room for only looks, and writes nothing.
+// With WithRecordDenied every call is kept, and a cap drops the oldest
+// (ZREMRANGEBYRANK 0 -(Requests+1), after each call's ZADD): the newest
+// Requests attempts decide, as all of them would.
 type sortedSetStore struct {
 	Plan
 	lockFree
 	sets  []setSpec // the distinct (scope, window, limit) of the rules
 	setOf []int     // by rule: its set
+	lives []any     // by set: how long after a write it lives (ms, boxed once)
 }
 
 // setSpec is what one set counts: rules with the same one share it.
@@ -73,10 +73,6 @@ type setSpec struct {
 	window    int64 // ms
 	limit     int
 }
-
-// pending is the score of a member not yet decided: above any time, so
-// that the cap removes pending members before any decided one.
-const pendingScore = "4503599627370496" // 2^52, exact in a float64
 
 func (s sortedSetStore) key(ks keys.Space, spec setSpec, client string) string {
 	return spec.keyOf(s.setPrefix(ks, spec), client)
@@ -135,9 +131,11 @@ type zBatch struct {
 	sortedSetStore
 	now    int64
 	calls  []limits.Call
-	sets   []*zSet     // in order of first use
-	of     [][]*zWrite // by call, by rule: the write to that rule's set
-	writes [][]*zWrite // by call: its writes, each once (rules may share a set)
+	sets   []*zSet        // in order of first use
+	of     [][]*zWrite    // by call, by rule: the write to that rule's set
+	writes [][]*zWrite    // by call: its writes, each once (rules may share a set)
+	args   []any          // the commands' arguments, in one array
+	counts []limits.Count // the view of the call being judged (see Judge)
 }
 
 // zSet is one set in a batch: where its reads are among the replies, then
@@ -146,12 +144,16 @@ type zSet struct {
 	key  string
 	arg  any // key, boxed once for the set's commands
 	spec setSpec
-	// read is how many oldest members to read: none when every call of
-	// the batch on the set was sent Far (limits.Call), whose Results, if
-	// admitted, need none, and which are decided again if denied.
-	read int
-
-	written bool // some call of the batch adds members (others only look)
+	kind int // the index of spec in the store's
+	// full: some call of the batch on the set was not sent Far
+	// (limits.Call), so its oldest members are read for a denial's
+	// RetryAfter; a Far call's Result, if admitted, needs none, and it is
+	// decided again if denied.
+	full     bool
+	heaviest int   // the heaviest call of the batch on the set
+	read     int   // WithRecordDenied: how many of the oldest to read
+	members  []any // what the batch adds, in the calls' order
+	written  bool  // some call of the batch adds members (others only look)
 
 	card, first, latest int // replies
 
@@ -164,85 +166,169 @@ type zSet struct {
 type zWrite struct {
 	set     *zSet
 	members []any
-	evicted int // reply: how many members the cap removed
+	evicted int // WithRecordDenied, the reply: how many the cap removed
+}
+
+// zRoom is where a batch makes its sets and writes: each call writes to
+// at most one set per spec, so they are made in arrays sized once.
+type zRoom struct {
+	byKey  map[string]*zSet
+	sets   []zSet
+	writes []zWrite
+	refs   []*zWrite // the calls' writes, by call (zBatch.writes)
 }
 
 func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *zBatch {
+	most := len(calls) * len(s.sets) // sets, and writes
 	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls)), writes: make([][]*zWrite, len(calls))}
-	byKey := map[string]*zSet{}
+	room := zRoom{byKey: make(map[string]*zSet, most), sets: make([]zSet, 0, most), writes: make([]zWrite, 0, most), refs: make([]*zWrite, 0, most)}
 	prefixes := make([]string, len(s.sets)) // of each set's key
 	for i, spec := range s.sets {
 		prefixes[i] = s.setPrefix(ks, spec)
 	}
+	of := make([]*zWrite, len(calls)*len(s.Rules))
 	for i, c := range calls {
 		id := strconv.FormatUint(rand.Uint64(), 36)
-		b.of[i] = make([]*zWrite, len(s.Rules))
+		b.of[i] = of[i*len(s.Rules) : (i+1)*len(s.Rules)]
+		first := len(room.refs)
 		for r := range s.Rules {
 			if j := slices.Index(s.setOf[:r], s.setOf[r]); j >= 0 {
 				b.of[i][r] = b.of[i][j] // rules with one set write once
 				continue
 			}
-			w := b.write(byKey, prefixes[s.setOf[r]], s.sets[s.setOf[r]], c, id)
+			w := b.write(&room, prefixes[s.setOf[r]], s.setOf[r], c, id)
 			b.of[i][r] = w
-			b.writes[i] = append(b.writes[i], w)
+			room.refs = append(room.refs, w)
 		}
+		b.writes[i] = room.refs[first:len(room.refs):len(room.refs)]
 	}
 	return b
 }
 
-// write returns call c's write to the set spec, whose key starts with
-// prefix, adding the set to the batch if it is new.
-func (b *zBatch) write(byKey map[string]*zSet, prefix string, spec setSpec, c limits.Call, id string) *zWrite {
+// write returns call c's write to its set of the store's kind, whose
+// key starts with prefix, adding the set to the batch if it is new.
+func (b *zBatch) write(room *zRoom, prefix string, kind int, c limits.Call, id string) *zWrite {
+	spec := b.sortedSetStore.sets[kind]
 	key := spec.keyOf(prefix, c.Client)
-	set := byKey[key]
+	set := room.byKey[key]
 	if set == nil {
-		set = &zSet{key: key, arg: key, spec: spec}
-		byKey[key] = set
+		room.sets = append(room.sets, zSet{key: key, arg: key, spec: spec, kind: kind})
+		set = &room.sets[len(room.sets)-1]
+		room.byKey[key] = set
 		b.sets = append(b.sets, set)
 	}
-	if !c.Far || b.RecordDenied {
-		set.read = max(set.read, c.N)
-	}
+	set.full = set.full || !c.Far || b.RecordDenied
+	set.heaviest = max(set.heaviest, c.N)
 	if b.RecordDenied {
-		set.read = min(set.read+c.N, spec.limit) // what the cap may drop, and the oldest left
+		set.read = min(max(set.read, c.N)+c.N, spec.limit) // what the cap may drop, and the oldest left
 	}
-	w := &zWrite{set: set, evicted: -1}
+	room.writes = append(room.writes, zWrite{set: set, evicted: -1})
+	w := &room.writes[len(room.writes)-1]
 	if c.Look {
 		return w // it only reads the set
 	}
 	set.written = true
-	w.members = make([]any, c.N)
+	first := len(set.members)
 	for unit := range c.N {
-		w.members[unit] = member(spec, c.Client, id, unit)
+		set.members = append(set.members, member(spec, c.Client, id, unit))
 	}
+	w.members = set.members[first:len(set.members):len(set.members)]
 	return w
 }
 
-// queue adds the batch's commands: see sortedSetStore. Each argument is
-// boxed once (a key serves about eight commands).
+// add queues a command, its arguments in the batch's one array (see
+// queue).
+func (b *zBatch) add(t *txn.Txn, args ...any) int {
+	first := len(b.args)
+	b.args = append(b.args, args...)
+	return b.queueFrom(t, first)
+}
+
+// addZadd queues ZADD key score member ... for members, all scored with
+// score.
+func (b *zBatch) addZadd(t *txn.Txn, key, score any, members []any) int {
+	first := len(b.args)
+	b.args = appendZadd(b.args, key, score, members)
+	return b.queueFrom(t, first)
+}
+
+// queueFrom queues the command whose arguments are the batch's from first
+// on.
+func (b *zBatch) queueFrom(t *txn.Txn, first int) int {
+	return t.Add(b.args[first:len(b.args):len(b.args)]...)
+}
+
+// queue adds the batch's commands: see sortedSetStore. Their arguments
+// go in one array, about twenty a set and two a member, and each is boxed
+// once: a key serves several commands, and so do the bound its kind of
+// set is trimmed to and how long it lives.
 func (b *zBatch) queue(t *txn.Txn) {
-	now := any(b.now)
+	members := 0
 	for _, set := range b.sets {
-		t.Add("zremrangebyscore", set.arg, "-inf", b.now-set.spec.window)
-		set.card = t.Add("zcard", set.arg)
-		if set.read == 0 {
-			set.latest = t.Add("zrange", set.arg, "+inf", b.notBefore(), "byscore", "rev", "limit", 0, 1, "withscores")
-			continue
-		}
-		set.first = t.Add("zrange", set.arg, 0, set.read-1, "withscores")
-		set.latest = t.Add("zrange", set.arg, -1, -1, "withscores")
+		members += len(set.members)
 	}
+	b.args = make([]any, 0, 24*len(b.sets)+4*members)
+	now, notBefore := any(b.now), any(b.notBefore())
+	trims := make([]any, len(b.sortedSetStore.sets))
+	for _, set := range b.sets {
+		if trims[set.kind] == nil {
+			trims[set.kind] = b.now - set.spec.window
+		}
+		b.queueReads(t, set, trims[set.kind], notBefore)
+	}
+	if b.RecordDenied {
+		b.queueCapped(t, now)
+	}
+	for _, set := range b.sets {
+		if len(set.members) > 0 && !b.RecordDenied {
+			b.addZadd(t, set.arg, now, set.members)
+		}
+		if set.written {
+			b.add(t, "pexpire", set.arg, b.lives[set.kind])
+		}
+	}
+}
+
+// queueReads adds the trim of set, to trim, and its reads: if every call
+// on it is Far, only of a member scored after notBefore.
+func (b *zBatch) queueReads(t *txn.Txn, set *zSet, trim, notBefore any) {
+	b.add(t, "zremrangebyscore", set.arg, "-inf", trim)
+	set.card = b.add(t, "zcard", set.arg)
+	switch {
+	case !set.full:
+		set.latest = b.add(t, "zrange", set.arg, "+inf", notBefore, "byscore", "rev", "limit", 0, 1, "withscores")
+		return
+	case b.RecordDenied:
+		set.first = b.add(t, "zrange", set.arg, 0, set.read-1, "withscores")
+	default:
+		set.first = b.add(t, "zrange", set.arg, 0, b.oldestTo(set), "withscores")
+	}
+	set.latest = b.add(t, "zrange", set.arg, -1, -1, "withscores")
+}
+
+// oldestTo is the last rank of set's oldest members that a denial's
+// RetryAfter may need: for a call of weight n judged with the set's count
+// c (the calls of the batch recorded before it included), the c+n-limit
+// oldest must leave the window for it to fit. The batch's own recorded
+// calls are newer than any member read, and counted after them; so the
+// oldest card+heaviest-limit members read are enough for every call of
+// the batch, and none are read while the heaviest fits: ranks 0 to
+// -(limit-heaviest+1), which counts from the end of the set. (A call
+// heavier than the limit never reaches the store.) The set may hold more
+// than limit members (calls written, then denied, not yet taken back),
+// and then this reads as many more.
+func (b *zBatch) oldestTo(set *zSet) int {
+	return set.heaviest - set.spec.limit - 1
+}
+
+// queueCapped adds, WithRecordDenied, each call's members and the cap that
+// drops the oldest past the limit.
+func (b *zBatch) queueCapped(t *txn.Txn, now any) {
 	for i := range b.calls {
 		for _, w := range b.writes[i] {
 			if len(w.members) > 0 { // else a call that only looks
-				b.queueWrite(t, w, now)
-			}
-		}
-	}
-	for _, set := range b.sets {
-		if set.written {
-			for _, cmd := range txn.ExtendTo(set.arg, b.now+set.spec.window+clock.LagLimit.Milliseconds()) {
-				t.Add(cmd...)
+				b.addZadd(t, w.set.arg, now, w.members)
+				w.evicted = b.add(t, "zremrangebyrank", w.set.arg, 0, -w.set.spec.limit-1)
 			}
 		}
 	}
@@ -261,24 +347,9 @@ func (b *zBatch) notBefore() string {
 	return "(" + strconv.FormatInt(b.now-clock.Jump.Milliseconds(), 10)
 }
 
-// queueWrite adds the commands of one call's write: its members, and the
-// cap.
-func (b *zBatch) queueWrite(t *txn.Txn, w *zWrite, now any) {
-	set := w.set
-	if b.RecordDenied {
-		t.Add(zadd(set.arg, now, w.members)...)
-		w.evicted = t.Add("zremrangebyrank", set.arg, 0, -set.spec.limit-1)
-		return
-	}
-	t.Add(zadd(set.arg, pendingScore, w.members)...)
-	w.evicted = t.Add("zremrangebyrank", set.arg, set.spec.limit, -1)
-	t.Add(zadd(set.arg, now, w.members, "xx")...)
-}
-
-// zadd returns ZADD key flags... score member ... for members, all
-// scored with score, in one slice.
-func zadd(key, score any, members []any, flags ...any) []any {
-	out := make([]any, 0, 2+len(flags)+2*len(members))
+// appendZadd appends ZADD key flags... score member ... for members, all
+// scored with score, to out.
+func appendZadd(out []any, key, score any, members []any, flags ...any) []any {
 	out = append(out, "zadd", key)
 	out = append(out, flags...)
 	for _, m := range members {
@@ -301,7 +372,7 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 	stamp := min(b.now, now)
 	restamp := now-b.now > maxEarly
 	for i := range b.calls {
-		v := b.view(t, i, now, stamp)
+		v := b.view(i, now, stamp)
 		recorded := judge(i, v)
 		b.settleWrites(t, i, recorded, stamp, &due)
 		if recorded && restamp {
@@ -314,7 +385,7 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 			back.Add(append([]any{"zrem", set.key}, members...)...)
 		}
 		if members := due.late[set]; len(members) > 0 {
-			back.Add(zadd(set.key, now, members, "xx", "gt")...)
+			back.Add(appendZadd(make([]any, 0, 4+2*len(members)), set.key, now, members, "xx", "gt")...)
 		}
 	}
 	return nil
@@ -322,9 +393,9 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 
 // decidedAgain reports whether call i, read as v and recorded or not, is
 // decided again at once: read Short, and denied by its counts. Its
-// take-back must then run before, not ride on a later transaction, or
-// the new decision would count the call's own members. (A call whose
-// caller gave up is taken back as any other.)
+// take-back must then run before the new decision reads, not ride on a
+// later transaction, or the new decision would count the call's own
+// members. (A call whose caller gave up is taken back as any other.)
 func (b *zBatch) decidedAgain(v limits.View, i int, recorded bool) bool {
 	if !v.Short || recorded {
 		return false
@@ -339,12 +410,15 @@ func (b *zBatch) decidedAgain(v limits.View, i int, recorded bool) bool {
 
 // view is what call i's rules counted before it: Short if a set of the
 // call was read without its oldest members.
-func (b *zBatch) view(t *txn.Txn, i int, now, stamp int64) limits.View {
-	v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
+func (b *zBatch) view(i int, now, stamp int64) limits.View {
+	if b.counts == nil {
+		b.counts = make([]limits.Count, len(b.Rules))
+	}
+	v := limits.View{Now: now, Counts: b.counts}
 	for r, w := range b.of[i] {
-		v.Counts[r] = w.count(t.Replies, b.calls[i].N, b.RecordDenied)
-		v.Counts[r].Stamp = stamp
-		v.Short = v.Short || w.set.read == 0
+		set := w.set
+		v.Counts[r] = limits.Count{Stamp: stamp, Used: set.held, Oldest: set.oldest, Newest: set.newest}
+		v.Short = v.Short || !set.full
 	}
 	return v
 }
@@ -385,11 +459,14 @@ func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due
 		if len(w.members) == 0 {
 			continue // it only looked
 		}
-		evicted := int(txn.ReplyInt(t.Replies[w.evicted]))
-		w.set.after(w, evicted, stamp, b.RecordDenied)
-		// Without WithRecordDenied the cap removed the newest members,
-		// which are the call's: all of them, for a call that did not fit.
-		if !recorded && (b.RecordDenied || evicted < len(w.members)) {
+		evicted := 0
+		if b.RecordDenied {
+			evicted = int(txn.ReplyInt(t.Replies[w.evicted]))
+		}
+		if recorded || b.RecordDenied {
+			w.set.add(len(w.members), evicted, stamp)
+		}
+		if !recorded {
 			due.undo = due.note(due.undo, []*zWrite{w})
 		}
 	}
@@ -415,7 +492,7 @@ func (set *zSet) start(replies []any) {
 	if latest := txn.ReplyScores(replies[set.latest]); len(latest) > 0 {
 		set.newest = int64(latest[0])
 	}
-	if set.read == 0 {
+	if !set.full {
 		return // the oldest were not read
 	}
 	for _, score := range txn.ReplyScores(replies[set.first]) {
@@ -423,46 +500,31 @@ func (set *zSet) start(replies []any) {
 	}
 }
 
-// count is what the set counted before w's call. Without
-// WithRecordDenied the cap decided in Redis: if it removed any of the
-// call's members, the rule had no room, whatever the count says.
-func (w *zWrite) count(replies []any, n int, recordDenied bool) limits.Count {
-	set := w.set
-	used := set.held
-	if w.evicted < 0 {
-		return limits.Count{Used: used, Oldest: set.oldest, Newest: set.newest} // it only looks
-	}
-	if evicted := int(txn.ReplyInt(replies[w.evicted])); evicted > 0 && !recordDenied {
-		used = max(used, set.spec.limit-n+evicted)
-	}
-	return limits.Count{Used: used, Oldest: set.oldest, Newest: set.newest}
-}
-
-// after updates what the set holds once w's call was added, as Redis did.
-func (set *zSet) after(w *zWrite, evicted int, now int64, recordDenied bool) {
-	n := len(w.members)
+// add counts in the set the n members of a call recorded at stamp, as
+// Redis holds them: WithRecordDenied, less the evicted oldest.
+func (set *zSet) add(n, evicted int, stamp int64) {
 	set.held += n - evicted
-	if recordDenied {
-		set.oldest = set.oldest[min(evicted, len(set.oldest)):]
-		evicted = 0
+	set.newest = max(set.newest, stamp)
+	if !set.full {
+		return // no denial is answered from it (see zSet.full): no oldest kept
 	}
-	for range n - evicted {
-		set.oldest = append(set.oldest, limits.Entry{At: now, Weight: 1})
+	set.oldest = set.oldest[min(evicted, len(set.oldest)):]
+	for range n {
+		set.oldest = append(set.oldest, limits.Entry{At: stamp, Weight: 1})
 	}
-	set.newest = max(set.newest, now)
 }
 
-// Peek counts without writing: ZCOUNT of the live members, the oldest n
-// and the newest, per set, at the estimated Redis time. With
-// WithRecordDenied a denied call counts too, so RetryAfter may wait for
-// the oldest 2n to leave: those are read.
+// Peek counts without writing: ZCOUNT of the live members, the oldest and
+// the newest, per set, at the estimated Redis time. The oldest are those
+// that must leave the window for a call of weight n to fit: the live
+// count less the limit, plus n (see zBatch.oldestTo), after the members
+// that left the window but are not trimmed yet. With WithRecordDenied a
+// set holds at most its limit, but a denied call counts too, so
+// RetryAfter may wait for the oldest 2n to leave: those are read.
 func (s sortedSetStore) Peek(ctx context.Context, where Site, client string, n int) (limits.View, error) {
 	now, err := where.Clock.Estimate(ctx, where.Node)
 	if err != nil {
 		return limits.View{}, err
-	}
-	if s.RecordDenied {
-		n *= 2
 	}
 	type reads struct {
 		live   *redis.IntCmd
@@ -474,7 +536,11 @@ func (s sortedSetStore) Peek(ctx context.Context, where Site, client string, n i
 		for i, spec := range s.sets {
 			key, from := s.key(where.Keys, spec, client), "("+strconv.FormatInt(now-spec.window, 10)
 			sets[i].live = pipe.ZCount(ctx, key, from, "+inf")
-			sets[i].oldest = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: "+inf", Count: int64(n)})
+			if s.RecordDenied {
+				sets[i].oldest = pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: from, Max: "+inf", Count: int64(2 * n)})
+			} else {
+				sets[i].oldest = pipe.ZRangeWithScores(ctx, key, 0, int64(n-spec.limit-1))
+			}
 			sets[i].latest = pipe.ZRangeWithScores(ctx, key, -1, -1)
 		}
 		return nil
@@ -483,11 +549,13 @@ func (s sortedSetStore) Peek(ctx context.Context, where Site, client string, n i
 		return limits.View{}, err
 	}
 	v := limits.View{Now: now, Counts: make([]limits.Count, len(s.Rules))}
-	for r := range s.Rules {
+	for r, rule := range s.Rules {
 		set := sets[s.setOf[r]]
 		c := limits.Count{Stamp: now, Used: int(set.live.Val())}
 		for _, z := range set.oldest.Val() {
-			c.Oldest = append(c.Oldest, limits.Entry{At: int64(z.Score), Weight: 1})
+			if e := (limits.Entry{At: int64(z.Score), Weight: 1}); rule.Counts(e, now) {
+				c.Oldest = append(c.Oldest, e)
+			}
 		}
 		if latest := set.latest.Val(); len(latest) > 0 {
 			c.Newest = int64(latest[0].Score)

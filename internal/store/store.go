@@ -84,7 +84,8 @@ func (lockFree) Locked() bool                        { return false }
 // Judge evaluates call i of a batch, given v, what every rule counted
 // before it, and reports whether the call is recorded: admitted (or
 // denied, with WithRecordDenied), and its caller still waiting. A store
-// calls it once per call, in order.
+// calls it once per call, in order. v's slices are the store's, valid only
+// during the call: a Judge copies what it keeps.
 type Judge func(i int, v limits.View) (recorded bool)
 
 // Site is where one resource's counts live: the node that owns them, and
@@ -101,6 +102,9 @@ type Site struct {
 	// line, while busy says calls wait in it; nil outside a batch.
 	Carry *Carried
 	Busy  func() bool
+	// Ahead holds urgent take-backs for the batch's next decision, which
+	// decides their calls again (see txn.Txn.Urgent); nil outside a batch.
+	Ahead *Carried
 	// Refind looks up the node that owns the keys again, after a
 	// redirect.
 	Refind func(context.Context) (*redis.Client, error)

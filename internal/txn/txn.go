@@ -42,8 +42,9 @@ type Txn struct {
 	Undoes  string
 	Acks    Acks  // the replicas that must acknowledge t's writes: none if zero
 	Replies []any // after the EXEC, by command
-	// Urgent: a take-back to send at once, never to carry on a later
-	// transaction: a call it takes back is decided again right after.
+	// Urgent: a take-back that must run before the calls it takes back
+	// are decided again, right after: sent ahead of that decision, never
+	// carried by a later batch.
 	Urgent bool
 }
 
@@ -214,11 +215,14 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTime
 	if t.Acks.Replicas > 0 {
 		waitMs = t.Acks.wait(time.Now(), readTimeout)
 	}
-	queued := make([]*redis.Cmd, len(cmds))
+	// A queued command's own reply is QUEUED, or its error: read as a
+	// status, it is not boxed as a generic reply would be.
+	queued := make([]*redis.StatusCmd, len(cmds))
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
 		for i, args := range cmds {
-			queued[i] = pipe.Do(ctx, args...)
+			queued[i] = redis.NewStatusCmd(ctx, args...)
+			_ = pipe.Process(ctx, queued[i])
 		}
 		if t.Marker != "" {
 			// It outlives the wait too: a take-back of what too few
@@ -334,7 +338,7 @@ func isRedisError(err error) bool {
 
 // queuedError is the error of the first command Redis refused to queue
 // (MOVED, ASK, NOPERM...), or else err.
-func queuedError(queued []*redis.Cmd, err error) error {
+func queuedError(queued []*redis.StatusCmd, err error) error {
 	for _, c := range queued {
 		if c.Err() != nil {
 			return c.Err()

@@ -1,0 +1,161 @@
+package leakybucket
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/clock"
+)
+
+// stallOnce holds the next MULTI/EXEC its client sends, once armed, for
+// at least d and until release is closed: a process that stalls between
+// stamping its calls and sending them (a GC pause, a starved CPU), or a
+// server paused with the transaction unread.
+type stallOnce struct {
+	d       time.Duration
+	armed   atomic.Bool
+	entered chan struct{} // closed once the stalled transaction is held
+	release chan struct{}
+}
+
+func (s *stallOnce) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (s *stallOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (s *stallOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "multi" && s.armed.CompareAndSwap(true, false) {
+			close(s.entered)
+			time.Sleep(s.d)
+			<-s.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The adversary of a set's deadline: a decision that Redis runs long after
+// its stamp (more than the window and twice clock.LagLimit) comes after
+// another process filled the rule with calls stamped later. Its calls are
+// taken back and decided again, as any decision that ran too far from its
+// stamp; but its transaction ran, deadline included. A deadline counted
+// from the late stamp (stamp + window + 2 LagLimit) would lie in the past
+// and delete the set with the calls the other process was admitted with:
+// the late call, decided again, would then be admitted past the limit. The
+// set must keep every call it counts.
+func TestSortedSetLateTransactionKeepsCounts(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "a set's deadline")
+		const window, limit = time.Second, 3
+		stall := 2*clock.LagLimit + window + 500*time.Millisecond
+		hold := &stallOnce{d: stall, entered: make(chan struct{}), release: make(chan struct{})}
+		e.addHook(hold)
+		rule := PerClient(Per(limit, window))
+		late, other := e.bucket(t, rule), e.bucket(t, rule)
+		for _, b := range []*Bucket{late, other} {
+			if _, err := b.Peek(context.Background(), "r", "z"); err != nil { // the first estimate of Redis's clock
+				t.Fatal(err)
+			}
+		}
+		hold.armed.Store(true)
+		answer := make(chan outcome, 1)
+		go func() {
+			res, err := allowBounded(late, stall+10*time.Second, "r", "c", 1)
+			answer <- outcome{res, err}
+		}()
+		<-hold.entered
+		time.Sleep(stall - 300*time.Millisecond)
+		for i := range limit { // stamped later than the late call, within a window of its transaction
+			if res, err := allowBounded(other, 5*time.Second, "r", "c", 1); err != nil || !res.Allowed {
+				t.Fatalf("call %d of the other process: %+v, %v; want admitted", i+1, res, err)
+			}
+		}
+		close(hold.release)
+		o := <-answer
+		if o.err != nil {
+			t.Fatal(o.err)
+		}
+		if o.res.Allowed {
+			t.Errorf("the late call was admitted (%+v) right after %d calls of a limit of %d in one window", o.res, limit, limit)
+		}
+		if used := usedNow(t, other, "r", "c", 0); used != limit {
+			t.Errorf("after the late transaction the rule counts %d, want %d", used, limit)
+		}
+	})
+}
+
+// holdOnce holds the first MULTI/EXEC its client sends with a ZREM in it
+// (a take-back), once armed, until release is closed.
+type holdOnce struct {
+	armed   atomic.Bool
+	entered chan struct{} // closed once the take-back is held
+	release chan struct{}
+}
+
+func (h *holdOnce) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *holdOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "zrem" }) && h.armed.CompareAndSwap(true, false) {
+			close(h.entered)
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The adversary of a denial's RetryAfter: a call another process wrote and
+// then denied may stay in the set until its take-back lands, so that a
+// set holds more than its limit. A call denied meanwhile must get the
+// RetryAfter of the counts it read: when its second oldest leaves if the
+// other's write was gone (3 counted, and the call weighs 2), its third if
+// not (4 counted); never one read from too few of the oldest (0, as if
+// there were room). Once the take-back landed, the second.
+func TestSortedSetDeniedBesideAWriteNotTakenBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newMiniEnv(t, SortedSet)
+		hold := &holdOnce{entered: make(chan struct{}), release: make(chan struct{})}
+		e.addHook(hold)
+		rule := PerClient(Per(3, time.Minute))
+		filler, other, caller := e.bucket(t, rule), e.bucket(t, rule), e.bucket(t, rule)
+		for range 3 {
+			mustAdmit(t, filler, "r", "c", 1) // at 0, 1 and 2 s
+			time.Sleep(time.Second)
+		}
+		time.Sleep(7 * time.Second)
+		hold.armed.Store(true)
+		answer := make(chan outcome, 1)
+		go func() { // it saw nothing: it writes, is denied, and its take-back, if any, is held
+			res, err := allowBounded(other, time.Minute, "r", "c", 1)
+			answer <- outcome{res, err}
+		}()
+		var answered *outcome
+		select {
+		case <-hold.entered:
+		case o := <-answer: // nothing to take back: its write is gone already
+			answered = &o
+		}
+		res, err := allowBounded(caller, time.Second, "r", "c", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		untilRoom := map[int]time.Duration{3: 51 * time.Second, 4: 52 * time.Second} // by count
+		if want, ok := untilRoom[res.Rules[0].Used]; res.Allowed || !ok || res.RetryAfter != want {
+			t.Errorf("beside the write not taken back: %+v; want denied, with 3 counted and RetryAfter 51s or 4 and 52s", res)
+		}
+		close(hold.release)
+		if answered == nil {
+			o := <-answer
+			answered = &o
+		}
+		if o := answered; o.err != nil || o.res.Allowed || o.res.RetryAfter != 50*time.Second {
+			t.Errorf("the other process's call: %+v, %v; want denied, RetryAfter 50s", o.res, o.err)
+		}
+		if res, err = allowBounded(caller, time.Second, "r", "c", 2); err != nil || res.Allowed || res.RetryAfter != 51*time.Second || res.Rules[0].Used != 3 {
+			t.Errorf("once the take-back landed: %+v, %v; want denied, 3 counted, RetryAfter 51s", res, err)
+		}
+	})
+}
