@@ -46,6 +46,10 @@ var testUsers = func() struct{ prefix, password string } {
 // userOf names the ACL user of strategy s (a name in strategyCommands).
 func userOf(s string) string { return testUsers.prefix + "-" + s }
 
+// replicaUserOf names the ACL user of strategy s for a Bucket
+// WithReplicas: the user of s, plus WAIT (commands.Replicas).
+func replicaUserOf(s string) string { return userOf(s) + "-replicas" }
+
 // libraryOptions returns the options of a Bucket's client on the real Redis
 // at addr, as the ACL user of strategy s.
 func libraryOptions(addr, s string, poolSize int) *redis.Options {
@@ -88,8 +92,9 @@ func setUser(ctx context.Context, rdb *redis.Client, user string, cmds []string)
 	return nil
 }
 
-// createTestUsers creates the user of every strategy on rdb, a standalone
-// server or a cluster's master.
+// createTestUsers creates the users of every strategy on rdb, a standalone
+// server or a cluster's master: the strategy's, and its user for a Bucket
+// WithReplicas.
 func createTestUsers(ctx context.Context, rdb *redis.Client, cluster bool) error {
 	for _, s := range strategyNames {
 		cmds, err := userCommands(ctx, rdb, s, cluster)
@@ -97,6 +102,9 @@ func createTestUsers(ctx context.Context, rdb *redis.Client, cluster bool) error
 			return err
 		}
 		if err := setUser(ctx, rdb, userOf(s), cmds); err != nil {
+			return err
+		}
+		if err := setUser(ctx, rdb, replicaUserOf(s), append(cmds, replicaCommands...)); err != nil {
 			return err
 		}
 	}
@@ -108,7 +116,7 @@ func createTestUsers(ctx context.Context, rdb *redis.Client, cluster bool) error
 func deleteTestUsers(ctx context.Context, rdb *redis.Client) error {
 	err := refusedToTestUsers(ctx, rdb)
 	for _, s := range strategyNames {
-		if derr := rdb.Do(ctx, "acl", "deluser", userOf(s)).Err(); derr != nil {
+		if derr := rdb.Do(ctx, "acl", "deluser", userOf(s), replicaUserOf(s)).Err(); derr != nil {
 			err = errors.Join(err, fmt.Errorf("%s: ACL DELUSER: %w", rdb.Options().Addr, derr))
 		}
 	}
@@ -178,6 +186,7 @@ func TestACLUsersAreRestrictive(t *testing.T) {
 		every = append(every, strategyCommandsAll(s, true)...)
 	}
 	every = append(every, grants(true)...)
+	every = append(every, replicaCommands...) // only for a Bucket WithReplicas
 	every = unique(every)
 	dryRun := func(user string, args ...any) (bool, error) {
 		verdict, err := admin.ACLDryRun(ctx, user, args...).Result()
@@ -221,6 +230,11 @@ func TestACLUsersAreRestrictive(t *testing.T) {
 			}
 			if ok, err := dryRun(user, "del", "lbtest:{x}:lock"); err != nil || !ok {
 				t.Errorf("%s may not write a test key: %v, %v", user, ok, err)
+			}
+			// WAIT only for the user of a Bucket WithReplicas (the loop
+			// above checks that the strategy's own user may not).
+			if ok, err := dryRun(replicaUserOf(s), "wait", "1", "0"); err != nil || !ok {
+				t.Errorf("%s may not run WAIT: %v, %v", replicaUserOf(s), ok, err)
 			}
 
 			// The same rules, for a user of this test alone: its refusals

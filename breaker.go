@@ -115,10 +115,15 @@ func (r *remote) gone(ctx context.Context, resource string, err error) bool {
 }
 
 // feedsBreaker reports whether err of a call at resource says anything
-// to the breaker: not one the breaker itself gave, nor a busy lock's.
+// to the breaker: not one the breaker itself gave, nor a busy lock's, nor
+// a decision its replicas did not acknowledge (WithReplicas). The breaker
+// asks whether the server is there, and it is: a probe's PING would close
+// the breaker at once, after it had cut every call in flight, those whose
+// replicas would have acknowledged included. A replica that stops
+// acknowledging costs each call its wait, which WithReplicas bounds.
 func (r *remote) feedsBreaker(resource string, err error) bool {
 	if err == nil || r.cfg.noBreaker || resource == "" {
 		return false // before Refused's address is taken: that allocates
 	}
-	return !outage.Refused(err) && !errors.Is(err, ErrLockNotObtained)
+	return !outage.Refused(err) && !errors.Is(err, ErrLockNotObtained) && !errors.Is(err, ErrNotReplicated)
 }

@@ -426,6 +426,10 @@ func TestBadInput(t *testing.T) {
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(999 * time.Microsecond))}, ErrInvalidOption, ""},
 			{[]Option{PerClient(PerSecond(1)), WithStrategy(Windows(-time.Second))}, ErrInvalidOption, ""},
 			{[]Option{PerClient(PerMinute(1)), PerResource(PerSecond(1)), WithStrategy(Windows(2 * time.Second))}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(-1, time.Second)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(1, 0)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(1, 999*time.Microsecond)}, ErrInvalidOption, ""},
+			{[]Option{PerClient(PerSecond(1)), WithReplicas(2, -time.Second)}, ErrInvalidOption, ""},
 		} {
 			if _, err := e.new(tc.opts...); !errors.Is(err, tc.want) || !strings.Contains(fmt.Sprint(err), tc.says) {
 				t.Errorf("New(%d options) error = %v, want %v saying %q", len(tc.opts), err, tc.want, tc.says)

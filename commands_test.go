@@ -51,6 +51,7 @@ var (
 	clusterCommands  = commands.Cluster
 	strategyNames    = commands.Names
 	connCommands     = connsOf(commands.Conns)
+	replicaCommands  = commands.Replicas
 )
 
 // sends is what one method of one strategy sends (commands.Sends).

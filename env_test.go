@@ -114,8 +114,15 @@ func (e *env) keys(t *testing.T) []string {
 		}
 		return all
 	}
-	err := forEachNode(e.admin, func(node *redis.Client) error {
-		iter := node.Scan(context.Background(), 0, keys.MatchPrefix(e.prefix), 1000).Iterator()
+	return keysUnder(t, e.admin, e.prefix)
+}
+
+// keysUnder returns every key under prefix.
+func keysUnder(t testing.TB, admin redis.UniversalClient, prefix string) []string {
+	t.Helper()
+	var all []string
+	err := forEachNode(admin, func(node *redis.Client) error {
+		iter := node.Scan(context.Background(), 0, keys.MatchPrefix(prefix), 1000).Iterator()
 		for iter.Next(context.Background()) {
 			all = append(all, iter.Val())
 		}
@@ -601,3 +608,19 @@ func localOf(b *Bucket) *localCounts { return b.counts.(*localCounts) }
 
 // models returns rules as the counts judge them.
 func models(rules []Rule) []limits.Rule { return newPlan(config{rules: rules}).Rules }
+
+// watchScheduler sleeps 1 ms again and again until stop closes, and tells
+// late how late each sleep woke: what a loaded machine's scheduler costs a
+// waiting goroutine, which no library can help.
+func watchScheduler(stop <-chan struct{}, late func(time.Duration)) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		start := time.Now()
+		time.Sleep(time.Millisecond)
+		late(time.Since(start) - time.Millisecond)
+	}
+}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // Errors returned by New and by the Bucket's methods. Match them with
@@ -54,13 +55,27 @@ var (
 	// ErrUnavailable, not this one.)
 	ErrLockNotObtained = lock.ErrNotObtained
 
-	// ErrUnavailable: Redis could not be reached or did not answer: a
-	// connection refused or reset, an I/O timeout, a pool that cannot
-	// connect. The cause stays in the chain, so errors.Is(err,
-	// syscall.ECONNREFUSED) and the like hold, and the text names it. Whether
-	// a write sent before the failure was applied is unknown; it can only
-	// have counted a call, never let one through uncounted.
+	// ErrUnavailable: Redis could not serve the decision durably. It could
+	// not be reached or did not answer: a connection refused or reset, an
+	// I/O timeout, a pool that cannot connect. The cause stays in the
+	// chain, so errors.Is(err, syscall.ECONNREFUSED) and the like hold, and
+	// the text names it. Whether a write sent before the failure was
+	// applied is unknown; it can only have counted a call, never let one
+	// through uncounted. Or, WithReplicas, it answered, but too few of its
+	// replicas acknowledged the decision in time: then the error matches
+	// ErrNotReplicated too.
 	ErrUnavailable = outage.ErrUnavailable
+
+	// ErrNotReplicated: WithReplicas, the decision ran on the server but
+	// fewer of its replicas than asked had acknowledged its writes when
+	// the wait ended (a replica lags, is paused or gone, the server has
+	// fewer replicas, or the call's deadline left no time to wait), or
+	// WAIT itself failed (its error, such as NOPERM, is in the chain). No
+	// call of that decision was admitted, and its writes were taken back.
+	// It always comes with ErrUnavailable: match either. It never opens
+	// the breaker: the server itself answers. WithFallback, the call gets
+	// no error: the fallback decides it in process.
+	ErrNotReplicated = txn.ErrNotReplicated
 
 	// ErrLockExpired: the lock expired (or changed hands) before the decision
 	// was written, so the write was refused and nothing was recorded. It

@@ -207,6 +207,42 @@ func ExampleWithRecordDenied() {
 	// attempt 5: allowed=false counted=5
 }
 
+// WithReplicas admits a call only once a replica has acknowledged its
+// count, so that a failover to that replica keeps it. The in-memory Redis
+// of this example has no replica: the call fails as unavailable, nothing
+// stays counted, and this caller fails closed. In production, give New a
+// client that follows a failover: redis.NewFailoverClient (Sentinel), or
+// a *redis.ClusterClient.
+func ExampleWithReplicas() {
+	limiter, err := leakybucket.New(newExampleClient(),
+		leakybucket.WithStrategy(leakybucket.SortedSet),
+		leakybucket.WithReplicas(1, 50*time.Millisecond),
+		leakybucket.PerClient(leakybucket.PerMinute(3)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := limiter.Allow(ctx, "POST /invoices", "tenant-7")
+	switch {
+	case errors.Is(err, leakybucket.ErrNotReplicated):
+		fmt.Println("not replicated: refused (fail closed)")
+	case err != nil:
+		log.Fatal(err)
+	default:
+		fmt.Println("allowed:", res.Allowed)
+	}
+	fmt.Println("unavailable too:", errors.Is(err, leakybucket.ErrUnavailable))
+	peek, err := limiter.Peek(ctx, "POST /invoices", "tenant-7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("left after one more call:", peek.Remaining)
+	// Output:
+	// not replicated: refused (fail closed)
+	// unavailable too: true
+	// left after one more call: 2
+}
+
 // Peek answers like Allow without recording; Flush forgets a client.
 func ExampleBucket_Flush() {
 	limiter, err := leakybucket.New(newExampleClient(), leakybucket.PerClient(leakybucket.PerHour(1)))

@@ -13,15 +13,18 @@ import (
 
 // classify turns an error of a Redis call into what the caller is told:
 // nil stays nil; the lock's own errors and ErrUnavailable pass as they are;
-// a failure to reach Redis becomes ErrUnavailable with its cause; any other
-// Redis error (NOPERM, LOADING, MOVED...) is wrapped with the package
-// prefix, its cause kept.
+// a failure to reach Redis becomes ErrUnavailable with its cause, and so
+// does a decision its replicas did not acknowledge (ErrNotReplicated);
+// any other Redis error (NOPERM, LOADING, MOVED...) is wrapped with the
+// package prefix, its cause kept.
 func classify(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, ErrLockNotObtained), errors.Is(err, ErrLockExpired), errors.Is(err, ErrUnavailable):
 		return err
+	case errors.Is(err, ErrNotReplicated):
+		return &notDurable{err}
 	case outage.Unreachable(err):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	case strings.HasPrefix(err.Error(), "leakybucket: "):
@@ -29,6 +32,16 @@ func classify(err error) error {
 	}
 	return fmt.Errorf("leakybucket: %w", err)
 }
+
+// notDurable is the error of a decision its replicas did not acknowledge:
+// it matches ErrUnavailable, and ErrNotReplicated with its detail.
+type notDurable struct{ err error }
+
+func (e *notDurable) Error() string {
+	return ErrUnavailable.Error() + ": " + strings.TrimPrefix(e.err.Error(), "leakybucket: ")
+}
+
+func (e *notDurable) Unwrap() []error { return []error{ErrUnavailable, e.err} }
 
 // bounded runs f and returns its result or, if ctx ends first, ctx's
 // error at once (ErrLockNotObtained if f last saw the lock held by another

@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"errors"
 )
 
 // The fallback (WithFallback): a Bucket's calls go to Redis while the
@@ -81,8 +82,10 @@ func (f *fallback) flushAll(ctx context.Context, resource string) error {
 }
 
 // down reports whether a call at resource that ended with err on Redis
-// is the fallback's to decide: its server is unreachable (see gone). Not
-// a call whose context has ended: it is decided nowhere.
+// is the fallback's to decide: its server is unreachable (see gone), or
+// its decision's replicas did not acknowledge it (WithReplicas), which
+// admitted nothing on Redis and took its writes back. Not a call whose
+// context has ended: it is decided nowhere.
 func (f *fallback) down(ctx context.Context, resource string, err error) bool {
-	return err != nil && ctx.Err() == nil && f.remote.gone(ctx, resource, err)
+	return err != nil && ctx.Err() == nil && (errors.Is(err, ErrNotReplicated) || f.remote.gone(ctx, resource, err))
 }

@@ -52,10 +52,11 @@ func freePort(t testing.TB) int {
 // redisProc is a redis-server child process on a loopback port, without
 // persistence, whose default user is denied scripting.
 type redisProc struct {
-	t    testing.TB
-	bin  string
-	dir  string
-	port int
+	t     testing.TB
+	bin   string
+	dir   string
+	port  int
+	extra []string // configuration beside the defaults of args
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -66,14 +67,22 @@ type redisProc struct {
 // which must run every test, as realClient does).
 func redisServerBin(t testing.TB) string {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
+	return binOrSkip(t, "redis-server")
+}
+
+// binOrSkip finds the program name, or skips the test: fails it under CI
+// or under scripts/test.sh (LEAKYBUCKET_REDIS_ADDR set), which install
+// what the tests need and must run every one.
+func binOrSkip(t testing.TB, name string) string {
+	t.Helper()
+	bin, err := exec.LookPath(name)
 	if err == nil {
 		return bin
 	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("redis-server is not installed: CI must run the fault tests (%v)", err)
+	if os.Getenv("CI") != "" || os.Getenv("LEAKYBUCKET_REDIS_ADDR") != "" {
+		t.Fatalf("%s is not installed: CI and make test must run the fault tests (%v)", name, err)
 	}
-	t.Skipf("redis-server is not installed: %v", err)
+	t.Skipf("%s is not installed: %v", name, err)
 	return ""
 }
 
@@ -81,7 +90,14 @@ func redisServerBin(t testing.TB) string {
 // waits until it answers PING. It is killed when the test ends.
 func startRedis(t testing.TB) *redisProc {
 	t.Helper()
-	p := &redisProc{t: t, bin: redisServerBin(t), dir: t.TempDir()}
+	return startRedisWith(t)
+}
+
+// startRedisWith is startRedis, with configuration args beside the
+// defaults (a replica's --replicaof, a cluster node's settings).
+func startRedisWith(t testing.TB, extra ...string) *redisProc {
+	t.Helper()
+	p := &redisProc{t: t, bin: redisServerBin(t), dir: t.TempDir(), extra: extra}
 	t.Cleanup(p.Kill)
 	var err error
 	for range 3 {
@@ -105,12 +121,12 @@ func (p *redisProc) Pid() int {
 }
 
 func (p *redisProc) args() []string {
-	return []string{
+	return append([]string{
 		"--port", strconv.Itoa(p.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--dir", p.dir, "--logfile", filepath.Join(p.dir, "redis.log"),
 		"--user", "default", "on", "nopass", "~*", "&*", "+@all", "-@scripting",
-	}
+	}, p.extra...)
 }
 
 // spawn starts the process on p.port and waits until it is the one that
@@ -555,19 +571,11 @@ func (s *callStats) overrunBeyond(slack time.Duration) bool {
 // probeScheduler measures, until stop closes, how late 1 ms sleeps wake.
 func (s *callStats) probeScheduler(stop <-chan struct{}, done *sync.WaitGroup) {
 	defer done.Done()
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		start := time.Now()
-		time.Sleep(time.Millisecond)
-		late := time.Since(start) - time.Millisecond
+	watchScheduler(stop, func(late time.Duration) {
 		s.mu.Lock()
 		s.schedLag = max(s.schedLag, late)
 		s.mu.Unlock()
-	}
+	})
 }
 
 func newCallStats() *callStats {

@@ -311,9 +311,13 @@ func TestExecAbortKeepsTheNextHoldersLock(t *testing.T) {
 		b := e.bucket(t, PerResource(PerMinute(5)))
 		lockKey := remoteOf(b).keysOf("r").ResourceLock()
 		e.addHook(takeOverAndAbort{e.admin, lockKey})
-		// Redis reports EXECABORT; miniredis checks the WATCH first.
-		if _, err := b.Allow(ctx, "r", "a"); !redis.IsExecAbortError(errors.Unwrap(err)) && !errors.Is(err, ErrLockExpired) {
-			t.Fatalf("Allow with a discarded EXEC: error %v, want a wrapped EXECABORT or ErrLockExpired", err)
+		// Redis refuses the command and discards the EXEC (EXECABORT): the
+		// error is the refused command's own, as for a transaction of
+		// SortedSet or Windows (a MOVED among them then reaches the
+		// cluster route); miniredis checks the WATCH first.
+		var refused redis.Error
+		if _, err := b.Allow(ctx, "r", "a"); !(errors.As(err, &refused) && strings.Contains(err.Error(), "no-such-command")) && !errors.Is(err, ErrLockExpired) {
+			t.Fatalf("Allow with a discarded EXEC: error %v, want the refused command's error, wrapped, or ErrLockExpired", err)
 		}
 		if got := e.admin.Get(ctx, lockKey).Val(); got != "the next holder" {
 			t.Fatalf("the next holder's lock is now %q", got)

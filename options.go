@@ -31,6 +31,8 @@ type config struct {
 	observer     func(context.Context, Decision)
 	noBreaker    bool
 	breakers     *outage.Breakers // nil: the Bucket's own (a Tiers shares one)
+	replicas     int              // WithReplicas: 0, none
+	replicaWait  time.Duration    // WithReplicas: how long a decision waits for them
 	fallback     bool             // WithFallback
 	instances    int              // WithFallback's: each rule's Requests is shared by them
 }
@@ -146,6 +148,44 @@ func WithoutBreaker() Option {
 	return func(c *config) { c.noBreaker = true }
 }
 
+// WithReplicas makes a call admitted only once n replicas of the Redis
+// server that holds its counts have acknowledged its decision's writes,
+// so that a failover to one of them loses no admitted call: Redis's
+// WAIT n, sent after the decision's MULTI/EXEC in the same round trip
+// (under Logs, after the lock's release), on a standalone server (a
+// *redis.Client, or go-redis's failover client, NewFailoverClient, which
+// follows Sentinel) or on each master of a Cluster, which counts its own
+// replicas. The default, n = 0, waits for none.
+//
+// The wait ends once n replicas acknowledged, or after timeout, or sooner
+// so that the call still ends within its context's deadline and the
+// client's ReadTimeout: Redis notices a WAIT that timed out at its next
+// cron tick, up to 100 ms late with its default hz, so the wait leaves
+// that and a fifth of the time left.
+// A decision whose writes too few replicas acknowledged by then admits
+// no call on Redis: what the decision wrote is taken back, as for a
+// denied call, and then each call fails with an error matching
+// ErrUnavailable and ErrNotReplicated, or, WithFallback, is decided by
+// the fallback in process, by its share of the rules. So while a replica lags
+// behind by more than timeout, is paused or gone, or the server has fewer
+// than n, every call fails after its wait: choose timeout above the
+// replicas' usual lag (a round trip to them, a millisecond or two on a
+// LAN), far below the calls' deadlines. The breaker does not open for
+// it: the server answers, its replicas do not (docs/operating-redis.md).
+//
+// It costs each decision the replicas' acknowledgement, about one round
+// trip between the server and its nearest n replicas; no round trip of
+// its own. Peek, Flush and FlushAll never wait: their writes only ever
+// lower a count, which a failover that loses them restores. WAIT is not
+// consensus: a failover that promotes a replica that had not
+// acknowledged (one of more than n, or one that lost its data since)
+// still loses counts. The client's user needs +wait (see
+// docs/least-privilege.md). NewLocal ignores it. n must not be negative,
+// and timeout at least a millisecond when n is positive.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return func(c *config) { c.replicas, c.replicaWait = n, timeout }
+}
+
 // WithFallback makes the Bucket decide in this process while Redis is
 // unreachable, rather than fail with ErrUnavailable. While the breaker of the server that holds a resource is open
 // (see WithoutBreaker), the resource's calls are decided on counts kept
@@ -154,7 +194,9 @@ func WithoutBreaker() Option {
 // instances is how many processes share the Bucket's rules, so that
 // together they admit no more than a rule allows. A call whose decision
 // was under way when the breaker opened, or that found the server gone,
-// is decided in process too. The Result says so (Result.Fallback; its
+// is decided in process too, and so is one whose decision its replicas did
+// not acknowledge (WithReplicas), though the breaker stays closed for it.
+// The Result says so (Result.Fallback; its
 // Rules and DeniedBy name the divided rules), and so does the observer's
 // Decision. Calls go to Redis again as soon as the breaker's probe finds
 // the server back. What was counted in process is never written to
@@ -216,7 +258,21 @@ func (c *config) validateOthers() error {
 	case c.scanCount < 1:
 		return fmt.Errorf("%w: SCAN COUNT %d is below 1", ErrInvalidOption, c.scanCount)
 	}
+	if err := c.validateReplicas(); err != nil {
+		return err
+	}
 	return c.validateFallback()
+}
+
+// validateReplicas checks WithReplicas.
+func (c *config) validateReplicas() error {
+	switch {
+	case c.replicas < 0:
+		return fmt.Errorf("%w: WithReplicas(%d): a negative number of replicas", ErrInvalidOption, c.replicas)
+	case c.replicas > 0 && c.replicaWait < time.Millisecond:
+		return fmt.Errorf("%w: WithReplicas(%d, %v): a wait under 1ms", ErrInvalidOption, c.replicas, c.replicaWait)
+	}
+	return nil
 }
 
 // validateFallback checks WithFallback's instances against the rules.

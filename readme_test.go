@@ -49,6 +49,7 @@ func TestReadmeLeastPrivilege(t *testing.T) {
 	for _, part := range []struct{ name, text string }{
 		{"table of commands", readmeCommandTable()},
 		{"list of the lock's commands", readmeLockCommands()},
+		{"commands of WithReplicas", readmeReplicaCommands()},
 		{"table of connection commands", readmeConnTable()},
 		{"ACL SETUSER lines", readmeACLLines()},
 	} {
@@ -110,6 +111,15 @@ func readmeCommandTable() string {
 }
 
 func readmeLockCommands() string { return "The lock is " + readmeCommands(lockCommands) + "." }
+
+func readmeReplicaCommands() string {
+	var rules []string
+	for _, c := range replicaCommands {
+		rules = append(rules, "`+"+c+"`")
+	}
+	return "With `WithReplicas`, `Allow` and `AllowN` also send " + readmeCommands(replicaCommands) +
+		", after each decision's `EXEC`: add " + strings.Join(rules, ", ") + " to the user's rules."
+}
 
 func readmeConnTable() string {
 	var b strings.Builder

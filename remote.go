@@ -17,6 +17,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/lock"
 	"github.com/leakybucket/leakybucket/internal/outage"
 	"github.com/leakybucket/leakybucket/internal/store"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // remote is the backend of New: the counts in Redis, kept by a strategy's
@@ -130,7 +131,7 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	resource := calls[0].Req.resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
 	var ahead store.Carried
-	where.Carry, where.Busy, where.Ahead = &l.State, l.Busy, &ahead
+	where.Carry, where.Busy, where.Ahead, where.Acks = &l.State, l.Busy, &ahead, r.acks(calls)
 	if err != nil {
 		return err
 	}
@@ -153,6 +154,22 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 	}
 	r.decideAgain(ctx, where, calls, requests, again)
 	return nil
+}
+
+// acks is what a batch's decision asks of the replicas (WithReplicas):
+// to acknowledge its writes before the earliest deadline of its calls,
+// so that each of them hears why if they do not.
+func (r *remote) acks(calls []*queued) txn.Acks {
+	if r.cfg.replicas == 0 {
+		return txn.Acks{}
+	}
+	a := txn.Acks{Replicas: r.cfg.replicas, Timeout: r.cfg.replicaWait}
+	for _, c := range calls {
+		if d, ok := c.Ctx.Deadline(); ok && (a.By.IsZero() || d.Before(a.By)) {
+			a.By = d
+		}
+	}
+	return a
 }
 
 // redo is a call of a batch to decide again: call i, looking only or not.

@@ -58,7 +58,8 @@ type Result struct {
 
 	// Fallback reports that the call was decided in this process by the
 	// Bucket's fallback (WithFallback), because the breaker found Redis
-	// unreachable: Rules and DeniedBy then name the rules as the fallback
+	// unreachable, or (WithReplicas) its replicas did not acknowledge the
+	// decision on Redis, which was taken back: Rules and DeniedBy then name the rules as the fallback
 	// applies them, each Requests divided by the instances WithFallback
 	// names, and every other field is the process's own counts; nothing
 	// of the call is recorded in Redis. False for a call Redis decided, and

@@ -29,6 +29,7 @@ type config struct {
 	steady     []steadySpec
 	memory     memorySpec
 	inflight   []inflightSpec
+	replicas   []replicasSpec
 	costLimits []int  // of the SortedSet cost table
 	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
 	command    string // the command line, for the report
@@ -189,6 +190,8 @@ type results struct {
 	memory []memoryRow
 	// Package inflight's acquisitions and releases.
 	inflight []inflightRow
+	// WithReplicas beside the default.
+	replicas []replicasRow
 }
 
 // Names of the tables, for -table.
@@ -203,9 +206,10 @@ const (
 	steadyTable     = "steady"
 	memoryTable     = "memory"
 	inflightTable   = "inflight"
+	replicasTable   = "replicas"
 )
 
-var tableNames = []string{throughputTable, steadyTable, hammerTable, noisyTable, abuserTable, procsTable, costTable, memoryTable, inProcessTable, inflightTable}
+var tableNames = []string{throughputTable, steadyTable, hammerTable, noisyTable, abuserTable, procsTable, costTable, memoryTable, inProcessTable, inflightTable, replicasTable}
 
 // run measures every table that -table selects, in order.
 func (r *runner) run(ctx context.Context) (results, error) {
@@ -224,6 +228,7 @@ func (r *runner) run(ctx context.Context) (results, error) {
 		{memoryTable, r.memoryAll},
 		{inProcessTable, r.inProcessAll},
 		{inflightTable, r.inflightAll},
+		{replicasTable, r.replicasAll}, // last: its replica stays attached to the library's server until it ends
 	}
 	for _, s := range steps {
 		if !r.cfg.tables.MatchString(s.name) {

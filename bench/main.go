@@ -7,7 +7,8 @@
 // hammer, the noisy neighbour, an abuser, processes on one key,
 // SortedSet's cost by limit, Redis memory per client, the in-process
 // limiter, package inflight against a Lua semaphore and
-// golang.org/x/sync/semaphore, and the targets. From the repository root:
+// golang.org/x/sync/semaphore, WithReplicas beside the default on a server
+// with a replica, and the targets. From the repository root:
 //
 //	cd bench && go run .            # the full run, about 10 minutes; writes BENCHMARKS.md and benchmarks.png
 //	cd bench && go run . -quick     # a smoke run of about a minute; writes nothing unless -out is given
@@ -117,11 +118,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 func (f flags) config() (config, error) {
 	cfg := config{timeout: f.timeout, window: f.window, limits: throughputLimits, quick: f.quick, out: f.out,
 		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy, costLimits: fullCostLimits,
-		abuser: fullAbuser, procs: fullProcs, steady: fullSteady, memory: fullMemory, inflight: fullInflight}
+		abuser: fullAbuser, procs: fullProcs, steady: fullSteady, memory: fullMemory, inflight: fullInflight, replicas: fullReplicas}
 	if f.quick {
 		cfg.workloads, cfg.cell, cfg.hammer, cfg.noisy = quickWorkloads(), 150*time.Millisecond, quickHammer, quickNoisy
 		cfg.costLimits, cfg.abuser, cfg.procs, cfg.steady, cfg.memory = quickCostLimits, quickAbuser, quickProcs, quickSteady, quickMemory
-		cfg.inflight = quickInflight
+		cfg.inflight, cfg.replicas = quickInflight, quickReplicas
 	} else if cfg.out == "" {
 		cfg.out = "."
 	}

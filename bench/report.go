@@ -120,6 +120,7 @@ func tables(cfg config, res results) string {
 		{"Memory", len(res.memory) > 0, func() string { return memoryTableMD(res.memory) }},
 		{"In process", len(res.inProcess) > 0, func() string { return inProcessTableMD(res.inProcess) }},
 		{"In flight", len(res.inflight) > 0, func() string { return inflightTableMD(res.inflight) }},
+		{"Replicas", len(res.replicas) > 0, func() string { return replicasTableMD(res.replicas) }},
 	}
 	for _, p := range parts {
 		if p.present {
@@ -153,6 +154,7 @@ func document(cfg config, res results, run runInfo, chart string) string {
 		{len(res.memory) > 0, func() { memorySection(&b, res.memory) }},
 		{len(res.inProcess) > 0, func() { inProcessSection(&b, res.inProcess) }},
 		{len(res.inflight) > 0, func() { inflightSection(&b, res.inflight) }},
+		{len(res.replicas) > 0, func() { replicasSection(&b, res.replicas) }},
 	}
 	for _, s := range sections {
 		if s.present {

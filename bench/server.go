@@ -90,7 +90,9 @@ func startServer(ctx context.Context, scripting bool) (*server, error) {
 	return nil, lastErr
 }
 
-func tryStart(ctx context.Context, scripting bool) (*server, error) {
+// tryStart starts one server, with configuration args beside the
+// defaults (a replica's --replicaof).
+func tryStart(ctx context.Context, scripting bool, extra ...string) (*server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -99,11 +101,11 @@ func tryStart(ctx context.Context, scripting bool) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command("redis-server",
+	cmd := exec.Command("redis-server", append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
-		"--dir", dir, "--logfile", dir+"/redis.log",
-	)
+		"--dir", dir, "--logfile", dir + "/redis.log",
+	}, extra...)...)
 	// Its own process group, so that a Ctrl-C in the terminal reaches only
 	// this program, which then stops the server; and killed by the kernel
 	// if this program dies without stopping it.

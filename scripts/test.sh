@@ -2,10 +2,11 @@
 # Runs every test of the module: go vet, then the whole suite under -race
 # against miniredis, against a real Redis and against a real 3-master Redis
 # Cluster (scripts/cluster.sh), whose default users are denied scripting
-# (-@scripting). On both, the tests (TestMain, acl_test.go) create ACL users
+# (-@scripting); the fault and failover tests start servers (and a
+# Sentinel) of their own. On both, the tests (TestMain, acl_test.go) create ACL users
 # allowed only the commands each strategy sends (commands_test.go), run every
 # Bucket as one of them, and fail if ACL LOG shows a refusal. This script
-# installs redis-server if missing, starts both on free loopback ports, and
+# installs redis-server and redis-sentinel if missing, starts both on free loopback ports, and
 # stops them on exit, also when tests fail.
 #
 # Usage: scripts/test.sh [extra go test flags]   (make test runs it)
@@ -20,13 +21,18 @@ export GOWORK="$PWD/go.work"
 GOFLAGS=$(printf ' %s ' "${GOFLAGS:-}" | sed 's/ -mod=mod / /g; s/^ *//; s/ *$//')
 export GOFLAGS
 
+# install_redis installs what is missing of redis-server, redis-cli and
+# redis-sentinel (the failover tests start a Sentinel of their own).
 install_redis() {
-  command -v redis-server >/dev/null && command -v redis-cli >/dev/null && return
-  echo "test.sh: installing redis-server (Debian package)" >&2
+  local missing=()
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server)
+  command -v redis-sentinel >/dev/null || missing+=(redis-sentinel)
+  [ ${#missing[@]} -eq 0 ] && return
+  echo "test.sh: installing ${missing[*]} (Debian packages)" >&2
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -20,20 +20,28 @@ import (
 // needs.
 var doctorCommand = command{
 	name:     "doctor",
-	synopsis: "doctor",
+	synopsis: "doctor [-replicas N]",
 	summary:  "check the server for what the limiter needs: eviction, memory, persistence, replication, ACL...",
 	detail: `Checks the Redis server (each master of a -cluster) for what the Bucket of the
 global flags needs, and prints one line per check: OK, WARN or FAIL, the
 reason and the fix. It checks the eviction policy (allkeys-* evicts counts:
 FAIL; volatile-* evicts keys with a TTL, which every strategy sets: WARN),
 the memory headroom, persistence (none: counts are lost on restart), the
-replication role and lag (a failover loses the counts of the last lag), that
-the -redis user may run every command of the -strategy (ACL DRYRUN), whether
-scripting is allowed (for information), for -strategy logs the database size
-and the time a decision's SCAN takes on it, and the cluster state. A check
-that the user may not run (CONFIG, INFO or ACL denied) says so, as a WARN.
-Rules are not needed. Exit status 0 if nothing FAILs, 3 if a check FAILs.`,
-	bind:       func(*flag.FlagSet) action { return &doctor{} },
+replication role, replicas and lag (a failover loses the counts of the last
+lag, unless the service waits for its replicas: WithReplicas), that the
+-redis user may run every command of the -strategy (ACL DRYRUN; WAIT too
+with -replicas), whether scripting is allowed (for information), for
+-strategy logs the database size and the time a decision's SCAN takes on
+it, and the cluster state. -replicas N says that the service passes N to
+WithReplicas: then each primary must have at least N replicas online. A
+check that the user may not run (CONFIG, INFO or ACL denied) says so, as a
+WARN. Rules are not needed. Exit status 0 if nothing FAILs, 3 if a check
+FAILs.`,
+	bind: func(fs *flag.FlagSet) action {
+		d := &doctor{}
+		fs.IntVar(&d.replicas, "replicas", 0, "the `N` of the service's WithReplicas(N, timeout): how many replicas must acknowledge each decision (0: the service does not wait for replicas)")
+		return d
+	},
 	bucketless: true,
 }
 
@@ -51,11 +59,18 @@ const (
 type verdict struct{ level, check, text string }
 
 // doctor is the doctor subcommand.
-type doctor struct{}
+type doctor struct {
+	replicas int // -replicas: the service's WithReplicas
+}
 
-func (*doctor) check(*globals) error { return nil }
+func (d *doctor) check(*globals) error {
+	if d.replicas < 0 {
+		return usagef("-replicas %d: want 0 or more", d.replicas)
+	}
+	return nil
+}
 
-func (*doctor) do(ctx context.Context, s *session, stdout io.Writer) error {
+func (d *doctor) do(ctx context.Context, s *session, stdout io.Writer) error {
 	nodes, err := masters(ctx, s.rdb)
 	if err != nil {
 		return err
@@ -69,7 +84,7 @@ func (*doctor) do(ctx context.Context, s *session, stdout io.Writer) error {
 		if len(nodes) > 1 {
 			where = node.Options().Addr + " "
 		}
-		for _, v := range s.examine(ctx, node) {
+		for _, v := range s.examine(ctx, node, d.replicas) {
 			if v.level == levelFail {
 				failed++
 			}
@@ -103,17 +118,22 @@ func masters(ctx context.Context, rdb redis.UniversalClient) ([]*redis.Client, e
 	return nil, fmt.Errorf("unsupported client %T", rdb)
 }
 
-// examine runs every check on node.
-func (s *session) examine(ctx context.Context, node *redis.Client) []verdict {
+// examine runs every check on node, for a service whose decisions wait
+// for replicas replicas (WithReplicas).
+func (s *session) examine(ctx context.Context, node *redis.Client, replicas int) []verdict {
 	strategy := strategyName(s.g.strategy.text)
 	_, cluster := s.rdb.(*redis.ClusterClient)
 	user := s.user()
+	sends := append(sent.OfStrategy(strategy, cluster), sent.Grants(cluster)...)
+	if replicas > 0 {
+		sends = append(sends, sent.Replicas...)
+	}
 	return []verdict{
 		checkPolicy(ctx, node),
 		checkMemory(ctx, node),
 		checkPersistence(ctx, node),
-		checkReplication(ctx, node),
-		checkACL(ctx, node, user, strategy, s.g.prefix, cluster),
+		checkReplication(ctx, node, replicas),
+		checkACL(ctx, node, user, strategy, s.g.prefix, sends),
 		checkScripting(ctx, node, user),
 		checkLogsSize(ctx, node, strategy),
 		checkCluster(ctx, node, cluster),
@@ -225,7 +245,10 @@ func checkPersistence(ctx context.Context, node *redis.Client) verdict {
 	return verdict{levelWarn, check, "none: a restart loses every count (a client at 5/5 gets 5 more); fix: CONFIG SET appendonly yes, or accept a window of over-admission per restart"}
 }
 
-func checkReplication(ctx context.Context, node *redis.Client) verdict {
+// checkReplication checks the server's role, its replicas and their lag,
+// for a service whose decisions wait for want replicas (WithReplicas; 0:
+// none).
+func checkReplication(ctx context.Context, node *redis.Client, want int) verdict {
 	const check = "replication"
 	f, err := info(ctx, node, "replication")
 	if err != nil {
@@ -236,32 +259,50 @@ func checkReplication(ctx context.Context, node *redis.Client) verdict {
 			f["master_host"], f["master_port"], f["master_link_status"])}
 	}
 	n, _ := strconv.Atoi(f["connected_slaves"])
-	if n == 0 {
-		return verdict{levelOK, check, "primary without replicas: no failover can lose counts (a restart can: see persistence)"}
-	}
-	lag := maxLag(f, n)
-	return verdict{levelWarn, check, fmt.Sprintf("primary with %d replica(s), lag up to %ds: replication is asynchronous, so a failover now would lose the counts of about the last %ds, letting each client be admitted again for what it was admitted in that time (measured: 1 s behind, 38-40 %% over-admission); fix: CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 1 to bound the lag",
-		n, lag, max(lag, 1))}
+	online, lag := replicasOf(f, n)
+	level, text := replicationVerdict(want, n, online, lag)
+	return verdict{level, check, text}
 }
 
-// maxLag is the largest lag=N of the n lines slave0, slave1, ... of INFO
-// replication.
-func maxLag(f map[string]string, n int) int {
-	worst := 0
+// replicationVerdict judges a primary with n replicas, online of them
+// online, lagging up to lag seconds, for a service that waits for want.
+func replicationVerdict(want, n, online, lag int) (string, string) {
+	has := fmt.Sprintf("primary with %d replica(s), %d online, lag up to %ds", n, online, lag)
+	switch {
+	case want > online:
+		return levelFail, fmt.Sprintf("%s: the service waits for %d (WithReplicas), so every decision would wait out its timeout and fail with ErrUnavailable; fix: bring replicas online, or set WithReplicas (and -replicas) to what this primary has", has, want)
+	case want > 0 && want < n:
+		return levelWarn, fmt.Sprintf("%s: each decision waits for %d of them (WithReplicas), so a failover that promotes one of the other %d, which may not have acknowledged, loses their counts (Sentinel and a cluster prefer the replica that received the most, but not always); fix: WithReplicas(%d, timeout), every replica", has, want, n-want, n)
+	case want > 0:
+		return levelOK, fmt.Sprintf("%s: each decision waits for every replica to acknowledge it (WithReplicas), so a failover to one of them keeps every admitted call (WAIT is not consensus: a replica that lost its data since still loses counts)", has)
+	case n == 0:
+		return levelOK, "primary without replicas: no failover can lose counts (a restart can: see persistence)"
+	}
+	return levelWarn, fmt.Sprintf("%s: replication is asynchronous, so a failover now would lose the counts of about the last %ds, letting each client be admitted again for what it was admitted in that time (measured: 1 s behind, 38-40 %% over-admission); fix: WithReplicas(%d, timeout) in the service, and -replicas %d here, so that a call is admitted only once the replicas hold it; or CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 1, which bound the lag rather than close it",
+		has, max(lag, 1), n, n)
+}
+
+// replicasOf reads the n lines slave0, slave1, ... of INFO replication:
+// how many are online, and the largest lag=N.
+func replicasOf(f map[string]string, n int) (online, worst int) {
 	for i := range n {
 		for kv := range strings.SplitSeq(f["slave"+strconv.Itoa(i)], ",") {
 			if v, ok := strings.CutPrefix(kv, "lag="); ok {
 				lag, _ := strconv.Atoi(v)
 				worst = max(worst, lag)
 			}
+			if kv == "state=online" {
+				online++
+			}
 		}
 	}
-	return worst
+	return online, worst
 }
 
-func checkACL(ctx context.Context, node *redis.Client, user, strategy, prefix string, cluster bool) verdict {
+// checkACL checks that user may run every command of cmds, those the
+// Bucket of strategy sends, on keys under prefix.
+func checkACL(ctx context.Context, node *redis.Client, user, strategy, prefix string, cmds []string) verdict {
 	const check = "acl"
-	cmds := append(sent.OfStrategy(strategy, cluster), sent.Grants(cluster)...)
 	var denied []string
 	for _, name := range sent.Unique(cmds) {
 		if known, err := sent.Known(ctx, node, name); err != nil {

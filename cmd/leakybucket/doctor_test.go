@@ -73,11 +73,11 @@ var noPersistence = []string{"--save", "", "--appendonly", "no"}
 // safe are the args of a server that passes every check.
 var safe = []string{"--save", "", "--appendonly", "yes", "--maxmemory", "512mb", "--maxmemory-policy", "noeviction"}
 
-// doctorRun runs doctor on url with extra global flags, and returns its
-// exit code and output lines by check name.
+// doctorRun runs doctor on url with extra flags (global ones, or its
+// own), and returns its exit code and output lines by check name.
 func doctorRun(t *testing.T, url string, flags ...string) (int, map[string]string) {
 	t.Helper()
-	code, stdout, stderr := cli(append(append([]string{"-redis", url}, flags...), "doctor")...)
+	code, stdout, stderr := cli(append([]string{"-redis", url, "doctor"}, flags...)...)
 	lines := map[string]string{}
 	for line := range strings.SplitSeq(strings.TrimSuffix(stdout, "\n"), "\n") {
 		level, rest, _ := strings.Cut(line, "  ")
@@ -144,7 +144,10 @@ func TestDoctorSafe(t *testing.T) {
 }
 
 // TestDoctorReplica: a primary with a replica warns of the failover's
-// loss; the replica itself fails, as the Bucket cannot write there.
+// loss, and advises WithReplicas; with -replicas 1 (the service waits for
+// its replica) it is OK, with -replicas 2 it fails (every decision would
+// fail); the replica itself fails, as the Bucket cannot write there. A
+// primary without replicas is OK, unless the service waits for one.
 func TestDoctorReplica(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts redis-servers")
@@ -164,9 +167,25 @@ func TestDoctorReplica(t *testing.T) {
 		}
 	}
 	code, lines := doctorRun(t, "redis://"+primary)
-	want(t, lines, "replication", "WARN primary with 1 replica(s), lag up to")
-	if !strings.Contains(lines["replication"], "min-replicas-max-lag") || code != exitOK {
-		t.Errorf("primary: exit %d, replication %q: want 0, and the fix", code, lines["replication"])
+	want(t, lines, "replication", "WARN primary with 1 replica(s), 1 online, lag up to")
+	if !strings.Contains(lines["replication"], "WithReplicas(1, timeout)") || !strings.Contains(lines["replication"], "min-replicas-max-lag") || code != exitOK {
+		t.Errorf("primary: exit %d, replication %q: want 0, and the fixes", code, lines["replication"])
+	}
+	code, lines = doctorRun(t, "redis://"+primary, "-replicas", "1")
+	want(t, lines, "replication", "OK primary with 1 replica(s), 1 online")
+	want(t, lines, "acl", `OK user "default" may run every command`)
+	if code != exitOK {
+		t.Errorf("primary, -replicas 1: exit %d, want 0: %v", code, lines)
+	}
+	code, lines = doctorRun(t, "redis://"+primary, "-replicas", "2")
+	want(t, lines, "replication", "FAIL primary with 1 replica(s), 1 online")
+	if code != exitFail {
+		t.Errorf("primary, -replicas 2: exit %d, want %d", code, exitFail)
+	}
+	code, lines = doctorRun(t, "redis://"+server(t, safe...), "-replicas", "1")
+	want(t, lines, "replication", "FAIL primary with 0 replica(s), 0 online")
+	if code != exitFail {
+		t.Errorf("no replica, -replicas 1: exit %d, want %d", code, exitFail)
 	}
 	code, lines = doctorRun(t, "redis://"+replica)
 	want(t, lines, "replication", "FAIL this server is a replica of "+primary)
@@ -207,4 +226,12 @@ func TestDoctorACL(t *testing.T) {
 	if code != exitFail {
 		t.Errorf("a user denied ZADD: exit %d, want %d", code, exitFail)
 	}
+	// WAIT only matters for a service WithReplicas.
+	if err := rdb.Do(ctx, "acl", "setuser", "nowait", "on", ">pw", "~*", "&*", "+@all", "-wait").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, lines = doctorRun(t, "redis://nowait:pw@"+addr)
+	want(t, lines, "acl", `OK user "nowait" may run every command`)
+	_, lines = doctorRun(t, "redis://nowait:pw@"+addr, "-replicas", "1")
+	want(t, lines, "acl", `FAIL user "nowait" may not run WAIT`)
 }

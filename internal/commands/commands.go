@@ -77,6 +77,11 @@ var Strategies = map[string]map[Method]Sends{
 	},
 }
 
+// Replicas is what Allow also sends under WithReplicas, whatever the
+// strategy: WAIT, after each decision's EXEC. Only then does the user
+// need it.
+var Replicas = []string{"wait"}
+
 // Names are the keys of Strategies, in the README's order.
 var Names = []string{"logs", "sortedset", "windows"}
 

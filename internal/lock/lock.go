@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // lock is a mutual-exclusion lock in Redis that needs no script: every
@@ -275,28 +276,30 @@ func (l *lock) watch(ctx context.Context, pipe redis.Pipeliner, read func(redis.
 }
 
 // release applies the writes queued by write and frees the lock in one
-// MULTI/EXEC. If the lock expired or changed hands since it was watched, EXEC
-// applies nothing and release returns ErrExpired.
-func (l *lock) release(ctx context.Context, tx *redis.Tx, write func(redis.Pipeliner)) error {
-	_, err := tx.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-		write(pipe)
-		pipe.Del(ctx, l.key)
-		if l.queued {
-			pipe.Del(ctx, l.nextKey())
-		}
-		return nil
-	})
+// MULTI/EXEC (package txn), followed by WAIT in the same round trip if
+// acks asks for it. If the lock expired or changed hands since it was
+// watched, EXEC applies nothing and release returns ErrExpired. If the
+// writes ran but too few replicas acknowledged them, the lock is free and
+// the error matches txn.ErrNotReplicated: the section must undo them.
+func (l *lock) release(ctx context.Context, tx *redis.Tx, write func(*txn.Txn), acks txn.Acks) error {
+	t := &txn.Txn{Acks: acks}
+	write(t)
+	t.Add("del", l.key)
+	if l.queued {
+		t.Add("del", l.nextKey())
+	}
+	o, err := t.ExecOn(ctx, tx, l.node.Options().ReadTimeout)
 	switch {
-	case err == nil:
+	case o == txn.Ran, o == txn.Unreplicated:
 		l.maybeHeld, l.watching = false, false
 	case errors.Is(err, redis.TxFailedErr):
 		// The watched key changed after our token was read: the lock is not
 		// ours any more.
 		l.maybeHeld, l.watching = false, false
 		err = ErrExpired
-	case redis.IsExecAbortError(err):
-		// EXEC ran and dropped the WATCH, but applied nothing: the lock is
-		// still ours, and free must delete it.
+	case o == txn.NotRun:
+		// EXEC ran and dropped the WATCH, but applied nothing (EXECABORT):
+		// the lock is still ours, and free must delete it.
 		l.watching = false
 	}
 	return err
@@ -336,7 +339,7 @@ type Section interface {
 	// connection, under the lock.
 	Finish(ctx context.Context, tx *redis.Tx) error
 	// Write queues the writes, applied with the release or not at all.
-	Write(pipe redis.Pipeliner)
+	Write(t *txn.Txn)
 }
 
 // Options are how a lock is taken.
@@ -347,6 +350,9 @@ type Options struct {
 	// Holders, if not nil, give the turns to take locks on node's server
 	// (see Holders).
 	Holders *Holders
+	// Acks: the replicas that must acknowledge the section's writes
+	// before Run returns nil (see txn.Acks); none if zero.
+	Acks txn.Acks
 }
 
 // Run runs s under the lock key of node, on one connection: take the lock
@@ -357,7 +363,9 @@ type Options struct {
 // deadline instead, so a caller that gives up never cuts a holder in the
 // middle. It first waits for a turn of o.Holders, as long as ctx lets it.
 // A busy lock makes it return ErrNotObtained (joined with ctx's error if
-// ctx ended); a lock lost before the release, ErrExpired.
+// ctx ended); a lock lost before the release, ErrExpired; writes that
+// ran with the release but that too few replicas acknowledged (o.Acks),
+// an error matching txn.ErrNotReplicated.
 func Run(ctx context.Context, node *redis.Client, key string, o Options, view *View, s Section) error {
 	give, err := o.Holders.take(ctx, node)
 	if err != nil {
@@ -375,7 +383,7 @@ func Run(ctx context.Context, node *redis.Client, key string, o Options, view *V
 		if err := s.Finish(hold, tx); err != nil {
 			return l.outlived(err)
 		}
-		return l.outlived(l.release(hold, tx, s.Write))
+		return l.outlived(l.release(hold, tx, s.Write, o.Acks))
 	})
 }
 

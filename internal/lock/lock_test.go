@@ -3,13 +3,16 @@ package lock
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/alicebob/miniredis/v2/server"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // section reads a counter under the lock and writes it back plus one.
@@ -28,9 +31,9 @@ func (s *section) Finish(ctx context.Context, tx *redis.Tx) error {
 	return nil
 }
 
-func (s *section) Write(pipe redis.Pipeliner) {
+func (s *section) Write(t *txn.Txn) {
 	n, _ := s.read.Int()
-	pipe.Set(context.Background(), s.key, n+1, 0)
+	t.Add("set", s.key, n+1)
 }
 
 func setup(t *testing.T) (*miniredis.Miniredis, *redis.Client, Options) {
@@ -113,5 +116,35 @@ func TestRunOutlivesLock(t *testing.T) {
 	}
 	if mr.Exists("n") {
 		t.Error("wrote after the lock expired")
+	}
+}
+
+// With Acks, the writes and the release are followed by WAIT in the same
+// round trip: while enough replicas acknowledge, Run returns nil; when too
+// few do, the writes ran and the lock is free, and the error matches
+// txn.ErrNotReplicated, for the section to undo them. (miniredis answers
+// WAIT with 0, as a server without replicas; a hook answers 1.)
+func TestRunAcks(t *testing.T) {
+	mr, rdb, o := setup(t)
+	o.Acks = txn.Acks{Replicas: 1, Timeout: 10 * time.Millisecond}
+	err := Run(context.Background(), rdb, "l", o, &View{}, &section{key: "n"})
+	if !errors.Is(err, txn.ErrNotReplicated) {
+		t.Fatalf("no replica: error %v, want ErrNotReplicated", err)
+	}
+	if got, _ := mr.Get("n"); got != "1" || mr.Exists("l") {
+		t.Errorf("no replica: counter %q, keys %q: want the write made and the lock free", got, mr.Keys())
+	}
+	mr.Server().SetPreHook(func(c *server.Peer, cmd string, args ...string) bool {
+		if strings.EqualFold(cmd, "wait") {
+			c.WriteInt(1)
+			return true
+		}
+		return false
+	})
+	if err := Run(context.Background(), rdb, "l", o, &View{}, &section{key: "n"}); err != nil {
+		t.Fatalf("one replica acknowledges: %v", err)
+	}
+	if got, _ := mr.Get("n"); got != "2" || mr.Exists("l") {
+		t.Errorf("one replica: counter %q, keys %q", got, mr.Keys())
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // View is what the callers of one lock in this process learned of it,
@@ -134,7 +136,7 @@ func (l *lock) yield(ctx context.Context, tx *redis.Tx) error {
 			return nil // it expired meanwhile: nothing to give back
 		}
 	}
-	if err := l.release(ctx, tx, func(redis.Pipeliner) {}); err != nil && !errors.Is(err, ErrExpired) {
+	if err := l.release(ctx, tx, func(*txn.Txn) {}, txn.Acks{}); err != nil && !errors.Is(err, ErrExpired) {
 		return err
 	}
 	return nil

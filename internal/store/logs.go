@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -10,6 +11,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // parseLog reads a key found under logs (the resource's log prefix) as the
@@ -54,10 +56,15 @@ func (s logsStore) read(ks keys.Space, client string) *logScan {
 // Decide takes the lock, reads the logs, judges the calls in order (each
 // seeing the ones recorded before it), and writes one log per client,
 // carrying the weight of all its recorded calls, in the EXEC that
-// releases the lock.
+// releases the lock. If too few replicas acknowledged that EXEC
+// (WithReplicas), its logs are deleted again before the error is
+// returned: no call of it is admitted. A log's name is unique, so the
+// DEL undoes its write exactly once, wherever it runs (the primary, or
+// the replica promoted since, which holds the log or not).
 func (s logsStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
 	client := calls[0].Client // every call's, when every rule is per-client
-	return s.underLock(ctx, where, lockKey(where.Keys, s.Plan, client), s.read(where.Keys, client), func(pipe redis.Pipeliner, t *tally) {
+	var written []string
+	err := s.underLock(ctx, where, lockKey(where.Keys, s.Plan, client), s.read(where.Keys, client), where.Acks, func(w *txn.Txn, t *tally) {
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
@@ -67,9 +74,25 @@ func (s logsStore) Decide(ctx context.Context, where Site, calls []limits.Call, 
 			}
 		}
 		for client, weight := range weights {
-			pipe.Do(ctx, "set", where.Keys.NewLog(client, t.now, weight), "", "pxat", t.now+s.Longest)
+			log := where.Keys.NewLog(client, t.now, weight)
+			written = append(written, log)
+			w.Add("set", log, "", "pxat", t.now+s.Longest)
 		}
 	})
+	if errors.Is(err, txn.ErrNotReplicated) && len(written) > 0 {
+		takeBack(where, &txn.Txn{Cmds: [][]any{del(written)}}, true)
+	}
+	return err
+}
+
+// del is DEL of keys.
+func del(keys []string) []any {
+	cmd := make([]any, 0, 1+len(keys))
+	cmd = append(cmd, "del")
+	for _, k := range keys {
+		cmd = append(cmd, k)
+	}
+	return cmd
 }
 
 // Peek scans without the lock: one round trip when the SCAN fits in one
@@ -85,9 +108,9 @@ func (s logsStore) Peek(ctx context.Context, where Site, client string, _ int) (
 
 // Flush deletes the client's logs under the lock.
 func (s logsStore) Flush(ctx context.Context, where Site, client string) error {
-	return s.underLock(ctx, where, lockKey(where.Keys, s.Plan, client), s.read(where.Keys, client), func(pipe redis.Pipeliner, t *tally) {
+	return s.underLock(ctx, where, lockKey(where.Keys, s.Plan, client), s.read(where.Keys, client), txn.Acks{}, func(w *txn.Txn, t *tally) {
 		if ids := ids(t.of(client)); len(ids) > 0 {
-			pipe.Del(ctx, ids...)
+			w.Add(del(ids)...)
 		}
 	})
 }
@@ -100,9 +123,9 @@ func (s logsStore) FlushAll(ctx context.Context, where Site) error {
 		return deleteUnder(ctx, where, where.Keys.Logs(), s.ScanCount)
 	}
 	r := newKeyScan(where.Keys.Logs(), s.ScanCount)
-	return s.underLock(ctx, where, where.Keys.ResourceLock(), r, func(pipe redis.Pipeliner, _ *tally) {
+	return s.underLock(ctx, where, where.Keys.ResourceLock(), r, txn.Acks{}, func(w *txn.Txn, _ *tally) {
 		if len(r.found) > 0 {
-			pipe.Del(ctx, r.found...)
+			w.Add(del(r.found)...)
 		}
 	})
 }
@@ -193,13 +216,14 @@ func ids(entries []limits.Entry) []string {
 }
 
 // underLock runs a read-then-write of the logs under the lock key (see
-// package lock): r's reads, then write's commands with the release.
-func (s logsStore) underLock(ctx context.Context, where Site, key string, r reader, write func(redis.Pipeliner, *tally)) error {
+// package lock): r's reads, then write's commands with the release, which
+// acks replicas must acknowledge.
+func (s logsStore) underLock(ctx context.Context, where Site, key string, r reader, acks txn.Acks, write func(*txn.Txn, *tally)) error {
 	view := where.Lock
 	if view == nil {
 		view = &lock.View{}
 	}
-	o := lock.Options{TTL: s.LockTTL, Clock: where.Clock, Holders: where.Holders}
+	o := lock.Options{TTL: s.LockTTL, Clock: where.Clock, Holders: where.Holders, Acks: acks}
 	if s.LockWait[0] > 0 {
 		o.Retry = backoff.Jittered(s.LockWait[0], s.LockWait[1])
 	}
@@ -209,12 +233,12 @@ func (s logsStore) underLock(ctx context.Context, where Site, key string, r read
 // section is a read-then-write of the logs, as the lock runs it.
 type section struct {
 	r     reader
-	write func(redis.Pipeliner, *tally)
+	write func(*txn.Txn, *tally)
 }
 
 func (s section) Read(ctx context.Context, pipe redis.Pipeliner) { s.r.queue(ctx, pipe) }
 func (s section) Finish(ctx context.Context, tx *redis.Tx) error { return s.r.finish(ctx, tx) }
-func (s section) Write(pipe redis.Pipeliner)                     { s.write(pipe, s.r.tally()) }
+func (s section) Write(t *txn.Txn)                               { s.write(t, s.r.tally()) }
 
 // A reader reads the counts of one decision under the lock.
 type reader interface {

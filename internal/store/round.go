@@ -71,7 +71,9 @@ func decideRound(ctx context.Context, where Site, newRound func(now int64) round
 
 // decideOnce runs one round. When the transaction's reply is lost, it
 // returns the error at once and, in the background, takes the calls back
-// if the transaction ran. When the transaction ran at a Redis time far
+// if the transaction ran. When it ran but too few replicas acknowledged
+// its writes (WithReplicas), no call is judged: each is taken back, and
+// the error returned. When the transaction ran at a Redis time far
 // from the calls' stamp (Redis's clock jumped, or this process stalled
 // between stamping and sending), it takes the calls back and says redo:
 // a stamp too early would let the calls leave their windows early.
@@ -83,6 +85,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	r := newRound(now)
 	t := txn.New(where.Keys, !r.idempotent())
 	where.Carry.markIn(t)
+	t.Acks = where.Acks
 	carried := append(where.Carry.take(), where.Ahead.take()...)
 	for _, cmd := range carried {
 		t.Add(cmd...)
@@ -98,6 +101,9 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	case txn.Unknown:
 		where.Clock.Reset()
 		go settleLost(where, r, t, carried)
+		return err
+	case txn.Unreplicated:
+		forsake(where, r, t)
 		return err
 	}
 	where.Carry.settled(t)
@@ -116,6 +122,20 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	}
 	handOn(where, back, r.idempotent())
 	return nil
+}
+
+// forsake takes back every call of r, whose transaction t ran but whose
+// writes too few replicas acknowledged: a failover may lose them, so none
+// of its callers is admitted. The take-back runs only where t's marker is
+// (txn.Txn.Undoes), for a take-back that must run once: t's writes may be
+// on the primary, on a replica, or, after a failover that lost them, on
+// neither. The take-backs t carried ran with it, as they would have
+// anyway.
+func forsake(where Site, r round, t *txn.Txn) {
+	back := txn.New(where.Keys, !r.idempotent())
+	back.Undo(t)
+	r.takeAll(t, back)
+	takeBack(where, back, r.idempotent())
 }
 
 // handOn hands take-backs to the next batch of the line, which carries

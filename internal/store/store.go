@@ -17,6 +17,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // A Plan is what the stores need to know of a Bucket's rules and options.
@@ -107,6 +108,11 @@ type Site struct {
 	// Refind looks up the node that owns the keys again, after a
 	// redirect.
 	Refind func(context.Context) (*redis.Client, error)
+	// Acks: how many of the node's replicas must acknowledge a decision's
+	// writes before any of its calls is admitted (WithReplicas), and by
+	// when; zero outside a batch, and for Peek, Flush and FlushAll, whose
+	// writes only ever lower a count.
+	Acks txn.Acks
 }
 
 // conn is node as the connection of reads that carry no key: on a cluster,

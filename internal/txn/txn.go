@@ -1,6 +1,7 @@
 // Package txn is one MULTI/EXEC sent in one round trip, never twice: the
-// transactions of SortedSet and Windows, how to learn whether one ran
-// after its reply was lost, guarded take-backs, and how to read EXEC's
+// transactions of SortedSet and Windows and the lock's release, how to
+// learn whether one ran after its reply was lost, guarded take-backs, the
+// replicas' acknowledgement of its writes (WAIT), and how to read EXEC's
 // replies (RESP2 or RESP3).
 package txn
 
@@ -33,11 +34,17 @@ import (
 // (a paused server runs the buffered transaction as it resumes), so
 // resolve waits until Redis has answered for resolveSettle.
 type Txn struct {
-	Marker  string // the marker's key, "" if not marked
-	mark    string // what the marker is set to: this transaction's own
-	Cmds    [][]any
-	Guards  []Guard // commands that apply only while a hash is what it was
-	Replies []any   // after the EXEC, by command
+	Marker string // the marker's key, "" if not marked
+	mark   string // what the marker is set to: this transaction's own
+	Cmds   [][]any
+	Guards []Guard // commands that apply only while a hash is what it was
+	// Undoes, if not "", is the marker key of the transaction that t
+	// takes back (see Undo): t applies only on a server where that key
+	// holds that transaction's own value, undoMark (see Exec).
+	Undoes   string
+	undoMark string
+	Acks     Acks  // the replicas that must acknowledge t's writes: none if zero
+	Replies  []any // after the EXEC, by command
 	// Urgent: a take-back that must run before the calls it takes back
 	// are decided again, right after: sent ahead of that decision, never
 	// carried by a later batch.
@@ -63,10 +70,11 @@ type Guard struct {
 // hash's incarnation: see Guard.
 const IncarnationField = "i"
 
-// fenceDoneGrace is how long a marker lives after its transaction ran, for
-// resolve to see. resolve polls for at most resolveFor, and decides once
-// Redis has answered for resolveSettle: long enough for the server to
-// run what it had buffered while it was paused or cut off.
+// fenceDoneGrace is how long a marker lives after its transaction ran (and
+// after the wait for its replicas, see Acks), for Resolve to see. Resolve
+// polls for at most resolveFor, and decides once Redis has answered for
+// resolveSettle: long enough for the server to run what it had buffered
+// while it was paused or cut off.
 const (
 	fenceDoneGrace = 500 * time.Millisecond
 	resolveFor     = 10 * time.Second
@@ -92,6 +100,14 @@ func (t *Txn) MarkIn(key string) {
 	}
 }
 
+// Undo makes t take back what u wrote: t applies only on a server that
+// holds u's marker, set to u's own value, for u's writes may be on the
+// primary that ran it, on a replica it reached, on both, or on neither
+// (see Exec). A marker key that another transaction set since holds
+// another value: then t does nothing, and u's writes stay counted until
+// they expire, which errs on the side of denying.
+func (t *Txn) Undo(u *Txn) { t.Undoes, t.undoMark = u.Marker, u.mark }
+
 // Again returns t's commands as a new transaction, with a new marker, to
 // send after t did not run, or was found not to have run: but its
 // shrinks (see Resent).
@@ -101,6 +117,7 @@ func (t *Txn) Again(ks keys.Space) *Txn {
 	for i, g := range t.Guards {
 		fresh.Guards[i] = Guard{Key: g.Key, Want: g.Want, Cmds: Resent(g.Cmds)}
 	}
+	fresh.Undoes, fresh.undoMark = t.Undoes, t.undoMark
 	return fresh
 }
 
@@ -138,26 +155,51 @@ const (
 	Unknown Outcome = iota // the reply was lost: see Resolve
 	Ran
 	NotRun
+	// Unreplicated: it ran, and its replies were read, but fewer replicas
+	// than Acks asks are known to have acknowledged its writes: a failover
+	// may lose them. Its error matches ErrNotReplicated.
+	Unreplicated
 )
 
 // Exec sends t on node and reports whether it ran. With NotRun the error
 // says why (a command's own error, such as MOVED, or redis.TxFailedErr
 // when a guarded hash changed meanwhile); with Unknown, why the reply was
-// lost.
+// lost; with Unreplicated, why its writes are not known to be on enough
+// replicas.
+//
+// A t that undoes another transaction (Undoes) runs only where that
+// transaction's marker is: its writes may be on the primary that ran it,
+// on a replica it reached, on both, or, after a failover that lost them,
+// on neither, and an undo that is not idempotent (HINCRBY of minus a
+// weight) must never take from a server what was never written there.
+// The marker is written in the same MULTI/EXEC as the writes, so a server
+// holds both or neither (until the marker expires: then t does nothing,
+// and the writes stay counted, which errs on the side of denying).
 func (t *Txn) Exec(ctx context.Context, node *redis.Client) (Outcome, error) {
-	if len(t.Guards) == 0 {
-		return t.execOn(ctx, node, t.Cmds)
+	if len(t.Guards) == 0 && t.Undoes == "" {
+		return t.execOn(ctx, node, t.Cmds, node.Options().ReadTimeout)
 	}
 	// One connection, WATCH and the reads in one round trip, MULTI/EXEC
 	// in a second; EXEC ends the WATCH whatever it does.
 	conn := node.Conn()
 	defer conn.Close()
 	cmds, err := t.unguarded(ctx, conn)
-	if err != nil {
+	if err != nil || cmds == nil {
 		_ = conn.Do(ctx, "unwatch").Err() // else the pooled connection would abort a later EXEC
-		return NotRun, err
+		if err != nil {
+			return NotRun, err
+		}
+		return Ran, nil // nothing of what it undoes is on this server
 	}
-	return t.execOn(ctx, conn, cmds)
+	return t.execOn(ctx, conn, cmds, node.Options().ReadTimeout)
+}
+
+// ExecOn sends t, which has no guards, on conn, a connection the caller
+// holds (the *redis.Tx of a lock, under its WATCH), whose client's reads
+// time out after readTimeout (none if not positive: see Acks); it reports
+// as Exec does.
+func (t *Txn) ExecOn(ctx context.Context, conn Pipeliner, readTimeout time.Duration) (Outcome, error) {
+	return t.execOn(ctx, conn, t.Cmds, readTimeout)
 }
 
 func anys(s []string) []any {
@@ -168,29 +210,41 @@ func anys(s []string) []any {
 	return out
 }
 
-// guardKeys returns the keys of t's guards.
-func (t *Txn) guardKeys() []string {
-	ks := make([]string, len(t.Guards))
+// watched returns the keys t WATCHes: its guards', and the marker of
+// what it undoes.
+func (t *Txn) watched() []string {
+	ks := make([]string, len(t.Guards), len(t.Guards)+1)
 	for i, g := range t.Guards {
 		ks[i] = g.Key
+	}
+	if t.Undoes != "" {
+		ks = append(ks, t.Undoes)
 	}
 	return ks
 }
 
-// unguarded WATCHes the guarded hashes on conn and reads their
-// incarnations, and returns t's commands with those of the guards that
-// still hold.
+// unguarded WATCHes the guarded hashes, and the marker of what t undoes,
+// on conn, and reads the hashes' incarnations and the marker; it returns
+// t's commands with those of the guards that still hold, or nil if the
+// marker is not there (nothing to undo on this server).
 func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) {
 	reads := make([]*redis.StringCmd, len(t.Guards))
+	var undone *redis.StringCmd
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		pipe.Do(ctx, append([]any{"watch"}, anys(t.guardKeys())...)...)
+		pipe.Do(ctx, append([]any{"watch"}, anys(t.watched())...)...)
 		for i, g := range t.Guards {
 			reads[i] = pipe.HGet(ctx, g.Key, IncarnationField)
+		}
+		if t.Undoes != "" {
+			undone = pipe.Get(ctx, t.Undoes)
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, err
+	}
+	if undone != nil && undone.Val() != t.undoMark {
+		return nil, nil
 	}
 	cmds := slices.Clip(t.Cmds)
 	for i, g := range t.Guards {
@@ -201,9 +255,14 @@ func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) 
 	return cmds, nil
 }
 
-// execOn sends cmds as t on conn (under WATCH if conn is a *redis.Tx).
-func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any) (Outcome, error) {
-	var exec *redis.Cmd
+// execOn sends cmds as t on conn (under WATCH if conn is a *redis.Tx),
+// and WAIT after the EXEC if t asks for acknowledgements (see Acks).
+func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTimeout time.Duration) (Outcome, error) {
+	var exec, wait *redis.Cmd
+	var waitMs int64
+	if t.Acks.Replicas > 0 {
+		waitMs = t.Acks.wait(time.Now(), readTimeout)
+	}
 	// A queued command's own reply is QUEUED, or its error: read as a
 	// status, it is not boxed as a generic reply would be.
 	queued := make([]*redis.StatusCmd, len(cmds))
@@ -214,9 +273,14 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any) (Outcome
 			_ = pipe.Process(ctx, queued[i])
 		}
 		if t.Marker != "" {
-			pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds())
+			// It outlives the wait too: a take-back of what too few
+			// replicas acknowledged looks for it (see Undo).
+			pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds()+waitMs)
 		}
 		exec = pipe.Do(ctx, "exec")
+		if t.Acks.Replicas > 0 {
+			wait = pipe.Do(ctx, "wait", t.Acks.Replicas, waitMs)
+		}
 		return nil
 	})
 	execErr := exec.Err()
@@ -227,7 +291,7 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any) (Outcome
 			return Unknown, fmt.Errorf("leakybucket: EXEC replied %T with %d replies", exec.Val(), len(replies))
 		}
 		t.Replies = replies[:len(cmds)]
-		return Ran, nil
+		return t.acknowledged(wait, waitMs)
 	case errors.Is(execErr, redis.Nil):
 		return NotRun, redis.TxFailedErr // a WATCHed key changed
 	case isRedisError(execErr):
@@ -247,6 +311,73 @@ type Pipeliner interface {
 type noRetry struct{ *redis.Cmd }
 
 func (noRetry) NoRetry() bool { return true }
+
+// ErrNotReplicated: a transaction ran, but fewer replicas than its Acks
+// asked are known to have acknowledged its writes when its wait ended. The
+// root package re-exports it, with its documentation.
+var ErrNotReplicated = errors.New("leakybucket: the replicas did not acknowledge the decision's writes")
+
+// Acks asks that a transaction's writes be acknowledged by Replicas
+// replicas before its replies count: Redis's WAIT, pipelined after the
+// EXEC, in the same round trip and on the same connection. WAIT counts the
+// replicas that acknowledged every write of its connection so far, so the
+// earlier writes a pooled connection carried only make it wait for more,
+// never count for the transaction's. It waits at most Timeout, and less
+// when By, the time its answer is due (the earliest deadline of the calls
+// it decides), or the client's read timeout comes first (see wait).
+type Acks struct {
+	Replicas int
+	Timeout  time.Duration
+	By       time.Time // zero: no deadline
+}
+
+// wait returns WAIT's timeout in ms for a transaction sent at now on a
+// client whose reads time out after readTimeout (none if not positive):
+// Timeout, or less, so that its answer arrives before By, and before the
+// read times out. Redis ends a WAIT that timed out at its next cron tick,
+// up to cronLag late on an idle server; and the reply must travel back:
+// so the wait leaves cronLag and a fifth of the time left. A call then
+// ends within its deadline as not replicated, rather than as timed out,
+// when its deadline leaves it more than cronLag. Never 0, which WAIT
+// takes as forever.
+func (a Acks) wait(now time.Time, readTimeout time.Duration) int64 {
+	d := a.Timeout
+	if !a.By.IsZero() {
+		d = min(d, spare(a.By.Sub(now)))
+	}
+	if readTimeout > 0 {
+		d = min(d, spare(readTimeout))
+	}
+	return max(d.Milliseconds(), 1)
+}
+
+// cronLag is how late Redis may end a WAIT that timed out: it checks the
+// timeouts of blocked clients when its event loop wakes, on an idle server
+// at its cron, every 1/hz (hz 10 by default). Measured on an idle Redis
+// 7.0: WAIT 1 50 answered after 90 ms.
+const cronLag = 100 * time.Millisecond
+
+// spare is how long a wait may last when left remains: less a fifth of
+// it, and cronLag.
+func spare(left time.Duration) time.Duration { return left - left/5 - cronLag }
+
+// acknowledged is the outcome of a transaction that ran, by the reply of
+// the WAIT that followed it (nil if it sent none), which waited waitMs.
+// A WAIT that failed (refused, such as NOPERM, or its reply lost) leaves
+// the writes unacknowledged too: its error is the cause.
+func (t *Txn) acknowledged(wait *redis.Cmd, waitMs int64) (Outcome, error) {
+	if wait == nil {
+		return Ran, nil
+	}
+	n, err := wait.Int64()
+	switch {
+	case err != nil:
+		return Unreplicated, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
+	case n < int64(t.Acks.Replicas):
+		return Unreplicated, fmt.Errorf("%w: %d of %d replicas within %d ms", ErrNotReplicated, n, t.Acks.Replicas, waitMs)
+	}
+	return Ran, nil
+}
 
 func isRedisError(err error) bool {
 	var re redis.Error

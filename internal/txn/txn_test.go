@@ -2,6 +2,7 @@ package txn
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"testing"
 	"time"
@@ -75,5 +76,93 @@ func TestGuards(t *testing.T) {
 		if other, _ := mr.Get("other"); other != "1" || (n == "6") != c.applied {
 			t.Errorf("want %q: n = %s, other = %s; guarded applied: want %v", c.want, n, other, c.applied)
 		}
+	}
+}
+
+// WAIT's timeout: the Acks' own, or less so that the answer arrives
+// before the calls' deadline and the client's read timeout, leaving a
+// fifth of the time and Redis's cron lag; never 0 (forever).
+func TestAcksWait(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	for _, c := range []struct {
+		timeout, by, read time.Duration // by: 0 for no deadline
+		want              int64
+	}{
+		{50 * time.Millisecond, 0, 0, 50},
+		{50 * time.Millisecond, time.Second, 5 * time.Second, 50},
+		{time.Second, 300 * time.Millisecond, 0, 140},
+		{time.Second, 0, time.Second, 700},
+		{time.Second, 100 * time.Millisecond, 0, 1},
+		{time.Second, -time.Second, 0, 1}, // the deadline passed
+	} {
+		a := Acks{Replicas: 1, Timeout: c.timeout}
+		if c.by != 0 {
+			a.By = now.Add(c.by)
+		}
+		if got := a.wait(now, c.read); got != c.want {
+			t.Errorf("Acks{Timeout: %v, By: now+%v}.wait(read timeout %v) = %d ms, want %d", c.timeout, c.by, c.read, got, c.want)
+		}
+	}
+}
+
+// A transaction that asks for acknowledgements sends WAIT after its
+// EXEC: it ran either way; with too few replicas (miniredis answers 0) it
+// is Unreplicated, with ErrNotReplicated.
+func TestAcks(t *testing.T) {
+	mr, rdb := clientOf(t, 3)
+	tx := New(keys.Of("p", "r"), false)
+	tx.Acks = Acks{Replicas: 1, Timeout: 10 * time.Millisecond}
+	tx.Add("incr", "n")
+	o, err := tx.Exec(context.Background(), rdb)
+	if o != Unreplicated || !errors.Is(err, ErrNotReplicated) || len(tx.Replies) != 1 {
+		t.Fatalf("Exec = %v, %v, replies %v: want Unreplicated, ErrNotReplicated, the replies read", o, err, tx.Replies)
+	}
+	if got, _ := mr.Get("n"); got != "1" {
+		t.Errorf("n = %q: the transaction did not run", got)
+	}
+	// A marked one's marker outlives its wait, for its take-back to find.
+	marked := New(keys.Of("p", "r"), true)
+	marked.Acks = Acks{Replicas: 1, Timeout: 800 * time.Millisecond}
+	marked.Add("incr", "n")
+	if o, _ := marked.Exec(context.Background(), rdb); o != Unreplicated || mr.TTL(marked.Marker) < fenceDoneGrace+800*time.Millisecond {
+		t.Errorf("marked: %v, the marker's TTL %v: want it to outlive the wait by %v", o, mr.TTL(marked.Marker), fenceDoneGrace)
+	}
+}
+
+// A transaction that undoes another applies only where that one's marker
+// is: elsewhere it does nothing, and says it ran (nothing is left to
+// undo there).
+func TestUndoes(t *testing.T) {
+	mr, rdb := clientOf(t, 3)
+	ks := keys.Of("p", "r")
+	decision := New(ks, true)
+	decision.Add("hincrby", "h", "7", 3)
+	if o, err := decision.Exec(context.Background(), rdb); o != Ran || err != nil {
+		t.Fatalf("decision: %v, %v", o, err)
+	}
+	undo := func() *Txn {
+		back := New(ks, true)
+		back.Undo(decision)
+		back.Add("hincrby", "h", "7", -3)
+		return back
+	}
+	mr.Del(decision.Marker) // as on a server the decision never reached
+	if o, err := undo().Exec(context.Background(), rdb); o != Ran || err != nil || mr.HGet("h", "7") != "3" {
+		t.Errorf("without the marker: %v, %v, h[7] = %q: want nothing undone", o, err, mr.HGet("h", "7"))
+	}
+	mr.Set(decision.Marker, "another's") // a later transaction set the key again
+	if o, err := undo().Exec(context.Background(), rdb); o != Ran || err != nil || mr.HGet("h", "7") != "3" {
+		t.Errorf("with another's marker: %v, %v, h[7] = %q: want nothing undone", o, err, mr.HGet("h", "7"))
+	}
+	mr.Set(decision.Marker, decision.mark)
+	if o, err := undo().Exec(context.Background(), rdb); o != Ran || err != nil || mr.HGet("h", "7") != "0" {
+		t.Errorf("with the marker: %v, %v, h[7] = %q: want it undone", o, err, mr.HGet("h", "7"))
+	}
+	// The connection went back to the pool without a WATCH: a later EXEC
+	// runs.
+	later := New(ks, false)
+	later.Add("set", "k", "v")
+	if o, err := later.Exec(context.Background(), rdb); o != Ran || err != nil {
+		t.Errorf("a later transaction: %v, %v", o, err)
 	}
 }
