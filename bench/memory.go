@@ -154,6 +154,7 @@ func (m *memoryRow) readTTLs(ctx context.Context) error {
 	for _, c := range cmds {
 		d := c.(*redis.DurationCmd).Val()
 		switch {
+		case d == -2: // expired since the SCAN: gone, not kept forever
 		case d < 0:
 			m.NoTTL++
 		case m.MinTTL < 0:
