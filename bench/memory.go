@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ type memoryRow struct {
 	Spec      memorySpec
 	Keys      int64 // after the calls
 	Bytes     int64 // used_memory after less before
+	Usage     int64 // the keys' MEMORY USAGE, summed
 	NoTTL     int64 // keys without an expiry
 	MinTTL    time.Duration
 	MaxTTL    time.Duration
@@ -49,6 +51,9 @@ type memoryRow struct {
 
 // perClient is Bytes over the clients.
 func (m memoryRow) perClient() float64 { return float64(m.Bytes) / float64(m.Spec.Clients) }
+
+// usagePerClient is Usage over the clients.
+func (m memoryRow) usagePerClient() float64 { return float64(m.Usage) / float64(m.Spec.Clients) }
 
 // memoryAll fills each implementation's database, then waits for them to
 // empty.
@@ -130,7 +135,7 @@ func (m *memoryRow) calls(ctx context.Context, lim limiter, timeout time.Duratio
 	m.lastReply, m.Errors = time.Now(), errs.Load()
 }
 
-// readTTLs counts the keys and reads their PTTL.
+// readTTLs counts the keys and reads their PTTL and MEMORY USAGE.
 func (m *memoryRow) readTTLs(ctx context.Context) error {
 	var keys []string
 	iter := m.client.Scan(ctx, 0, "*", 1000).Iterator()
@@ -141,18 +146,22 @@ func (m *memoryRow) readTTLs(ctx context.Context) error {
 		return err
 	}
 	m.Keys = int64(len(keys))
-	cmds, err := m.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, k := range keys {
-			p.PTTL(ctx, k)
+	ttls := make([]*redis.DurationCmd, len(keys))
+	usages := make([]*redis.IntCmd, len(keys))
+	if _, err := m.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			ttls[i], usages[i] = p.PTTL(ctx, k), p.MemoryUsage(ctx, k)
 		}
 		return nil
-	})
-	if err != nil {
+	}); err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
+	for _, u := range usages {
+		m.Usage += u.Val() // 0 for a key gone since the SCAN
+	}
 	m.MinTTL = -1
-	for _, c := range cmds {
-		d := c.(*redis.DurationCmd).Val()
+	for _, c := range ttls {
+		d := c.Val()
 		switch {
 		case d == -2: // expired since the SCAN: gone, not kept forever
 		case d < 0:
@@ -229,10 +238,10 @@ func memoryImpls() []impl {
 
 // memoryTableMD is the memory table.
 func memoryTableMD(rows []memoryRow) string {
-	return markdownTable("| implementation | keys | keys / client | used_memory / client | PTTL after the calls | keys without expiry | empty (DBSIZE 0) after the last call | of which after the window | errors |\n"+
-		"|---|---:|---:|---:|---:|---:|---:|---:|---|\n", rows, func(m memoryRow) string {
-		return fmt.Sprintf("| %s | %s | %.2f | %.0f B | %s | %d | %s | %s | %s |\n",
-			m.Impl, thousands(m.Keys), float64(m.Keys)/float64(m.Spec.Clients), m.perClient(), ttlSpan(m), m.NoTTL, m.gone(), m.pastWindow(), errorsCell(m.Errors, m.FirstErr))
+	return markdownTable("| implementation | keys | keys / client | used_memory / client | MEMORY USAGE / client | PTTL after the calls | keys without expiry | empty (DBSIZE 0) after the last call | of which after the window | errors |\n"+
+		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n", rows, func(m memoryRow) string {
+		return fmt.Sprintf("| %s | %s | %.2f | %.0f B | %.0f B | %s | %d | %s | %s | %s |\n",
+			m.Impl, thousands(m.Keys), float64(m.Keys)/float64(m.Spec.Clients), m.perClient(), m.usagePerClient(), ttlSpan(m), m.NoTTL, m.gone(), m.pastWindow(), errorsCell(m.Errors, m.FirstErr))
 	})
 }
 
@@ -260,7 +269,7 @@ func (m memoryRow) pastWindow() string {
 func memorySection(b *strings.Builder, rows []memoryRow) {
 	m := rows[0].Spec
 	section(b, "Redis memory per limited client, and how long it stays", fmt.Sprintf("%s clients of one resource make %d calls each (%s calls from %d goroutines, about a second or less) under `PerClient(Per(%d, %v))`, each implementation in a logical database of its own on its server (this library's, scripting denied; the peers'). "+
-		"used_memory / client is the server's used_memory (INFO memory) after the calls less before them, over the clients: it includes Redis's own overhead per key, and is noisy by a few bytes per client (client buffers). "+
+		"used_memory / client is the server's used_memory (INFO memory) after the calls less before them, over the clients: it includes Redis's own overhead per key, and is noisy, by tens of bytes per client from one run to the next (client buffers, the allocator). MEMORY USAGE / client sums what Redis reports for each key (MEMORY USAGE: its name, value and object overhead, not its expiry entry), read right after the calls: steadier, and what the keys themselves hold. "+
 		"PTTL is read from every key right after the calls. Then each database's DBSIZE is polled every %v, on the real clock, until it is 0 (Redis has expired every key) or %v after the last call: \"after the window\" is that time less the window, how long an idle client outlives its limit in Redis. "+
 		"The figures are whatever the code measured does: a change to key expiry shows here on the next run.",
 		thousands(int64(m.Clients)), m.Calls, thousands(int64(m.Clients*m.Calls)), m.Goroutines, m.Limit, m.Window, m.Poll, m.Bound), memoryTableMD(rows))
