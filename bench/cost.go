@@ -192,7 +192,7 @@ func costSection(b *strings.Builder, cfg config, rows []costRow) {
 	fmt.Fprintf(b, "What a SortedSet decision costs when its key's window holds as many calls as the limit allows, at limits %s per %s. "+
 		"For each limit, one call through the Bucket writes the key's set; the other limit - 1 calls are copies of its member under other ids, with its score, added by ZADD (calling the Bucket a million times would take minutes), and Bucket.Peek must then count exactly the limit. "+
 		"One goroutine then calls the key for %v with calls of weight %d: the denial cache answers only calls of weight 1 (a run of them would be answered in this process, at no round trip), so every one of these goes to Redis, one round trip each (checked: at least 0.99 per decision). "+
-		"This Bucket has seen the set full, so foresight sends each call to look, as it does every denied call after the first: one MULTI/EXEC that trims the window (ZREMRANGEBYSCORE), counts it (ZCARD), reads its oldest members and its newest (ZRANGE) and renews its expiry, writing no member; the first call that found the set full unseen (not measured here) also adds its members, and takes them back in a second transaction. "+
+		"This Bucket has seen the set full, so foresight sends each call to look, as it does every denied call after the first: one MULTI/EXEC that trims the window (ZREMRANGEBYSCORE), counts it (ZCARD), reads its oldest members and its newest (ZRANGE), writing no member and extending nothing; the first call that found the set full unseen (not measured here) also adds its members, and takes them back in a second transaction. "+
 		"Every call is denied, and the set must still hold the limit at the end. "+
 		"Few decisions fit in the cell at the largest limits, so their p50 and p99 rest on few samples (see the decisions column).\n\n",
 		costLimitsList(rows), windowName(cfg.window), cfg.cell, costWeight)
@@ -218,7 +218,7 @@ func slower(base, x float64) string {
 
 func costProse(b *strings.Builder, cfg config, rows []costRow) {
 	first, last := rows[0], rows[len(rows)-1]
-	fmt.Fprintf(b, "- **SortedSet's cost against its limit**: a decision trims, counts (ZCARD), reads the oldest and newest members and, if this process saw room, adds the call, each O(log n) in the set, which holds the calls admitted in the window. "+
+	fmt.Fprintf(b, "- **SortedSet's cost against its limit**: a decision trims, counts (ZCARD), reads the newest member (and the oldest, unless this process saw a tenth of the limit to spare) and, if this process saw room, adds the call, each O(log n) in the set, which holds the calls admitted in the window. "+
 		"With the window full, one decision of weight 2 (a look: no member written, the denial cache not asked) takes %v (p50) at a limit of %s/%s and %v at %s/%s: %s decisions/s against %s (%s slower), at %.2f round trips",
 		round(first.P50), thousands(int64(first.Limit)), shortDur(cfg.window), round(last.P50), thousands(int64(last.Limit)), shortDur(cfg.window),
 		rate(last.Rate), rate(first.Rate), slower(first.Rate, last.Rate), last.Trips)

@@ -229,7 +229,7 @@ func steadySection(b *strings.Builder, rows []steadyRow) {
 		windows = append(windows, fmt.Sprintf("%v (%s per window)", spec.Window, thousands(int64(spec.Limit()))))
 	}
 	section(b, "Steady state: the distinct-clients workload as a service runs it", fmt.Sprintf("The throughput table starts every cell on an empty database and runs it for a few seconds of a one-minute window, so each client's keys hold only those seconds of calls. "+
-		"A service that has run for a window holds a whole window of them: SortedSet's set per client and Windows' hash per client (a field for every %v interval the client was called in, all read by HGETALL) are that much bigger, and so is every transaction that reads them. "+
+		"A service that has run for a window holds a whole window of them: SortedSet's set per client and Windows' hash per client and epoch (a field for every %v interval the client was called in, and their total) are that much bigger, and so is every transaction that reads them. "+
 		"Here, as an independent harness measured it, %s (called round-robin), at %s/min and two windows, %s, a pool of %d connections, run in cells of %v that alternate one strategy with redis_rate, on databases emptied only before the first cell, for %v past one window. "+
 		"Phases are by when a pair of cells starts; the targets are judged on the steady phase. Each strategy's keys hold the calls of its own cells, half of the time, as in the harness. Logs (under 2 000 decisions/s on distinct clients, no target there) is not run. "+
 		"CPU per decision is each side's CPU time over the cells' decisions: the bench process's (getrusage) and the server's (INFO cpu, used_cpu_user + used_cpu_sys) of the implementation's own server (this library's, scripting denied; redis_rate's, which allows scripting; each idles while the other's cell runs), read just before and after each cell, less what each spends idle; the client's includes the harness's own work per call, the same on both sides.",
@@ -289,6 +289,6 @@ func steadyProse(b *strings.Builder, rows []steadyRow) {
 	}
 	fmt.Fprintf(b, "- **In a steady state** (the distinct-clients workload alternating with redis_rate, as a service runs it): %s. "+
 		"The throughput table's cells start on an empty database and last a few seconds of the window, so each client's set or hash holds a few calls; "+
-		"after a window it holds the window's, and each decision's transaction (Windows: HGETALL of every interval the client was called in; SortedSet: a trim of the calls that leave the window) and Redis's memory grow with it, while redis_rate keeps one small key per client.\n",
+		"after a window it holds the window's, and each decision's transaction (Windows: the epochs' totals far from the limit, every interval near it; SortedSet: a trim of the calls that leave the window) and Redis's memory grow with it, while redis_rate keeps one small key per client.\n",
 		strings.Join(parts, "; "))
 }
