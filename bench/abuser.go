@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 )
 
-// The abuser table (issue 19, case 3): two rules, one per resource and one
+// The abuser table: two rules, one per resource and one
 // per client. One client, already at its own limit, hammers the resource
 // from Buckets goroutines each; a polite Bucket sends one call every Pace,
 // each from a client never seen before. The resource never holds more
@@ -65,6 +64,9 @@ type twoRules struct {
 	make      func(rdb *redis.Client, spec abuserSpec) (limiter, error)
 }
 
+// implName is its name, for -impl.
+func (im twoRules) implName() string { return im.name }
+
 // abuserImpls are this library's strategies with both rules, and the
 // peers' natural equivalent: they have one rule per limiter, so two
 // limiters, the client's checked first and the resource's only for a call
@@ -113,34 +115,12 @@ func (c clientThenResource) Allow(ctx context.Context, resource, client string) 
 	return c.resource.Allow(ctx, resource, "*")
 }
 
-// abuserAll runs the abuser case on every implementation -impl selects.
-func (r *runner) abuserAll(ctx context.Context, res *results) (err error) {
-	res.abuser, err = measureEach(ctx, r, abuserImpls(), func(im twoRules) string { return im.name }, r.abuser,
-		func(a abuserRow) string {
-			return fmt.Sprintf("abuser %-33s polite admitted %d of %d, abuser %.3f round trips per call (%d calls, %d admitted); %s",
-				a.Impl, a.Admitted, a.Spec.Polite, a.AbuserTrips, a.AbuserCalls, a.AbuserAdmitted, a.Check)
-		})
-	return err
-}
-
-// measureEach measures each item whose name -impl selects, in order, and
-// logs a line of each.
-func measureEach[I, R any](ctx context.Context, r *runner, items []I, name func(I) string, measure func(context.Context, I) (R, error), line func(R) string) ([]R, error) {
-	var out []R
-	for _, it := range items {
-		if !r.cfg.impl.MatchString(name(it)) {
-			continue
-		}
-		t0 := time.Now()
-		got, err := measure(ctx, it)
-		if err != nil {
-			return out, fmt.Errorf("%s: %w", name(it), err)
-		}
-		fmt.Fprintf(r.log, "bench: %s (%.1fs)\n", line(got), time.Since(t0).Seconds())
-		out = append(out, got)
-	}
-	return out, nil
-}
+// abuserTable is the abuser table: its measurement and its report, below.
+var abuserTable = tableOf("abuser", "Abuser", func(res *results) *[]abuserRow { return &res.abuser }, report[abuserRow]{
+	measure:  each(abuserImpls, (*runner).abuser, abuserLog),
+	markdown: abuserTableMD, title: "A client past its own limit beside polite ones", method: abuserMethod, targets: abuserTargets,
+	checked: "abuser", check: func(r abuserRow) (string, string, bool) { return r.Impl, r.Check, r.Violation },
+})
 
 // abuser runs the case on one implementation: its abuser Buckets and the
 // polite one each on a client of their own, the abuser's round trips
@@ -185,6 +165,12 @@ func (r *runner) abuser(ctx context.Context, im twoRules) (abuserRow, error) {
 		return abuserRow{}, err
 	}
 	return r.abuse(ctx, im, lims, polite, abuserTrips)
+}
+
+// abuserLog is the line the run logs of a row.
+func abuserLog(a abuserRow) string {
+	return fmt.Sprintf("abuser %-33s polite admitted %d of %d, abuser %.3f round trips per call (%d calls, %d admitted); %s",
+		a.Impl, a.Admitted, a.Spec.Polite, a.AbuserTrips, a.AbuserCalls, a.AbuserAdmitted, a.Check)
 }
 
 // fillClient makes the abuser's calls that its own limit admits.
@@ -244,7 +230,7 @@ func (a *abuserRow) check(bound func(int, time.Duration, time.Duration) int64, e
 }
 
 // abuserTableMD is the abuser table.
-func abuserTableMD(rows []abuserRow) string {
+func abuserTableMD(_ config, rows []abuserRow) string {
 	return markdownTable("| implementation | rules | polite admitted | polite p50 | polite p99 | abuser calls | abuser calls/s | abuser round trips / call | abuser admitted | errors | check |\n"+
 		"|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|\n", rows, func(a abuserRow) string {
 		return fmt.Sprintf("| %s | %s | %d of %d | %v | %v | %s | %s | %.3f | %d | %s | %s |\n",
@@ -253,8 +239,8 @@ func abuserTableMD(rows []abuserRow) string {
 	})
 }
 
-// abuserSection is the abuser table and its method.
-func abuserSection(b *strings.Builder, rows []abuserRow) {
+// abuserMethod says how the abuser table is measured.
+func abuserMethod(_ config, rows []abuserRow) string {
 	a := rows[0].Spec
 	method := fmt.Sprintf("A client at its own limit, under `PerResource(Per(%d, %v))` + `PerClient(Per(%d, %v))`. One client first makes the %d calls its own limit admits, then calls flat out from %d Buckets x %d goroutines, each Bucket on a go-redis client of its own; "+
 		"meanwhile a third Bucket sends one call every %v, each from a client never seen before, %d calls. The resource never holds more than the abuser's %d and the polite calls of one window (%d), so every polite call should pass. "+
@@ -262,12 +248,12 @@ func abuserSection(b *strings.Builder, rows []abuserRow) {
 		"redis_rate and ulule/limiter have one rule per limiter: they run their natural equivalent, two limiters, the client's key checked first and the resource's (one key for every client) only for a call the client's admitted; a call the resource's then denies has used its client's room, which this library's all-or-nothing rules do not do.",
 		a.ResourceLimit, a.Window, a.ClientLimit, a.Window, a.ClientLimit, a.Buckets, a.Goroutines, a.Pace, a.Polite, a.ClientLimit,
 		int(a.Window/a.Pace), a.ClientLimit)
-	section(b, "A client past its own limit beside polite ones", method, abuserTableMD(rows))
+	return method
 }
 
-// abuserTargets (issue 19): beside a client past its own limit, >= 95% of
+// abuserTargets: beside a client past its own limit, >= 95% of
 // the polite calls admitted, for this library's strategies.
-func abuserTargets(rows []abuserRow) []target {
+func abuserTargets(_ config, rows []abuserRow) []target {
 	var out []target
 	for _, a := range rows {
 		if !isOurs(a.Impl) {

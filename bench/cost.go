@@ -34,23 +34,30 @@ const (
 	costClient   = "hot"
 )
 
+// costTable is the SortedSet cost table: its measurement and its report, below.
+var costTable = tableOf("sortedset", "SortedSet cost", func(res *results) *[]costRow { return &res.cost }, report[costRow]{
+	measure:  (*runner).costAll,
+	markdown: costTableMD, title: "SortedSet cost", method: costMethod, prose: costProse,
+})
+
 // costAll measures SortedSet at each limit of the table.
-func (r *runner) costAll(ctx context.Context, res *results) error {
+func (r *runner) costAll(ctx context.Context) ([]costRow, error) {
+	var out []costRow
 	ims := r.impls(func(im impl) bool { return im.name == sortedSetName })
 	if len(ims) == 0 {
-		return nil
+		return out, nil
 	}
 	for _, limit := range r.cfg.costLimits {
 		t0 := time.Now()
 		c, err := r.cost(ctx, limit)
 		if err != nil {
-			return fmt.Errorf("limit %d: %w", limit, err)
+			return nil, fmt.Errorf("limit %d: %w", limit, err)
 		}
 		fmt.Fprintf(r.log, "bench: SortedSet at limit %9d/%s, %9d members: %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  %d errors  %s (%.1fs)\n",
 			limit, shortDur(r.cfg.window), c.Members, c.Rate, round(c.P50), round(c.P99), c.Trips, c.Errors, c.Check, time.Since(t0).Seconds())
-		res.cost = append(res.cost, c)
+		out = append(out, c)
 	}
-	return nil
+	return out, nil
 }
 
 // costWeight is the weight of the table's calls: the denial cache answers
@@ -173,7 +180,8 @@ func addCopies(ctx context.Context, admin *redis.Client, key string, z redis.Z, 
 }
 
 // costTableMD is the SortedSet cost table.
-func costTableMD(rows []costRow, window time.Duration) string {
+func costTableMD(cfg config, rows []costRow) string {
+	window := cfg.window
 	var b strings.Builder
 	fmt.Fprintf(&b, "| limit | calls in the window | decisions | decisions/s | slower than at %s | p50 | p99 | round trips / decision | errors | check |\n",
 		thousands(int64(rows[0].Limit)))
@@ -186,18 +194,15 @@ func costTableMD(rows []costRow, window time.Duration) string {
 	return b.String()
 }
 
-// costSection is the SortedSet cost table and its method.
-func costSection(b *strings.Builder, cfg config, rows []costRow) {
-	b.WriteString("## SortedSet cost\n\n")
-	fmt.Fprintf(b, "What a SortedSet decision costs when its key's window holds as many calls as the limit allows, at limits %s per %s. "+
+// costMethod says how the SortedSet cost table is measured.
+func costMethod(cfg config, rows []costRow) string {
+	return fmt.Sprintf("What a SortedSet decision costs when its key's window holds as many calls as the limit allows, at limits %s per %s. "+
 		"For each limit, one call through the Bucket writes the key's set; the other limit - 1 calls are copies of its member under other ids, with its score, added by ZADD (calling the Bucket a million times would take minutes), and Bucket.Peek must then count exactly the limit. "+
 		"One goroutine then calls the key for %v with calls of weight %d: the denial cache answers only calls of weight 1 (a run of them would be answered in this process, at no round trip), so every one of these goes to Redis, one round trip each (checked: at least 0.99 per decision). "+
 		"This Bucket has seen the set full, so foresight sends each call to look, as it does every denied call after the first: one MULTI/EXEC that trims the window (ZREMRANGEBYSCORE), counts it (ZCARD), reads its oldest members and its newest (ZRANGE), writing no member and extending nothing; the first call that found the set full unseen (not measured here) also adds its members, and takes them back in a second transaction. "+
 		"Every call is denied, and the set must still hold the limit at the end. "+
-		"Few decisions fit in the cell at the largest limits, so their p50 and p99 rest on few samples (see the decisions column).\n\n",
+		"Few decisions fit in the cell at the largest limits, so their p50 and p99 rest on few samples (see the decisions column).",
 		costLimitsList(rows), windowName(cfg.window), cfg.cell, costWeight)
-	b.WriteString(costTableMD(rows, cfg.window))
-	b.WriteString("\n")
 }
 
 func costLimitsList(rows []costRow) string {

@@ -19,7 +19,7 @@ type hammerSpec struct {
 	Window, Duration           time.Duration
 }
 
-// Issue 11's hammer: 3 Buckets x 32 goroutines on a 50-per-second key for
+// The hammer: 3 Buckets x 32 goroutines on a 50-per-second key for
 // 4.5 s; the quick one is smaller and shorter.
 var (
 	fullHammer  = hammerSpec{Buckets: 3, Goroutines: 32, Limit: 50, Window: time.Second, Duration: 4500 * time.Millisecond}
@@ -55,20 +55,12 @@ type hammerRow struct {
 // ofIdeal is the admitted calls as a share of the ideal, in %.
 func (h hammerRow) ofIdeal() float64 { return 100 * float64(h.Admitted) / float64(h.Ideal) }
 
-// hammerAll puts each strategy of this library under the hammer.
-func (r *runner) hammerAll(ctx context.Context, res *results) error {
-	for _, im := range r.impls(ours) {
-		t0 := time.Now()
-		h, err := r.hammer(ctx, im)
-		if err != nil {
-			return fmt.Errorf("%s: %w", im.name, err)
-		}
-		fmt.Fprintf(r.log, "bench: hammer %-33s admitted %d of the ideal %d (%.0f%%), at most %d in %v, %d in %v; %s (%.1fs)\n",
-			im.name, h.Admitted, h.Ideal, h.ofIdeal(), h.MostInWindow, h.Spec.Window, h.MostInCheck, h.Spec.checkSpan(), h.Check, time.Since(t0).Seconds())
-		res.hammer = append(res.hammer, h)
-	}
-	return nil
-}
+// hammerTable is the hammer table: its measurement and its report, below.
+var hammerTable = tableOf("hammer", "Hammer", func(res *results) *[]hammerRow { return &res.hammer }, report[hammerRow]{
+	measure:  each(func() []impl { return filter(implementations(), ours) }, (*runner).hammer, hammerLog),
+	markdown: hammerTableMD, title: "Hammer", method: hammerMethod, targets: hammerTargets, prose: hammerProse,
+	checked: "hammer", check: func(r hammerRow) (string, string, bool) { return r.Impl, r.Check, r.Violation },
+})
 
 // hammer runs the hammer on one strategy.
 func (r *runner) hammer(ctx context.Context, im impl) (hammerRow, error) {
@@ -94,6 +86,12 @@ func (r *runner) hammer(ctx context.Context, im impl) (hammerRow, error) {
 		return hammerRow{}, err
 	}
 	return summariseHammer(im, h, got), nil
+}
+
+// hammerLog is the line the run logs of a row.
+func hammerLog(h hammerRow) string {
+	return fmt.Sprintf("hammer %-33s admitted %d of the ideal %d (%.0f%%), at most %d in %v, %d in %v; %s",
+		h.Impl, h.Admitted, h.Ideal, h.ofIdeal(), h.MostInWindow, h.Spec.Window, h.MostInCheck, h.Spec.checkSpan(), h.Check)
 }
 
 // buckets makes h.Buckets limiters, each on a client of its own whose pool
@@ -143,7 +141,7 @@ func summariseHammer(im impl, h hammerSpec, got loadResult) hammerRow {
 
 // hammerTargets: never more than the limit in any second, and at least
 // 80% of the ideal.
-func hammerTargets(rows []hammerRow) []target {
+func hammerTargets(_ config, rows []hammerRow) []target {
 	var out []target
 	for _, h := range rows {
 		where := fmt.Sprintf("hammer, %d Buckets x %d goroutines, %d/s, %v", h.Spec.Buckets, h.Spec.Goroutines, h.Spec.Limit, h.Spec.Duration)
@@ -160,7 +158,7 @@ func hammerTargets(rows []hammerRow) []target {
 }
 
 // hammerTableMD is the hammer table.
-func hammerTableMD(rows []hammerRow) string {
+func hammerTableMD(_ config, rows []hammerRow) string {
 	var b strings.Builder
 	s := rows[0].Spec
 	fmt.Fprintf(&b, "| strategy | callers | limit | decisions/s | p50 | p99 | round trips / decision | admitted | ideal | of the ideal | most in any %v | most in any %v (checked) | errors | check |\n",
@@ -175,22 +173,19 @@ func hammerTableMD(rows []hammerRow) string {
 	return b.String()
 }
 
-// hammerSection is the hammer table and its method.
-func hammerSection(b *strings.Builder, rows []hammerRow) {
+// hammerMethod says how the hammer table is measured.
+func hammerMethod(_ config, rows []hammerRow) string {
 	h := rows[0].Spec
-	b.WriteString("## Hammer\n\n")
-	fmt.Fprintf(b, "%d Buckets of one strategy, each on a client of its own as separate processes would be, call one key with %d goroutines each (%d callers), flat out for %v, under `PerClient(Per(%d, %v))`. ",
-		h.Buckets, h.Goroutines, h.Buckets*h.Goroutines, h.Duration, h.Limit, h.Window)
-	fmt.Fprintf(b, "The ideal is the most a limiter can admit in %v without ever admitting more than %d in one %v: %d at once in each of the %d windows the run starts, %d. ",
-		h.Duration, h.Limit, h.Window, h.Limit, h.ideal()/int64(h.Limit), h.ideal())
-	fmt.Fprintf(b, "\"Most in any %v\" counts the admitted calls that were both sent and answered within one span of that length, so each was decided inside it, over every such span. "+
-		"The check uses spans of %v: Redis time, which the limiter reads, is kept in whole milliseconds, so two calls decided 999.1 ms apart may carry times 1 000 ms apart and rightly fall in two windows; more than %d in any %v span, or more than %d per started window in all, is an over-admission and fails the run.\n\n",
-		h.Window, h.checkSpan(), h.Limit, h.checkSpan(), h.Limit)
-	b.WriteString(hammerTableMD(rows))
-	b.WriteString("\n")
+	return fmt.Sprintf("%d Buckets of one strategy, each on a client of its own as separate processes would be, call one key with %d goroutines each (%d callers), flat out for %v, under `PerClient(Per(%d, %v))`. ",
+		h.Buckets, h.Goroutines, h.Buckets*h.Goroutines, h.Duration, h.Limit, h.Window) +
+		fmt.Sprintf("The ideal is the most a limiter can admit in %v without ever admitting more than %d in one %v: %d at once in each of the %d windows the run starts, %d. ",
+			h.Duration, h.Limit, h.Window, h.Limit, h.ideal()/int64(h.Limit), h.ideal()) +
+		fmt.Sprintf("\"Most in any %v\" counts the admitted calls that were both sent and answered within one span of that length, so each was decided inside it, over every such span. "+
+			"The check uses spans of %v: Redis time, which the limiter reads, is kept in whole milliseconds, so two calls decided 999.1 ms apart may carry times 1 000 ms apart and rightly fall in two windows; more than %d in any %v span, or more than %d per started window in all, is an over-admission and fails the run.",
+			h.Window, h.checkSpan(), h.Limit, h.checkSpan(), h.Limit)
 }
 
-func hammerProse(b *strings.Builder, rows []hammerRow) {
+func hammerProse(b *strings.Builder, _ config, rows []hammerRow) {
 	h := rows[0].Spec
 	var pct, most, most1s, p99 []float64
 	for _, r := range rows {

@@ -65,6 +65,9 @@ func windowBound(limit int, window, elapsed time.Duration) int64 {
 	return int64(limit) * (int64(elapsed/window) + 1)
 }
 
+// implName is its name, for -impl.
+func (im impl) implName() string { return im.name }
+
 // gcraBound: redis_rate's GCRA with burst = rate = limit per period admits
 // the burst at once and then one call every period/limit, so in a span of
 // length elapsed at most limit + elapsed*limit/period (+1 for rounding).

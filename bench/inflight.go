@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,8 +123,16 @@ func (w weighted) acquire(ctx context.Context) (any, error) { return nil, w.w.Ac
 func (w weighted) release(context.Context, any) error       { w.w.Release(1); return nil }
 func (weighted) close()                                     {}
 
+// inflightTable is the in-flight table: its measurement and its report, below.
+var inflightTable = tableOf("inflight", "In flight", func(res *results) *[]inflightRow { return &res.inflight }, report[inflightRow]{
+	measure:  (*runner).inflightAll,
+	markdown: inflightTableMD, title: "In flight", method: inflightMethod,
+	checked: "in flight", check: func(r inflightRow) (string, string, bool) { return r.Impl, r.Check, r.Violation },
+})
+
 // inflightAll measures the in-flight table.
-func (r *runner) inflightAll(ctx context.Context, res *results) error {
+func (r *runner) inflightAll(ctx context.Context) ([]inflightRow, error) {
+	var out []inflightRow
 	for _, spec := range r.cfg.inflight {
 		for _, im := range inflightImpls() {
 			if !r.cfg.impl.MatchString(im.name) {
@@ -137,14 +144,14 @@ func (r *runner) inflightAll(ctx context.Context, res *results) error {
 			}
 			row, err := r.inflightCell(ctx, s, im.name, im.newP, spec)
 			if err != nil {
-				return fmt.Errorf("%s, %s: %w", im.name, spec, err)
+				return nil, fmt.Errorf("%s, %s: %w", im.name, spec, err)
 			}
 			fmt.Fprintf(r.log, "bench: in flight %-48s %s %10s pairs/s  p50 %8s  p99 %8s  %.2f+%.2f round trips  most held %d\n",
 				im.name, spec, rate(row.Rate), fine(row.P50), fine(row.P99), row.AcquireTrips, row.ReleaseTrips, row.MostHeld)
-			res.inflight = append(res.inflight, row)
+			out = append(out, row)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 func (s inflightSpec) String() string {
@@ -270,7 +277,7 @@ func (t *holdTally) row(spec inflightSpec, elapsed time.Duration) inflightRow {
 }
 
 // inflightTableMD is the in-flight table.
-func inflightTableMD(rows []inflightRow) string {
+func inflightTableMD(_ config, rows []inflightRow) string {
 	return markdownTable("| implementation | goroutines | N | held | pairs | pairs/s | acquire p50 | acquire p99 | round trips / acquire | round trips / release | most held at once | errors |\n"+
 		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n", rows, func(r inflightRow) string {
 		return fmt.Sprintf("| %s | %d | %d | %v | %s | %s | %v | %v | %.2f | %.2f | %s | %s |\n",
@@ -279,21 +286,20 @@ func inflightTableMD(rows []inflightRow) string {
 	})
 }
 
-// inflightSection is the in-flight table and its method.
-func inflightSection(b *strings.Builder, rows []inflightRow) {
-	section(b, "In flight", "Package `inflight` (at most N held at once, with leases) against the semaphores a user would take instead. "+
-		"Each cell's goroutines acquire one permit of N on one resource, hold it (0: release at once; 1ms: `time.Sleep`), release it, and again, until the cell's time is up; "+
-		"a pair is one acquisition released, p50 and p99 are of an acquisition, its wait for a permit included. "+
-		"Round trips are counted with the go-redis hook, apart for acquisitions and releases (by the call's context); "+
-		"\"most held at once\" counts a permit from the acquisition's return to the start of its release and must not pass N. "+
-		"**leakybucket inflight**: `inflight.New(rdb, PerResource(N), WithTTL(1m))`, `Acquire` and `Lease.Release`, on the scripting-denied server. "+
-		"**Lua semaphore**: the algorithm of Redisson's `RPermitExpirableSemaphore` (Java; redisson/redisson, `RedissonPermitExpirableSemaphore`), written here as Lua from its description, not its code ([luasem.go](luasem.go)): "+
-		"the free permits in a counter, the held ones in a sorted set scored by lease expiry; "+
-		"an acquisition is one EVALSHA that first takes expired leases back, then takes a permit or returns how long until the earliest lease expires; "+
-		"a release is one EVALSHA that removes the lease, frees its permit and publishes; a waiter is woken by that message, or at the earliest expiry, and tries again. "+
-		"It runs through go-redis on the server that allows scripting. "+
-		"**x/sync/semaphore**: `semaphore.NewWeighted(N)` in this process, no Redis: the floor.",
-		inflightTableMD(rows))
+// inflightMethod says how the in-flight table is measured.
+func inflightMethod(_ config, rows []inflightRow) string {
+	return "Package `inflight` (at most N held at once, with leases) against the semaphores a user would take instead. " +
+		"Each cell's goroutines acquire one permit of N on one resource, hold it (0: release at once; 1ms: `time.Sleep`), release it, and again, until the cell's time is up; " +
+		"a pair is one acquisition released, p50 and p99 are of an acquisition, its wait for a permit included. " +
+		"Round trips are counted with the go-redis hook, apart for acquisitions and releases (by the call's context); " +
+		"\"most held at once\" counts a permit from the acquisition's return to the start of its release and must not pass N. " +
+		"**leakybucket inflight**: `inflight.New(rdb, PerResource(N), WithTTL(1m))`, `Acquire` and `Lease.Release`, on the scripting-denied server. " +
+		"**Lua semaphore**: the algorithm of Redisson's `RPermitExpirableSemaphore` (Java; redisson/redisson, `RedissonPermitExpirableSemaphore`), written here as Lua from its description, not its code ([luasem.go](luasem.go)): " +
+		"the free permits in a counter, the held ones in a sorted set scored by lease expiry; " +
+		"an acquisition is one EVALSHA that first takes expired leases back, then takes a permit or returns how long until the earliest lease expires; " +
+		"a release is one EVALSHA that removes the lease, frees its permit and publishes; a waiter is woken by that message, or at the earliest expiry, and tries again. " +
+		"It runs through go-redis on the server that allows scripting. " +
+		"**x/sync/semaphore**: `semaphore.NewWeighted(N)` in this process, no Redis: the floor."
 }
 
 // fine is round(d), except under a microsecond, where the in-process

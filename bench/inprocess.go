@@ -15,7 +15,7 @@ import (
 	xrate "golang.org/x/time/rate"
 )
 
-// The in-process table (issue 13): NewLocal, with each strategy, against a
+// The in-process table: NewLocal, with each strategy, against a
 // map of x/time/rate limiters and a sharded-mutex fixed-window counter,
 // the floor of any in-process limiter, on distinct keys, with every call
 // admitted.
@@ -149,8 +149,15 @@ func shardedFloor(spec inProcessSpec) func(key string) bool {
 	}
 }
 
+// inProcessTable is the in-process table: its measurement and its report, below.
+var inProcessTable = tableOf("inprocess", "In process", func(res *results) *[]inProcessRow { return &res.inProcess }, report[inProcessRow]{
+	measure:  (*runner).inProcessAll,
+	markdown: inProcessTableMD, title: "In process", method: inProcessMethod, targets: inProcessTargets,
+})
+
 // inProcessAll measures the in-process table.
-func (r *runner) inProcessAll(ctx context.Context, res *results) error {
+func (r *runner) inProcessAll(ctx context.Context) ([]inProcessRow, error) {
+	var out []inProcessRow
 	spec := fullInProcess
 	if r.cfg.quick {
 		spec = quickInProcess
@@ -161,18 +168,18 @@ func (r *runner) inProcessAll(ctx context.Context, res *results) error {
 		}
 		lim, err := im.make()
 		if err != nil {
-			return fmt.Errorf("%s: %w", im.name, err)
+			return nil, fmt.Errorf("%s: %w", im.name, err)
 		}
 		row := measureInProcess(ctx, spec, lim, r.cfg.cell)
 		row.Impl, row.Ours = im.name, im.ours
 		fmt.Fprintf(r.log, "bench: in process %-38s %12s/s  %.2f allocations a decision, %d of %d admitted\n",
 			im.name, rate(row.Rate), row.Allocs, row.Admitted, row.Decisions)
-		res.inProcess = append(res.inProcess, row)
+		out = append(out, row)
 		if err := ctx.Err(); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // measureInProcess calls lim from spec.Goroutines goroutines, each over
@@ -228,7 +235,7 @@ func flatOut(ctx context.Context, spec inProcessSpec, lim inProcessLimiter, keys
 }
 
 // inProcessTableMD is the in-process table.
-func inProcessTableMD(rows []inProcessRow) string {
+func inProcessTableMD(_ config, rows []inProcessRow) string {
 	var b strings.Builder
 	b.WriteString("| implementation | decisions | decisions/s | vs the floor | allocations / decision | admitted |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|\n")
@@ -248,23 +255,20 @@ func inProcessTableMD(rows []inProcessRow) string {
 	return b.String()
 }
 
-// inProcessSection is the in-process table and its method.
-func inProcessSection(b *strings.Builder, rows []inProcessRow) {
+// inProcessMethod says how the in-process table is measured.
+func inProcessMethod(_ config, rows []inProcessRow) string {
 	s := rows[0].Spec
-	b.WriteString("## In process\n\n")
-	fmt.Fprintf(b, "`NewLocal` keeps the counts in this process's memory, with the same rules and Results as on Redis. "+
+	return fmt.Sprintf("`NewLocal` keeps the counts in this process's memory, with the same rules and Results as on Redis. "+
 		"Each implementation serves %d goroutines calling flat out, each over %d distinct keys in turn, under `PerClient(Per(%d, %v))`, so that every call is admitted; "+
 		"the same calls ran for one window before, so that each key's state is full. NewLocal's rows call `AllowNInto` with one `Result` per goroutine, which reuses its slices; "+
 		"the row marked Allow makes a new `Result` (its `Rules` slice) each call. Allocations are the process's, counted by the runtime, per decision. "+
-		"x/time/rate is a map of `rate.Limiter` under one mutex, as its users write it; the floor is a fixed-window counter per key in 256 maps under a mutex each, the least an exact in-process limiter does.\n\n",
+		"x/time/rate is a map of `rate.Limiter` under one mutex, as its users write it; the floor is a fixed-window counter per key in 256 maps under a mutex each, the least an exact in-process limiter does.",
 		s.Goroutines, s.Keys, s.Limit, s.Window)
-	b.WriteString(inProcessTableMD(rows))
-	b.WriteString("\n")
 }
 
 // inProcessTargets: NewLocal, with every strategy, at least 2 000 000
 // decisions/s on distinct keys, with no allocation per admitted decision.
-func inProcessTargets(rows []inProcessRow) []target {
+func inProcessTargets(_ config, rows []inProcessRow) []target {
 	var out []target
 	for _, r := range rows {
 		if !r.Ours {

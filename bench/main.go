@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&f.window, "window", time.Minute, "the window of the throughput and SortedSet tables' limits; must exceed -cell")
 	fs.StringVar(&f.impl, "impl", "", "run only the implementations whose names match this regexp (the ratios need redis_rate and the floor)")
 	fs.StringVar(&f.workload, "workload", "", "run only the throughput workloads whose names match this regexp")
-	fs.StringVar(&f.table, "table", "", "measure only the tables whose names match this regexp: "+strings.Join(tableNames, ", "))
+	fs.StringVar(&f.table, "table", "", "measure only the tables whose names match this regexp: "+strings.Join(tableNames(), ", "))
 	fs.StringVar(&f.out, "out", "", "the folder for "+mdName+" and "+pngName+" (default: this folder, or nowhere with -quick)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, errUsage
@@ -159,7 +159,7 @@ func compile(flag, re string) (*regexp.Regexp, error) {
 // to measure.
 func (cfg config) selectsSomething() error {
 	impls := filter(implementations(), func(im impl) bool { return cfg.impl.MatchString(im.name) })
-	tables := filter(tableNames, cfg.tables.MatchString)
+	tables := filter(tableNames(), cfg.tables.MatchString)
 	if len(cfg.workloads) == 0 || len(impls) == 0 || len(tables) == 0 {
 		return errors.New("-workload, -impl or -table selects nothing")
 	}
@@ -265,37 +265,6 @@ func write(cfg config, res results, run runInfo) error {
 			return err
 		}
 	}
-	doc := document(cfg, res, run, pngName)
+	doc := document(cfg, res, run)
 	return os.WriteFile(filepath.Join(cfg.out, mdName), []byte(doc), 0o644)
-}
-
-// violations is an error naming every row where a limiter admitted more
-// than its limit allows.
-func violations(res results) error {
-	var bad []string
-	for _, r := range res.rows {
-		if r.Violation {
-			bad = append(bad, fmt.Sprintf("%s, limit %d, %s: %s", r.Workload.Name, r.Limit, r.Impl, r.Check))
-		}
-	}
-	bad = append(bad, badRows("hammer", res.hammer, func(h hammerRow) (string, string, bool) { return h.Impl, h.Check, h.Violation })...)
-	bad = append(bad, badRows("noisy neighbour", res.noisy, func(n noisyRow) (string, string, bool) { return n.Impl, n.Check, n.Violation })...)
-	bad = append(bad, badRows("abuser", res.abuser, func(a abuserRow) (string, string, bool) { return a.Impl, a.Check, a.Violation })...)
-	bad = append(bad, badRows("processes", res.procs, func(p procsRow) (string, string, bool) { return p.Impl, p.Check, p.Violation })...)
-	bad = append(bad, badRows("in flight", res.inflight, func(i inflightRow) (string, string, bool) { return i.Impl, i.Check, i.Violation })...)
-	if len(bad) > 0 {
-		return errors.New("a limiter admitted more than its limit:\n  " + strings.Join(bad, "\n  "))
-	}
-	return nil
-}
-
-// badRows names the rows of one table whose check found an over-admission.
-func badRows[T any](table string, rows []T, get func(T) (impl, check string, violation bool)) []string {
-	var bad []string
-	for _, r := range rows {
-		if impl, check, v := get(r); v {
-			bad = append(bad, fmt.Sprintf("%s, %s: %s", table, impl, check))
-		}
-	}
-	return bad
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The memory table (issue 20): Clients clients of one resource make Calls
+// The memory table: Clients clients of one resource make Calls
 // calls each under PerClient(Per(Limit, Window)); then what Redis holds
 // per client (used_memory before and after, over Clients), the keys' PTTL,
 // and when, on the real clock, the database is empty again (DBSIZE 0:
@@ -55,9 +55,16 @@ func (m memoryRow) perClient() float64 { return float64(m.Bytes) / float64(m.Spe
 // usagePerClient is Usage over the clients.
 func (m memoryRow) usagePerClient() float64 { return float64(m.Usage) / float64(m.Spec.Clients) }
 
+// memoryTable is the memory table: its measurement and its report, below.
+var memoryTable = tableOf("memory", "Memory", func(res *results) *[]memoryRow { return &res.memory }, report[memoryRow]{
+	measure:  (*runner).memoryAll,
+	markdown: memoryTableMD, title: "Redis memory per limited client, and how long it stays", method: memoryMethod,
+})
+
 // memoryAll fills each implementation's database, then waits for them to
 // empty.
-func (r *runner) memoryAll(ctx context.Context, res *results) error {
+func (r *runner) memoryAll(ctx context.Context) ([]memoryRow, error) {
+	var out []memoryRow
 	spec := r.cfg.memory
 	var rows []*memoryRow
 	defer func() {
@@ -69,18 +76,18 @@ func (r *runner) memoryAll(ctx context.Context, res *results) error {
 		m := &memoryRow{Impl: im.name, Spec: spec, db: 1 + i}
 		rows = append(rows, m)
 		if err := r.fillMemory(ctx, im, m); err != nil {
-			return fmt.Errorf("%s: %w", im.name, err)
+			return nil, fmt.Errorf("%s: %w", im.name, err)
 		}
 	}
 	if err := awaitEmpty(ctx, rows, spec); err != nil {
-		return err
+		return nil, err
 	}
 	for _, m := range rows {
 		fmt.Fprintf(r.log, "bench: memory %-33s %d keys, %.0f bytes per client, PTTL %v–%v, empty %v after the last call (%d left)\n",
 			m.Impl, m.Keys, m.perClient(), m.MinTTL, m.MaxTTL, m.Gone.Round(10*time.Millisecond), m.Left)
-		res.memory = append(res.memory, *m)
+		out = append(out, *m)
 	}
-	return nil
+	return out, nil
 }
 
 // fillMemory makes im's calls in its database and measures what they
@@ -161,18 +168,23 @@ func (m *memoryRow) readTTLs(ctx context.Context) error {
 	}
 	m.MinTTL = -1
 	for _, c := range ttls {
-		d := c.Val()
-		switch {
-		case d == -2: // expired since the SCAN: gone, not kept forever
-		case d < 0:
-			m.NoTTL++
-		case m.MinTTL < 0:
-			m.MinTTL, m.MaxTTL = d, d
-		default:
-			m.MinTTL, m.MaxTTL = min(m.MinTTL, d), max(m.MaxTTL, d)
-		}
+		m.noteTTL(c.Val())
 	}
 	return nil
+}
+
+// noteTTL counts one key's PTTL into the row's span, or as a key kept
+// forever.
+func (m *memoryRow) noteTTL(d time.Duration) {
+	switch {
+	case d == -2: // expired since the SCAN: gone, not kept forever
+	case d < 0:
+		m.NoTTL++
+	case m.MinTTL < 0:
+		m.MinTTL, m.MaxTTL = d, d
+	default:
+		m.MinTTL, m.MaxTTL = min(m.MinTTL, d), max(m.MaxTTL, d)
+	}
 }
 
 // awaitEmpty polls each database until it is empty, or Bound has passed
@@ -237,7 +249,7 @@ func memoryImpls() []impl {
 }
 
 // memoryTableMD is the memory table.
-func memoryTableMD(rows []memoryRow) string {
+func memoryTableMD(_ config, rows []memoryRow) string {
 	return markdownTable("| implementation | keys | keys / client | used_memory / client | MEMORY USAGE / client | PTTL after the calls | keys without expiry | empty (DBSIZE 0) after the last call | of which after the window | errors |\n"+
 		"|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n", rows, func(m memoryRow) string {
 		return fmt.Sprintf("| %s | %s | %.2f | %.0f B | %.0f B | %s | %d | %s | %s | %s |\n",
@@ -266,11 +278,11 @@ func (m memoryRow) pastWindow() string {
 	return max(m.Gone-m.Spec.Window, 0).Round(10 * time.Millisecond).String()
 }
 
-func memorySection(b *strings.Builder, rows []memoryRow) {
+func memoryMethod(_ config, rows []memoryRow) string {
 	m := rows[0].Spec
-	section(b, "Redis memory per limited client, and how long it stays", fmt.Sprintf("%s clients of one resource make %d calls each (%s calls from %d goroutines, about a second or less) under `PerClient(Per(%d, %v))`, each implementation in a logical database of its own on its server (this library's, scripting denied; the peers'). "+
+	return fmt.Sprintf("%s clients of one resource make %d calls each (%s calls from %d goroutines, about a second or less) under `PerClient(Per(%d, %v))`, each implementation in a logical database of its own on its server (this library's, scripting denied; the peers'). "+
 		"used_memory / client is the server's used_memory (INFO memory) after the calls less before them, over the clients: it includes Redis's own overhead per key, and is noisy, by tens of bytes per client from one run to the next (client buffers, the allocator). MEMORY USAGE / client sums what Redis reports for each key (MEMORY USAGE: its name, value and object overhead, not its expiry entry), read right after the calls: steadier, and what the keys themselves hold. "+
 		"PTTL is read from every key right after the calls. Then each database's DBSIZE is polled every %v, on the real clock, until it is 0 (Redis has expired every key) or %v after the last call: \"after the window\" is that time less the window, how long an idle client outlives its limit in Redis. "+
 		"The figures are whatever the code measured does: a change to key expiry shows here on the next run.",
-		thousands(int64(m.Clients)), m.Calls, thousands(int64(m.Clients*m.Calls)), m.Goroutines, m.Limit, m.Window, m.Poll, m.Bound), memoryTableMD(rows))
+		thousands(int64(m.Clients)), m.Calls, thousands(int64(m.Clients*m.Calls)), m.Goroutines, m.Limit, m.Window, m.Poll, m.Bound)
 }

@@ -46,20 +46,12 @@ type noisyRow struct {
 // servedPct is the share of the others' calls that were served, in %.
 func (n noisyRow) servedPct() float64 { return 100 * float64(n.Served) / float64(max(n.Calls, 1)) }
 
-// noisyAll measures every limiter with a noisy neighbour.
-func (r *runner) noisyAll(ctx context.Context, res *results) error {
-	for _, im := range r.impls(limits) {
-		t0 := time.Now()
-		n, err := r.noisy(ctx, im)
-		if err != nil {
-			return fmt.Errorf("%s: %w", im.name, err)
-		}
-		fmt.Fprintf(r.log, "bench: neighbour %-33s noisy %10.1f/s, others served %d of %d (%.1f%%), p99 %v; %s (%.1fs)\n",
-			im.name, n.NoisyRate, n.Served, n.Calls, n.servedPct(), round(n.P99), n.Check, time.Since(t0).Seconds())
-		res.noisy = append(res.noisy, n)
-	}
-	return nil
-}
+// noisyTable is the noisy neighbour table: its measurement and its report, below.
+var noisyTable = tableOf("neighbour", "Noisy neighbour", func(res *results) *[]noisyRow { return &res.noisy }, report[noisyRow]{
+	measure:  each(func() []impl { return filter(implementations(), limits) }, (*runner).noisy, noisyLog),
+	markdown: noisyTableMD, title: "Noisy neighbour", method: noisyMethod, targets: noisyTargets, prose: noisyProse,
+	checked: "noisy neighbour", check: func(r noisyRow) (string, string, bool) { return r.Impl, r.Check, r.Violation },
+})
 
 // noisy runs the noisy neighbour on one implementation.
 func (r *runner) noisy(ctx context.Context, im impl) (noisyRow, error) {
@@ -89,6 +81,12 @@ func (r *runner) noisy(ctx context.Context, im impl) (noisyRow, error) {
 		return noisyRow{}, err
 	}
 	return summariseNoisy(im, n, noisy, others), nil
+}
+
+// noisyLog is the line the run logs of a row.
+func noisyLog(n noisyRow) string {
+	return fmt.Sprintf("neighbour %-33s noisy %10.1f/s, others served %d of %d (%.1f%%), p99 %v; %s",
+		n.Impl, n.NoisyRate, n.Served, n.Calls, n.servedPct(), round(n.P99), n.Check)
 }
 
 // noisyResource is the resource every client of the table calls; the noisy
@@ -181,7 +179,7 @@ func ctxErr(err error) bool { return errors.Is(err, context.DeadlineExceeded) }
 
 // noisyTargets: the other clients at least 95% served, for this library's
 // strategies (the peers' rows are there to compare with).
-func noisyTargets(rows []noisyRow) []target {
+func noisyTargets(_ config, rows []noisyRow) []target {
 	var out []target
 	for _, n := range rows {
 		if !isOurs(n.Impl) {
@@ -197,7 +195,7 @@ func noisyTargets(rows []noisyRow) []target {
 }
 
 // noisyTableMD is the noisy-neighbour table.
-func noisyTableMD(rows []noisyRow) string {
+func noisyTableMD(_ config, rows []noisyRow) string {
 	return markdownTable("| implementation | noisy client: decisions/s | noisy: admitted / allowed | others: calls | served | of their calls | denied | late | errors | others' p50 | others' p99 | check |\n"+
 		"|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n", rows, func(n noisyRow) string {
 		return fmt.Sprintf("| %s | %s | %d / %d | %d | %d | %.1f%% | %d | %d | %s | %v | %v | %s |\n",
@@ -206,17 +204,17 @@ func noisyTableMD(rows []noisyRow) string {
 	})
 }
 
-// noisySection is the noisy-neighbour table and its method.
-func noisySection(b *strings.Builder, rows []noisyRow) {
+// noisyMethod says how the noisy-neighbour table is measured.
+func noisyMethod(_ config, rows []noisyRow) string {
 	n := rows[0].Spec
 	method := fmt.Sprintf("One limiter per implementation, shared by every client of one resource as one service process would share it, under `PerClient(Per(%d, %v))`. "+
 		"For %v, one client calls flat out from %d goroutines, far past its limit, while %d other clients call once every %v each (%d calls a second, under the limit), spread over the %v. "+
 		"A call of theirs is served if it is admitted, without error, before the client's next call is due (its context's deadline is %v); late calls answered after it, or failed for it (go-redis does not stop a command when its context ends, unless told to). The noisy client's admissions, and every other client's, are checked against the limit per started window.",
 		n.Limit, n.Window, n.Duration, n.Noisy, n.Others, n.Pace, int(time.Second/n.Pace), n.Pace, n.Pace)
-	section(b, "Noisy neighbour", method, noisyTableMD(rows))
+	return method
 }
 
-func noisyProse(b *strings.Builder, rows []noisyRow) {
+func noisyProse(b *strings.Builder, _ config, rows []noisyRow) {
 	n := rows[0].Spec
 	var ours, peers, oursP99 []float64
 	for _, r := range rows {

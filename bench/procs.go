@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// The processes table (issue 19, case 4): Procs processes of this program,
+// The processes table: Procs processes of this program,
 // each with a Bucket on a go-redis client of its own, call one key from
 // Goroutines goroutines each, weights 1 to 3 in turn, flat out for
 // Duration, under PerClient(Per(Limit, Window)).
@@ -134,15 +134,12 @@ func procsImpls() []impl {
 	})
 }
 
-// procsAll runs the processes on every implementation -impl selects.
-func (r *runner) procsAll(ctx context.Context, res *results) (err error) {
-	res.procs, err = measureEach(ctx, r, procsImpls(), func(im impl) string { return im.name }, r.procs,
-		func(p procsRow) string {
-			return fmt.Sprintf("processes %-33s admitted %d of the most possible %d (%.1f%%), at most %d in %v, %d in %v; %.3f trips; %s",
-				p.Impl, p.Units, p.Spec.mostPossible(), p.ofMost(), p.MostInWindow, p.Spec.Window, p.MostInCheck, p.Spec.checkSpan(), p.Trips, p.Check)
-		})
-	return err
-}
+// procsTable is the processes table: its measurement and its report, below.
+var procsTable = tableOf("processes", "Processes", func(res *results) *[]procsRow { return &res.procs }, report[procsRow]{
+	measure:  each(procsImpls, (*runner).procs, procsLog),
+	markdown: procsTableMD, title: "Processes on one key", method: procsMethod, targets: procsTargets,
+	checked: "processes", check: func(r procsRow) (string, string, bool) { return r.Impl, r.Check, r.Violation },
+})
 
 // procs starts the processes on an empty database, waits for their
 // reports and sums them up.
@@ -171,6 +168,12 @@ func (r *runner) procs(ctx context.Context, im impl) (procsRow, error) {
 		return procsRow{}, err
 	}
 	return summariseProcs(im, spec, reports)
+}
+
+// procsLog is the line the run logs of a row.
+func procsLog(p procsRow) string {
+	return fmt.Sprintf("processes %-33s admitted %d of the most possible %d (%.1f%%), at most %d in %v, %d in %v; %.3f trips; %s",
+		p.Impl, p.Units, p.Spec.mostPossible(), p.ofMost(), p.MostInWindow, p.Spec.Window, p.MostInCheck, p.Spec.checkSpan(), p.Trips, p.Check)
 }
 
 // runProcess runs one process of the table and reads its report.
@@ -220,7 +223,7 @@ func summariseProcs(im impl, spec procsSpec, reports []childReport) (procsRow, e
 }
 
 // procsTableMD is the processes table.
-func procsTableMD(rows []procsRow) string {
+func procsTableMD(_ config, rows []procsRow) string {
 	s := rows[0].Spec
 	return markdownTable(fmt.Sprintf("| implementation | callers | decisions/s | p50 | p99 | round trips / decision | admitted (weight) | of the most possible | most in any %v | most in any %v (checked) | errors | check |\n", s.Window, s.checkSpan())+
 		"|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n", rows, func(p procsRow) string {
@@ -230,17 +233,17 @@ func procsTableMD(rows []procsRow) string {
 	})
 }
 
-func procsSection(b *strings.Builder, rows []procsRow) {
+func procsMethod(_ config, rows []procsRow) string {
 	p := rows[0].Spec
-	section(b, "Processes on one key", fmt.Sprintf("%d OS processes (this program, started %d times by the benchmark with the job in an environment variable), each with one limiter on a go-redis client of its own, call one key from %d goroutines each, weights 1, 2, 3 in turn, flat out for %v from one start time, under `PerClient(Per(%d, %v))` (redis_rate: burst = rate = %d per %v; ulule/limiter: its fixed window), on an empty database. "+
+	return fmt.Sprintf("%d OS processes (this program, started %d times by the benchmark with the job in an environment variable), each with one limiter on a go-redis client of its own, call one key from %d goroutines each, weights 1, 2, 3 in turn, flat out for %v from one start time, under `PerClient(Per(%d, %v))` (redis_rate: burst = rate = %d per %v; ulule/limiter: its fixed window), on an empty database. "+
 		"The most possible is %d per disjoint %v window in the %v: %d (calls under way at the end are answered after it, so a share can pass 100%%). \"Most in any\" counts the weight of the admitted calls whose whole span from call to reply lies in one span of that length, over every such span (the processes share the machine's clock); as in the hammer, the check uses %v, Redis time being whole milliseconds. "+
 		"GCRA and a fixed window may admit up to twice their limit across a boundary, and so may httprate-redis's estimate over fixed windows of the clock (whose read, then write, also lets two processes take the same last room), so only this library's sliding windows are checked per span, and the others' share may pass 100%%: each is checked against its own bound in all.",
-		p.Procs, p.Procs, p.Goroutines, p.Duration, p.Limit, p.Window, p.Limit, p.Window, p.Limit, p.Window, p.Duration, p.mostPossible(), p.checkSpan()), procsTableMD(rows))
+		p.Procs, p.Procs, p.Goroutines, p.Duration, p.Limit, p.Window, p.Limit, p.Window, p.Limit, p.Window, p.Duration, p.mostPossible(), p.checkSpan())
 }
 
-// procsTargets (issue 19): processes on one key admit >= 90% of the most
+// procsTargets: processes on one key admit >= 90% of the most
 // possible, and never more than the limit in a window.
-func procsTargets(rows []procsRow) []target {
+func procsTargets(_ config, rows []procsRow) []target {
 	var out []target
 	for _, p := range rows {
 		if !p.Ours {

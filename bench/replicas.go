@@ -67,12 +67,19 @@ type replicasRow struct {
 // Ratio is the decisions/s with the option against without.
 func (r replicasRow) Ratio() float64 { return r.Replicas.Rate / max(r.Default.Rate, 1e-9) }
 
+// replicasTable is the replicas table: its measurement and its report, below.
+var replicasTable = tableOf("replicas", "Replicas", func(res *results) *[]replicasRow { return &res.replicas }, report[replicasRow]{
+	measure:  (*runner).replicasAll,
+	markdown: replicasTableMD, title: "Replicas", method: replicasMethod,
+})
+
 // replicasAll measures the replicas table: it starts the replica, and
 // stops it when done.
-func (r *runner) replicasAll(ctx context.Context, res *results) error {
+func (r *runner) replicasAll(ctx context.Context) ([]replicasRow, error) {
+	var out []replicasRow
 	replica, err := startReplica(ctx, r.lib.srv)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer replica.stop()
 	fmt.Fprintf(r.log, "bench: replicas: a replica of the library's server on %s\n", replica.addr)
@@ -83,15 +90,15 @@ func (r *runner) replicasAll(ctx context.Context, res *results) error {
 			}
 			row, err := r.replicasCell(ctx, spec, s.name, s.opts)
 			if err != nil {
-				return fmt.Errorf("%s, %s: %w", s.name, spec.workload().Name, err)
+				return nil, fmt.Errorf("%s, %s: %w", s.name, spec.workload().Name, err)
 			}
 			fmt.Fprintf(r.log, "bench: replicas %-26s %2d goroutine(s): %s vs %s decisions/s (%.2fx, pairs %.2f–%.2fx), p50 %v vs %v, p99 %v vs %v, %.2f vs %.2f round trips\n",
 				row.Impl, spec.Goroutines, rate(row.Replicas.Rate), rate(row.Default.Rate), row.Ratio(), row.RatioMin, row.RatioMax,
 				round(row.Replicas.P50), round(row.Default.P50), round(row.Replicas.P99), round(row.Default.P99), row.Replicas.Trips, row.Default.Trips)
-			res.replicas = append(res.replicas, row)
+			out = append(out, row)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // replicasCell alternates spec.Pairs cells of the strategy with options
@@ -229,7 +236,7 @@ func ackedAtLeast(slave, written string) bool {
 
 // replicasTableMD is the replicas table: for each workload and strategy,
 // a row without the option and one with it.
-func replicasTableMD(rows []replicasRow) string {
+func replicasTableMD(_ config, rows []replicasRow) string {
 	var b strings.Builder
 	b.WriteString("| strategy | goroutines | Bucket | pairs | decisions/s | vs the default | one pair's ratio | p50 | p99 | round trips / decision | client CPU / decision | Redis CPU / decision (primary) | errors |\n")
 	b.WriteString("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -246,10 +253,10 @@ func replicasTableMD(rows []replicasRow) string {
 	return b.String()
 }
 
-// replicasSection is the replicas table and its method.
-func replicasSection(b *strings.Builder, rows []replicasRow) {
+// replicasMethod says how the replicas table is measured.
+func replicasMethod(_ config, rows []replicasRow) string {
 	s := rows[0].Spec
-	section(b, "Replicas", fmt.Sprintf("What `WithReplicas` costs (see [Replication and failover](../docs/operating-redis.md#replication-and-failover)). "+
+	return fmt.Sprintf("What `WithReplicas` costs (see [Replication and failover](../docs/operating-redis.md#replication-and-failover)). "+
 		"For this table the library's server gets a replica, a redis-server of the same version and settings on this machine (`--replicaof`), online and acknowledging before the first cell; both variants run with it attached. "+
 		"Each strategy runs the distinct-clients workload (%s clients of one resource, called round-robin, each allowed %s per window, so that every call is admitted and written) in cells of %v that alternate "+
 		"the default Bucket with one `WithReplicas(1, %v)`, whose every decision is followed by `WAIT 1` in its round trip and admitted once the replica acknowledged it; %d pairs, each cell on a database emptied before it. "+
@@ -257,5 +264,5 @@ func replicasSection(b *strings.Builder, rows []replicasRow) {
 		"One goroutine shows what a decision waits alone; 32, the rate of a resource whose concurrent calls are batched (a batch waits once for all its calls). "+
 		"\"vs the default\" is the option's decisions/s over the default's, over all pairs; \"one pair's ratio\" the lowest and highest of single pairs. "+
 		"CPU per decision as in the steady table; the Redis CPU is the primary's only: the replica's is not counted, though it shares this machine's two cores.",
-		thousands(int64(s.Clients)), thousands(replicasLimit), s.Cell, replicasWait, s.Pairs, thousands(replicasScanCount)), replicasTableMD(rows))
+		thousands(int64(s.Clients)), thousands(replicasLimit), s.Cell, replicasWait, s.Pairs, thousands(replicasScanCount))
 }

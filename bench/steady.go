@@ -78,30 +78,38 @@ type steadyRow struct {
 	Errors int64
 }
 
+// steadyTable is the steady state table: its measurement and its report, below.
+var steadyTable = tableOf("steady", "Steady state", func(res *results) *[]steadyRow { return &res.steady }, report[steadyRow]{
+	measure:  (*runner).steadyAll,
+	markdown: steadyTableMD, title: "Steady state: the distinct-clients workload as a service runs it", method: steadyMethod, notes: steadyNotes,
+	targets: steadyTargets, prose: steadyProse,
+})
+
 // steadyAll runs the steady table for SortedSet and Windows (Logs, at
 // under 2 000 decisions/s on distinct clients, has no target there), at
 // each window.
-func (r *runner) steadyAll(ctx context.Context, res *results) error {
+func (r *runner) steadyAll(ctx context.Context) ([]steadyRow, error) {
+	var out []steadyRow
 	peer := r.impls(func(im impl) bool { return im.name == redisRateName })
 	if len(peer) == 0 {
-		return nil
+		return out, nil
 	}
 	for _, spec := range r.cfg.steady {
 		for _, im := range r.impls(func(im impl) bool { return im.name == sortedSetName || im.name == windowsName }) {
 			t0 := time.Now()
 			row, err := r.steady(ctx, spec, im, peer[0])
 			if err != nil {
-				return fmt.Errorf("%s, %v window: %w", im.name, spec.Window, err)
+				return nil, fmt.Errorf("%s, %v window: %w", im.name, spec.Window, err)
 			}
 			st := row.Phases[phaseSteady]
 			fmt.Fprintf(r.log, "bench: steady %-33s %v window: first pair %.2fx, steady %.2fx redis_rate (%s vs %s/s, pairs %.2f–%.2fx), p99 %v vs %v, CPU client %s vs %s, Redis %s vs %s; %d keys, %s (%.1fs)\n",
 				im.name, spec.Window, row.Phases[phaseFirst].Ratio(), st.Ratio(), rate(st.Ours.Rate), rate(st.Peer.Rate), st.RatioMin, st.RatioMax,
 				round(st.Ours.P99), round(st.Peer.P99), micros(st.Ours.ClientCPU), micros(st.Peer.ClientCPU), micros(st.Ours.ServerCPU), micros(st.Peer.ServerCPU),
 				row.Keys, megabytes(row.Memory), time.Since(t0).Seconds())
-			res.steady = append(res.steady, row)
+			out = append(out, row)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // steadyAcc gathers the cells of one phase.
@@ -196,7 +204,7 @@ func megabytes(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/1e6) }
 
 // steadyTableMD is the steady table: one row per strategy, window and
 // phase.
-func steadyTableMD(rows []steadyRow) string {
+func steadyTableMD(_ config, rows []steadyRow) string {
 	var b strings.Builder
 	b.WriteString("| strategy | window | phase | pairs | decisions/s | redis_rate's | vs redis_rate | one pair's ratio | p99 | redis_rate's p99 | client CPU / decision, vs redis_rate's | Redis CPU / decision, vs redis_rate's | round trips / decision | errors |\n")
 	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -222,22 +230,27 @@ func cpuVs(ours, peer float64) string {
 	return fmt.Sprintf("%.1f vs %.1f µs (%.2fx)", ours, peer, ours/peer)
 }
 
-func steadySection(b *strings.Builder, rows []steadyRow) {
+func steadyMethod(_ config, rows []steadyRow) string {
 	s := rows[0].Spec
 	var windows []string
 	for _, spec := range uniqueSpecs(rows) {
 		windows = append(windows, fmt.Sprintf("%v (%s per window)", spec.Window, thousands(int64(spec.Limit()))))
 	}
-	section(b, "Steady state: the distinct-clients workload as a service runs it", fmt.Sprintf("The throughput table starts every cell on an empty database and runs it for a few seconds of a one-minute window, so each client's keys hold only those seconds of calls. "+
+	return fmt.Sprintf("The throughput table starts every cell on an empty database and runs it for a few seconds of a one-minute window, so each client's keys hold only those seconds of calls. "+
 		"A service that has run for a window holds a whole window of them: SortedSet's set per client and Windows' hash per client and epoch (a field for every %v interval the client was called in, and their total) are that much bigger, and so is every transaction that reads them. "+
 		"Here, as an independent harness measured it, %s (called round-robin), at %s/min and two windows, %s, a pool of %d connections, run in cells of %v that alternate one strategy with redis_rate, on databases emptied only before the first cell, for %v past one window. "+
 		"Phases are by when a pair of cells starts; the targets are judged on the steady phase. Each strategy's keys hold the calls of its own cells, half of the time, as in the harness. Logs (under 2 000 decisions/s on distinct clients, no target there) is not run. "+
 		"CPU per decision is each side's CPU time over the cells' decisions: the bench process's (getrusage) and the server's (INFO cpu, used_cpu_user + used_cpu_sys) of the implementation's own server (this library's, scripting denied; redis_rate's, which allows scripting; each idles while the other's cell runs), read just before and after each cell, less what each spends idle; the client's includes the harness's own work per call, the same on both sides.",
-		windowsPrecision, s.workload().Name, thousands(int64(s.PerMinute)), strings.Join(windows, " and "), poolSize, s.Cell, s.Steady), steadyTableMD(rows))
+		windowsPrecision, s.workload().Name, thousands(int64(s.PerMinute)), strings.Join(windows, " and "), poolSize, s.Cell, s.Steady)
+}
+
+// steadyNotes say what each run left in the library's server.
+func steadyNotes(_ config, rows []steadyRow) string {
+	var b strings.Builder
 	for _, r := range rows {
-		fmt.Fprintf(b, "At the end of %s's run at a %v window the library's database held %s keys and its server %s (used_memory).\n", r.Impl, r.Spec.Window, thousands(r.Keys), megabytes(r.Memory))
+		fmt.Fprintf(&b, "At the end of %s's run at a %v window the library's database held %s keys and its server %s (used_memory).\n", r.Impl, r.Spec.Window, thousands(r.Keys), megabytes(r.Memory))
 	}
-	b.WriteString("\n")
+	return b.String() + "\n"
 }
 
 // uniqueSpecs are the specs of the rows, each once, in order.
@@ -256,7 +269,7 @@ func uniqueSpecs(rows []steadyRow) []steadySpec {
 // both a p99 at most 1.5x redis_rate's, a client CPU per decision at most
 // redis_rate's client's, and a Redis CPU per decision at most 0.8x
 // redis_rate's server's.
-func steadyTargets(rows []steadyRow) []target {
+func steadyTargets(_ config, rows []steadyRow) []target {
 	var out []target
 	for _, r := range rows {
 		p := r.Phases[phaseSteady]
@@ -280,7 +293,7 @@ func steadyTargets(rows []steadyRow) []target {
 
 // steadyProse says what the steady table shows against the throughput
 // table's fresh cells.
-func steadyProse(b *strings.Builder, rows []steadyRow) {
+func steadyProse(b *strings.Builder, _ config, rows []steadyRow) {
 	var parts []string
 	for _, r := range rows {
 		f, s := r.Phases[phaseFirst], r.Phases[phaseSteady]

@@ -3,37 +3,47 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
 
 // The throughput table: every implementation on each workload and limit,
 // one cell each on an empty database; its report, targets and prose.
+var throughputTable = tableOf("throughput", "Throughput", func(res *results) *[]row { return &res.rows }, report[row]{
+	measure:  (*runner).throughput,
+	markdown: throughputTableMD, title: "Throughput", method: throughputMethod, notes: throughputNotes,
+	targets: throughputTargets, prose: throughputProse,
+	check: func(r row) (string, string, bool) {
+		return fmt.Sprintf("%s, limit %d, %s", r.Workload.Name, r.Limit, r.Impl), r.Check, r.Violation
+	},
+})
 
 // throughput measures every cell of the throughput table, in order.
-func (r *runner) throughput(ctx context.Context, res *results) error {
+func (r *runner) throughput(ctx context.Context) ([]row, error) {
+	var out []row
 	for _, w := range r.cfg.workloads {
 		if err := w.checkDistinct(); err != nil {
-			return err
+			return nil, err
 		}
 		for _, limit := range r.cfg.limits {
 			for _, im := range r.impls(all) {
 				if err := ctx.Err(); err != nil {
-					return err
+					return nil, err
 				}
 				t0 := time.Now()
 				row, err := r.cell(ctx, w, limit, im)
 				if err != nil {
-					return fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
+					return nil, fmt.Errorf("%s, limit %d, %s: %w", w.Name, limit, im.name, err)
 				}
 				fmt.Fprintf(r.log, "bench: %-40s %9d/%s  %-33s %10.1f/s  p50 %-9v p99 %-9v %5.2f trips  CPU client %s, Redis %s  %s (%.1fs)\n",
 					w.Name, limit, shortDur(r.cfg.window), im.name, row.Rate, round(row.P50), round(row.P99), row.Trips,
 					micros(row.ClientCPU), micros(row.ServerCPU), row.Check, time.Since(t0).Seconds())
-				res.rows = append(res.rows, row)
+				out = append(out, row)
 			}
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // cell measures one implementation on one workload and limit, on an empty
@@ -116,8 +126,9 @@ func (out *row) checkAdmissions(im impl, window time.Duration, res loadResult) {
 	}
 }
 
-// table is the markdown table of every row.
-func table(rows []row, window time.Duration) string {
+// throughputTableMD is the markdown table of every row.
+func throughputTableMD(cfg config, rows []row) string {
+	window := cfg.window
 	var b strings.Builder
 	fmt.Fprintf(&b, "| workload | limit | implementation | decisions | decisions/s | p50 | p99 | round trips / decision | client CPU / decision | Redis CPU / decision | vs redis_rate | vs floor | admitted: most per key / allowed | errors | check |\n")
 	fmt.Fprintf(&b, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n")
@@ -130,25 +141,35 @@ func table(rows []row, window time.Duration) string {
 	return b.String()
 }
 
-// throughputSection is the throughput table, its method and its chart.
-func throughputSection(b *strings.Builder, cfg config, rows []row, chart string) {
-	b.WriteString("## Throughput\n\n")
-	fmt.Fprintf(b, "Each cell runs for %v: no call starts after that, and the calls under way finish (each may take up to %v). Limits are per %s, longer than any cell, so every admission of a cell falls in one window; each cell starts on an empty database (FLUSHDB, then DBSIZE must be 0). ",
-		cfg.cell, cfg.timeout, windowName(cfg.window))
-	b.WriteString("Distinct keys are called round-robin, so each has one caller at a time; the hot key is one (resource, client) called by every goroutine. Decisions/s is calls answered (admitted or denied) per second over the cell; the \"vs\" columns divide it by redis_rate's and the floor's in the same workload and limit. ")
-	b.WriteString("Checks: every key's admissions are compared with what the limiter may allow in the time the cell took: the limit for the sliding windows, ulule's fixed window and rolling-rate-limiter's log (which must also admit exactly min(calls, limit) when no call failed: \"exact\"), the limit per fixed window touched for httprate-redis, and burst + rate x elapsed for redis_rate's GCRA, which refills during the cell. The floor's distinct keys are counted in Redis.\n\n")
-	b.WriteString(table(rows, cfg.window))
-	b.WriteString("\n")
-	if chart != "" {
-		fmt.Fprintf(b, "![decisions per second, log scale](%s)\n\n", chart)
-	}
+// throughputMethod says how the cells run and how they are checked.
+func throughputMethod(cfg config, _ []row) string {
+	return fmt.Sprintf("Each cell runs for %v: no call starts after that, and the calls under way finish (each may take up to %v). Limits are per %s, longer than any cell, so every admission of a cell falls in one window; each cell starts on an empty database (FLUSHDB, then DBSIZE must be 0). ",
+		cfg.cell, cfg.timeout, windowName(cfg.window)) +
+		"Distinct keys are called round-robin, so each has one caller at a time; the hot key is one (resource, client) called by every goroutine. Decisions/s is calls answered (admitted or denied) per second over the cell; the \"vs\" columns divide it by redis_rate's and the floor's in the same workload and limit. " +
+		"Checks: every key's admissions are compared with what the limiter may allow in the time the cell took: the limit for the sliding windows, ulule's fixed window and rolling-rate-limiter's log (which must also admit exactly min(calls, limit) when no call failed: \"exact\"), the limit per fixed window touched for httprate-redis, and burst + rate x elapsed for redis_rate's GCRA, which refills during the cell. The floor's distinct keys are counted in Redis."
 }
 
-// throughputTargets: on distinct keys Windows >= 1.2x redis_rate and
+// throughputNotes show the chart.
+func throughputNotes(config, []row) string {
+	return fmt.Sprintf("![decisions per second, log scale](%s)\n\n", pngName)
+}
+
+// throughputTargets judges the targets of each workload at each limit.
+func throughputTargets(cfg config, rows []row) []target {
+	var out []target
+	for _, w := range cfg.workloads {
+		for _, limit := range cfg.limits {
+			out = append(out, cellTargets(rows, w, limit, limit == cfg.limits[0])...)
+		}
+	}
+	return out
+}
+
+// cellTargets: on distinct keys Windows >= 1.2x redis_rate and
 // SortedSet >= 1.0x; on a hot key both >= 1.0x; their p99 at most 1.5x
 // redis_rate's; and on a hot key at the lowest limit, Logs >= 1.0x with
 // at most 2 round trips per decision.
-func throughputTargets(rows []row, w workload, limit int, lowest bool) []target {
+func cellTargets(rows []row, w workload, limit int, lowest bool) []target {
 	rr, ok := findCell(rows, w, limit, redisRateName)
 	if !ok {
 		return nil
@@ -171,6 +192,13 @@ func throughputTargets(rows []row, w workload, limit int, lowest bool) []target 
 		})
 	}
 	return out
+}
+
+// throughputProse says where the time goes on distinct keys and on a hot
+// key.
+func throughputProse(b *strings.Builder, cfg config, rows []row) {
+	distinctProse(b, rows)
+	hotProse(b, cfg, rows)
 }
 
 func distinctProse(b *strings.Builder, rows []row) {
@@ -198,4 +226,122 @@ func hotProse(b *strings.Builder, cfg config, rows []row) {
 		thousands(int64(lo)), spanRows(atLo, rateOf, rate), spanVs(rows, atLo, redisRateName),
 		thousands(int64(hi)), spanRows(logged, rateOf, rate), spanVs(rows, logged, redisRateName), spanRows(logged, p99Of, latency),
 		spanRows(win, rateOf, rate), spanVs(rows, win, redisRateName), spanRows(win, p99Of, latency))
+}
+
+// The limits of the throughput table, per window (a minute): one a decision
+// reads little for, and one no workload reaches in a cell, so that every
+// call is admitted and a decision reads all the window has counted.
+var throughputLimits = []int{10, 1_000_000}
+
+// fullWorkloads are the targets': many keys with one caller each, and one
+// key with many callers.
+func fullWorkloads() []workload {
+	return []workload{
+		{Name: "10 000 distinct keys, 32 goroutines", Resource: "distinct", Keys: 10_000, Goroutines: 32},
+		{Name: "hot key, 64 goroutines", Resource: "hot", Keys: 1, Goroutines: 64},
+	}
+}
+
+// quickWorkloads have the shapes of the full ones, smaller.
+func quickWorkloads() []workload {
+	return []workload{
+		{Name: "1 000 distinct keys, 8 goroutines", Resource: "distinct", Keys: 1_000, Goroutines: 8},
+		{Name: "hot key, 16 goroutines", Resource: "hot", Keys: 1, Goroutines: 16},
+	}
+}
+
+// row is one cell: a workload, a limit, an implementation.
+type row struct {
+	Workload workload
+	Limit    int
+	Impl     string
+	measures
+
+	MaxAdmitted   int64 // the most any key got
+	Bound         int64 // the most any key may get; 0 for the floor
+	TotalAdmitted int64
+	Check         string // what the verification found
+	Violation     bool   // a key got more than the limit allows
+}
+
+// find returns the row of impl in the same workload and limit as r.
+func find(rows []row, r row, impl string) (row, bool) {
+	for _, o := range rows {
+		if o.Workload.Name == r.Workload.Name && o.Limit == r.Limit && o.Impl == impl {
+			return o, true
+		}
+	}
+	return row{}, false
+}
+
+func ratio(rows []row, r row, impl string) string {
+	o, ok := find(rows, r, impl)
+	if !ok || o.Rate == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2fx", r.Rate/o.Rate)
+}
+
+func admitted(r row) string {
+	if r.Bound == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%s / %s", thousands(r.MaxAdmitted), thousands(r.Bound))
+}
+
+// cells are the rows of impls (all, if none is named) that keep keeps.
+func cells(rows []row, keep func(row) bool, impls ...string) []row {
+	return filter(rows, func(r row) bool { return keep(r) && (len(impls) == 0 || slices.Contains(impls, r.Impl)) })
+}
+
+func distinct(r row) bool { return r.Workload.Keys > 1 }
+
+func hot(r row) bool { return r.Workload.Keys == 1 }
+
+// at keeps the rows of one shape at one limit.
+func at(shape func(row) bool, limit int) func(row) bool {
+	return func(r row) bool { return shape(r) && r.Limit == limit }
+}
+
+func spanRows(rs []row, value func(row) float64, format func(float64) string) string {
+	vals := make([]float64, len(rs))
+	for i, r := range rs {
+		vals[i] = value(r)
+	}
+	return spanOf(vals, format)
+}
+
+// spanVs is the span of decisions/s over rs divided by impl's in the same
+// cells of all.
+func spanVs(all, rs []row, impl string) string {
+	var ratios []float64
+	for _, r := range rs {
+		if o, ok := find(all, r, impl); ok && o.Rate > 0 {
+			ratios = append(ratios, r.Rate/o.Rate)
+		}
+	}
+	return spanOf(ratios, func(x float64) string { return fmt.Sprintf("%.2f", x) }) + "x"
+}
+
+func rateOf(r row) float64 { return r.Rate }
+
+func tripsOf(r row) float64 { return r.Trips }
+
+func p99Of(r row) float64 { return float64(r.P99) }
+
+func tripsFmt(x float64) string { return fmt.Sprintf("%.2f", x) }
+
+// speedup is one target on decisions/s against redis_rate.
+type speedup struct {
+	impl string
+	min  float64
+}
+
+func findCell(rows []row, w workload, limit int, impl string) (row, bool) {
+	for _, r := range rows {
+		if r.Workload.Name == w.Name && r.Limit == limit && r.Impl == impl {
+			return r, true
+		}
+	}
+	return row{}, false
 }

@@ -1,5 +1,8 @@
 package main
 
+// The report as a whole: BENCHMARKS.md, and the tables on stdout. Each
+// table's part of it is in the file of what the table measures.
+
 import (
 	"fmt"
 	"os"
@@ -7,53 +10,6 @@ import (
 	"strings"
 	"time"
 )
-
-// find returns the row of impl in the same workload and limit as r.
-func find(rows []row, r row, impl string) (row, bool) {
-	for _, o := range rows {
-		if o.Workload.Name == r.Workload.Name && o.Limit == r.Limit && o.Impl == impl {
-			return o, true
-		}
-	}
-	return row{}, false
-}
-
-func ratio(rows []row, r row, impl string) string {
-	o, ok := find(rows, r, impl)
-	if !ok || o.Rate == 0 {
-		return "–"
-	}
-	return fmt.Sprintf("%.2fx", r.Rate/o.Rate)
-}
-
-func rate(x float64) string {
-	switch {
-	case x >= 100:
-		return thousands(int64(x + 0.5))
-	case x >= 10:
-		return fmt.Sprintf("%.1f", x)
-	default:
-		return fmt.Sprintf("%.2f", x)
-	}
-}
-
-func admitted(r row) string {
-	if r.Bound == 0 {
-		return "–"
-	}
-	return fmt.Sprintf("%s / %s", thousands(r.MaxAdmitted), thousands(r.Bound))
-}
-
-func errorsCell(n int64, first string) string {
-	if n == 0 {
-		return "0"
-	}
-	msg := first
-	if len(msg) > 80 {
-		msg = msg[:80] + "…"
-	}
-	return fmt.Sprintf("%s (%s)", thousands(n), strings.ReplaceAll(msg, "|", "\\|"))
-}
 
 // machine describes where the run happened.
 func machine(redisVersion string) string {
@@ -90,42 +46,11 @@ func loadAverage() string {
 	return strings.Join(f[:3], " ")
 }
 
-func windowName(d time.Duration) string {
-	switch d {
-	case time.Second:
-		return "second"
-	case time.Minute:
-		return "minute"
-	case time.Hour:
-		return "hour"
-	}
-	return d.String()
-}
-
 // tables are the markdown tables of what was measured, for stdout.
 func tables(cfg config, res results) string {
 	var b strings.Builder
-	parts := []struct {
-		heading string
-		present bool
-		table   func() string
-	}{
-		{"Throughput", len(res.rows) > 0, func() string { return table(res.rows, cfg.window) }},
-		{"Steady state", len(res.steady) > 0, func() string { return steadyTableMD(res.steady) }},
-		{"Hammer", len(res.hammer) > 0, func() string { return hammerTableMD(res.hammer) }},
-		{"Noisy neighbour", len(res.noisy) > 0, func() string { return noisyTableMD(res.noisy) }},
-		{"Abuser", len(res.abuser) > 0, func() string { return abuserTableMD(res.abuser) }},
-		{"Processes", len(res.procs) > 0, func() string { return procsTableMD(res.procs) }},
-		{"SortedSet cost", len(res.cost) > 0, func() string { return costTableMD(res.cost, cfg.window) }},
-		{"Memory", len(res.memory) > 0, func() string { return memoryTableMD(res.memory) }},
-		{"In process", len(res.inProcess) > 0, func() string { return inProcessTableMD(res.inProcess) }},
-		{"In flight", len(res.inflight) > 0, func() string { return inflightTableMD(res.inflight) }},
-		{"Replicas", len(res.replicas) > 0, func() string { return replicasTableMD(res.replicas) }},
-	}
-	for _, p := range parts {
-		if p.present {
-			fmt.Fprintf(&b, "## %s\n\n%s\n", p.heading, p.table())
-		}
+	for _, t := range measuredTables(res) {
+		fmt.Fprintf(&b, "## %s\n\n%s\n", t.heading, t.markdown(cfg, res))
 	}
 	if ts := targets(cfg, res); len(ts) > 0 {
 		fmt.Fprintf(&b, "## Targets\n\n%s", targetsTableMD(ts))
@@ -134,32 +59,14 @@ func tables(cfg config, res results) string {
 }
 
 // document is BENCHMARKS.md.
-func document(cfg config, res results, run runInfo, chart string) string {
+func document(cfg config, res results, run runInfo) string {
 	var b strings.Builder
 	header(&b, cfg, run)
 	if ts := targets(cfg, res); len(ts) > 0 {
 		targetsSection(&b, ts)
 	}
-	sections := []struct {
-		present bool
-		write   func()
-	}{
-		{len(res.rows) > 0, func() { throughputSection(&b, cfg, res.rows, chart) }},
-		{len(res.steady) > 0, func() { steadySection(&b, res.steady) }},
-		{len(res.hammer) > 0, func() { hammerSection(&b, res.hammer) }},
-		{len(res.noisy) > 0, func() { noisySection(&b, res.noisy) }},
-		{len(res.abuser) > 0, func() { abuserSection(&b, res.abuser) }},
-		{len(res.procs) > 0, func() { procsSection(&b, res.procs) }},
-		{len(res.cost) > 0, func() { costSection(&b, cfg, res.cost) }},
-		{len(res.memory) > 0, func() { memorySection(&b, res.memory) }},
-		{len(res.inProcess) > 0, func() { inProcessSection(&b, res.inProcess) }},
-		{len(res.inflight) > 0, func() { inflightSection(&b, res.inflight) }},
-		{len(res.replicas) > 0, func() { replicasSection(&b, res.replicas) }},
-	}
-	for _, s := range sections {
-		if s.present {
-			s.write()
-		}
+	for _, t := range measuredTables(res) {
+		t.section(&b, cfg, res)
 	}
 	if prose := whereTheTimeGoes(cfg, res); prose != "" {
 		fmt.Fprintf(&b, "## Where the time goes\n\n%s", prose)
@@ -189,31 +96,12 @@ func header(b *strings.Builder, cfg config, run runInfo) {
 `)
 }
 
-// targetsSection is the target table, first in the document.
-func targetsSection(b *strings.Builder, ts []target) {
-	b.WriteString("## Targets\n\n")
-	b.WriteString("Each target is judged on this run's figures, as ratios between cells of the same run. " +
-		"The throughput targets hold at both limits, for Windows and SortedSet; " +
-		"\"Logs at most 2 round trips and >= 1.0x on a hot key at 10/min\" is read as both conditions on that one cell. " +
-		"The hammer and noisy-neighbour targets hold for every strategy. " +
-		"The steady-state rows judge the distinct-keys targets again, on the workload as a running service sees it (see that section), at a 10 s and a one-minute window: the throughput table's cells start on an empty database, which is kinder; there, SortedSet's and Windows' CPU per decision must also be at most redis_rate's on the client and at most 0.8x its server's in Redis. A missed ratio says by how much it missed. " +
-		"The abuser and processes rows hold for every strategy. A miss is a miss: the workloads and targets were set before this code, not tuned to it.\n\n")
-	b.WriteString(targetsTableMD(ts))
-	b.WriteString("\n")
-}
-
-// markdownTable is head (the header and separator lines) and one line of
-// each row.
-func markdownTable[T any](head string, rows []T, line func(T) string) string {
+// whereTheTimeGoes explains the tables, quoting their figures; what a run
+// did not measure (-impl, -workload, -table) prints as "–".
+func whereTheTimeGoes(cfg config, res results) string {
 	var b strings.Builder
-	b.WriteString(head)
-	for _, r := range rows {
-		b.WriteString(line(r))
+	for _, t := range measuredTables(res) {
+		t.prose(&b, cfg, res)
 	}
 	return b.String()
-}
-
-// section writes a section: its heading, its method and its table.
-func section(b *strings.Builder, heading, method, table string) {
-	fmt.Fprintf(b, "## %s\n\n%s\n\n%s\n", heading, method, table)
 }

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
-	"strconv"
+
 	"sync"
 	"time"
 
@@ -34,28 +34,6 @@ type config struct {
 	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
 	command    string // the command line, for the report
 	quick      bool
-}
-
-// The limits of the throughput table, per window (a minute): one a decision
-// reads little for, and one no workload reaches in a cell, so that every
-// call is admitted and a decision reads all the window has counted.
-var throughputLimits = []int{10, 1_000_000}
-
-// fullWorkloads are issue 11's: many keys with one caller each, and one
-// key with many callers.
-func fullWorkloads() []workload {
-	return []workload{
-		{Name: "10 000 distinct keys, 32 goroutines", Resource: "distinct", Keys: 10_000, Goroutines: 32},
-		{Name: "hot key, 64 goroutines", Resource: "hot", Keys: 1, Goroutines: 64},
-	}
-}
-
-// quickWorkloads have the shapes of the full ones, smaller.
-func quickWorkloads() []workload {
-	return []workload{
-		{Name: "1 000 distinct keys, 8 goroutines", Resource: "distinct", Keys: 1_000, Goroutines: 8},
-		{Name: "hot key, 16 goroutines", Resource: "hot", Keys: 1, Goroutines: 16},
-	}
 }
 
 // measures are what every table reports of a cell's calls.
@@ -86,20 +64,6 @@ func measure(got loadResult) measures {
 		m.ClientCPU, m.ServerCPU = -1, -1
 	}
 	return m
-}
-
-// row is one cell: a workload, a limit, an implementation.
-type row struct {
-	Workload workload
-	Limit    int
-	Impl     string
-	measures
-
-	MaxAdmitted   int64 // the most any key got
-	Bound         int64 // the most any key may get; 0 for the floor
-	TotalAdmitted int64
-	Check         string // what the verification found
-	Violation     bool   // a key got more than the limit allows
 }
 
 // A side is one of the two servers, with the clients the cells use.
@@ -173,72 +137,19 @@ func (r *runner) sideOf(im impl) *side {
 	return r.lib
 }
 
-// results is what one run measured, table by table.
+// results is what one run measured, table by table, in the order they run.
 type results struct {
-	rows   []row // the throughput table
-	hammer []hammerRow
-	noisy  []noisyRow
-	cost   []costRow
-	// inProcess is issue 13's table: NewLocal.
-	inProcess []inProcessRow
-	// Issue 19's: a client past its own limit beside polite ones, and
-	// processes on one key; the distinct-clients workload in a steady
-	// state. Issue 20's: Redis memory per client, and how long it stays.
-	abuser []abuserRow
-	procs  []procsRow
-	steady []steadyRow
-	memory []memoryRow
-	// Package inflight's acquisitions and releases.
-	inflight []inflightRow
-	// WithReplicas beside the default.
-	replicas []replicasRow
-}
-
-// Names of the tables, for -table.
-const (
-	throughputTable = "throughput"
-	hammerTable     = "hammer"
-	noisyTable      = "neighbour"
-	costTable       = "sortedset"
-	inProcessTable  = "inprocess"
-	abuserTable     = "abuser"
-	procsTable      = "processes"
-	steadyTable     = "steady"
-	memoryTable     = "memory"
-	inflightTable   = "inflight"
-	replicasTable   = "replicas"
-)
-
-var tableNames = []string{throughputTable, steadyTable, hammerTable, noisyTable, abuserTable, procsTable, costTable, memoryTable, inProcessTable, inflightTable, replicasTable}
-
-// run measures every table that -table selects, in order.
-func (r *runner) run(ctx context.Context) (results, error) {
-	var res results
-	steps := []struct {
-		name string
-		run  func(context.Context, *results) error
-	}{
-		{throughputTable, r.throughput},
-		{steadyTable, r.steadyAll},
-		{hammerTable, r.hammerAll},
-		{noisyTable, r.noisyAll},
-		{abuserTable, r.abuserAll},
-		{procsTable, r.procsAll},
-		{costTable, r.costAll},
-		{memoryTable, r.memoryAll},
-		{inProcessTable, r.inProcessAll},
-		{inflightTable, r.inflightAll},
-		{replicasTable, r.replicasAll}, // last: its replica stays attached to the library's server until it ends
-	}
-	for _, s := range steps {
-		if !r.cfg.tables.MatchString(s.name) {
-			continue
-		}
-		if err := s.run(ctx, &res); err != nil {
-			return res, fmt.Errorf("%s table: %w", s.name, err)
-		}
-	}
-	return res, nil
+	rows      []row // the throughput table
+	steady    []steadyRow
+	hammer    []hammerRow
+	noisy     []noisyRow
+	abuser    []abuserRow
+	procs     []procsRow
+	cost      []costRow // SortedSet's cost by limit
+	memory    []memoryRow
+	inProcess []inProcessRow // NewLocal
+	inflight  []inflightRow  // package inflight's acquisitions and releases
+	replicas  []replicasRow  // WithReplicas beside the default
 }
 
 // impls are the implementations that -impl selects and keep keeps.
@@ -294,44 +205,24 @@ func checkSent(im impl, res loadResult) error {
 	return nil
 }
 
-func round(d time.Duration) time.Duration {
-	switch {
-	case d >= time.Second:
-		return d.Round(10 * time.Millisecond)
-	case d >= time.Millisecond:
-		return d.Round(10 * time.Microsecond)
-	default:
-		return d.Round(time.Microsecond)
-	}
-}
-
-func shortDur(d time.Duration) string {
-	switch d {
-	case time.Second:
-		return "s"
-	case time.Minute:
-		return "min"
-	case time.Hour:
-		return "h"
-	}
-	return d.String()
-}
-
-func thousands(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := s[0] == '-'
-	if neg {
-		s = s[1:]
-	}
-	var out []byte
-	for i := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			out = append(out, ' ')
+// each is the measurement of a table with one row per implementation:
+// measure each of items that -impl selects, in order, and log a line of
+// each.
+func each[I interface{ implName() string }, R any](items func() []I, measure func(*runner, context.Context, I) (R, error), line func(R) string) func(*runner, context.Context) ([]R, error) {
+	return func(r *runner, ctx context.Context) ([]R, error) {
+		var out []R
+		for _, it := range items() {
+			if !r.cfg.impl.MatchString(it.implName()) {
+				continue
+			}
+			t0 := time.Now()
+			got, err := measure(r, ctx, it)
+			if err != nil {
+				return out, fmt.Errorf("%s: %w", it.implName(), err)
+			}
+			fmt.Fprintf(r.log, "bench: %s (%.1fs)\n", line(got), time.Since(t0).Seconds())
+			out = append(out, got)
 		}
-		out = append(out, s[i])
+		return out, nil
 	}
-	if neg {
-		return "-" + string(out)
-	}
-	return string(out)
 }
