@@ -5,7 +5,7 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/limits"
-	"github.com/leakybucket/leakybucket/internal/local"
+	"github.com/leakybucket/leakybucket/internal/memorystore"
 	"github.com/leakybucket/leakybucket/internal/store"
 )
 
@@ -47,7 +47,7 @@ func NewLocal(opts ...Option) (*Bucket, error) {
 // the Bucket's plan.
 type localCounts struct {
 	plan
-	counts *local.Counts
+	counts *memorystore.Counts
 	// noClientShare: Windows without a per-client rule keeps no client's
 	// share of the resource's counts, so Flush cannot take it out.
 	noClientShare bool
@@ -59,7 +59,7 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 		return nil, err
 	}
 	c := st.Counting()
-	counts := local.New(local.Config{Rules: p.Rules, Capped: c.Capped, Layout: c.Layout,
+	counts := memorystore.New(memorystore.Config{Rules: p.Rules, Capped: c.Capped, Layout: c.Layout,
 		ClientScoped: p.ClientScoped, HasClientRule: p.HasClientRule, Longest: p.Longest, MaxN: p.maxN})
 	return &localCounts{plan: p, counts: counts, noClientShare: c.Layout != nil && !p.HasClientRule}, nil
 }
