@@ -43,7 +43,7 @@ func NewLocal(opts ...Option) (*Bucket, error) {
 }
 
 // localCounts is the backend of NewLocal: the counts in process (package
-// local), counted as the strategy's store would count them, and judged by
+// memorystore), counted as the strategy's store would count them, and judged by
 // the Bucket's plan.
 type localCounts struct {
 	plan
@@ -54,14 +54,13 @@ type localCounts struct {
 }
 
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
-	st, err := s.newStore(p) // checks the rules as New does
+	c, err := s.counting(p) // checks the rules as New does
 	if err != nil {
 		return nil, err
 	}
-	c := st.Counting()
-	counts := memorystore.New(memorystore.Config{Rules: p.Rules, Capped: c.Capped, Layout: c.Layout,
+	counts := memorystore.New(memorystore.Config{Rules: p.Rules, Capped: c.capped, Layout: c.layout,
 		ClientScoped: p.ClientScoped, HasClientRule: p.HasClientRule, Longest: p.Longest, MaxN: p.maxN})
-	return &localCounts{plan: p, counts: counts, noClientShare: c.Layout != nil && !p.HasClientRule}, nil
+	return &localCounts{plan: p, counts: counts, noClientShare: c.layout != nil && !p.HasClientRule}, nil
 }
 
 // allow decides a call in process. A call heavier than a rule (which

@@ -516,9 +516,6 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, g, n int) [][]any {
 	return append(cmds, txn.DropIfMade(key))
 }
 
-// Counting is how the store counts, for NewLocal to count alike.
-func (s windowsStore) Counting() Counting { return Counting{Layout: &s.Layout} }
-
 // Tag is the layout's, and "e": the intervals are kept in a hash per
 // epoch, where a Bucket of this layout once kept them in one hash per
 // scope, which a process of that version still reads and writes. The
