@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leakybucket/leakybucket/internal/commands"
+	"github.com/leakybucket/leakybucket/internal/acl"
 )
 
 // Least privilege, proven. Before the tests, TestMain creates on the real
@@ -47,7 +47,7 @@ var testUsers = func() struct{ prefix, password string } {
 func userOf(s string) string { return testUsers.prefix + "-" + s }
 
 // replicaUserOf names the ACL user of strategy s for a Bucket
-// WithReplicas: the user of s, plus WAIT (commands.Replicas).
+// WithReplicas: the user of s, plus WAIT (acl.Replicas).
 func replicaUserOf(s string) string { return userOf(s) + "-replicas" }
 
 // libraryOptions returns the options of a Bucket's client on the real Redis
@@ -77,7 +77,7 @@ func userCommands(ctx context.Context, rdb *redis.Client, s string, cluster bool
 // knownCommand reports whether rdb's server has the command (or
 // container|subcommand) name.
 func knownCommand(ctx context.Context, rdb *redis.Client, name string) (bool, error) {
-	return commands.Known(ctx, rdb, name)
+	return acl.Known(ctx, rdb, name)
 }
 
 // setUser creates or resets user with exactly cmds.
@@ -165,7 +165,7 @@ var dangerous = [][]any{
 // container|subcommand) that make as many arguments as it needs, each a key
 // of the tests.
 func dryRunArgs(ctx context.Context, rdb *redis.Client, name string) ([]any, error) {
-	return commands.DryRunArgs(ctx, rdb, name, "lbtest:key")
+	return acl.DryRunArgs(ctx, rdb, name, "lbtest:key")
 }
 
 // The users are as narrow as commands_test.go says: each may run its own

@@ -7,11 +7,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/batch"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/lock"
-	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
-// The breaker of each server (see package outage): a call to a server
+// The breaker of each server (see package breaker): a call to a server
 // found gone fails at once with ErrUnavailable until a probe finds it
 // back.
 
@@ -26,7 +26,7 @@ func (r *remote) admit(node *redis.Client) error {
 
 // breakerOf returns the breaker of the server that holds resource, or nil
 // WithoutBreaker.
-func (r *remote) breakerOf(ctx context.Context, resource string) (*outage.Breaker, error) {
+func (r *remote) breakerOf(ctx context.Context, resource string) (*breaker.Breaker, error) {
 	if r.cfg.noBreaker {
 		return nil, nil
 	}
@@ -40,7 +40,7 @@ func (r *remote) breakerOf(ctx context.Context, resource string) (*outage.Breake
 // watch returns the breaker of the server that holds resource (nil
 // WithoutBreaker) and a channel that closes when it opens, or the error
 // that a call to it fails with at once: the breaker is open.
-func (r *remote) watch(ctx context.Context, resource string) (*outage.Breaker, <-chan struct{}, error) {
+func (r *remote) watch(ctx context.Context, resource string) (*breaker.Breaker, <-chan struct{}, error) {
 	br, err := r.breakerOf(ctx, resource)
 	if err != nil || br == nil {
 		return nil, nil, err
@@ -97,13 +97,13 @@ func (r *remote) settle(ctx context.Context, resource string, err error) error {
 
 // gone reports whether err, the error of a call at resource, says that
 // the server that holds it is gone: the breaker refused the call or cut
-// it, or the call found the server unreachable (outage.Gone), which opens
+// it, or the call found the server unreachable (breaker.Gone), which opens
 // the breaker.
 func (r *remote) gone(ctx context.Context, resource string, err error) bool {
-	if outage.Refused(err) {
+	if breaker.Refused(err) {
 		return true
 	}
-	if !r.feedsBreaker(resource, err) || !outage.Gone(err) {
+	if !r.feedsBreaker(resource, err) || !breaker.Gone(err) {
 		return false
 	}
 	node, nerr := r.node(ctx, r.keysOf(resource).Slot())
@@ -125,5 +125,5 @@ func (r *remote) feedsBreaker(resource string, err error) bool {
 	if err == nil || r.cfg.noBreaker || resource == "" {
 		return false // before Refused's address is taken: that allocates
 	}
-	return !outage.Refused(err) && !errors.Is(err, ErrLockNotObtained) && !errors.Is(err, ErrNotReplicated)
+	return !breaker.Refused(err) && !errors.Is(err, ErrLockNotObtained) && !errors.Is(err, ErrNotReplicated)
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/stall"
 )
 
@@ -133,7 +133,7 @@ func TestBreakerLateCall(t *testing.T) {
 		t.Errorf("a late call while the breaker is open = %v, want ErrUnavailable with the cause, and the deadline", late)
 	}
 	start := time.Now()
-	if err := allowWithin(ctx, off, 50*time.Millisecond); outage.Refused(err) || time.Since(start) < 40*time.Millisecond {
+	if err := allowWithin(ctx, off, 50*time.Millisecond); breaker.Refused(err) || time.Since(start) < 40*time.Millisecond {
 		t.Errorf("WithoutBreaker: a call returned %v after %v, want it to wait for go-redis until its deadline", err, time.Since(start))
 	}
 	srv.Restart()

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leakybucket/leakybucket/internal/commands"
+	"github.com/leakybucket/leakybucket/internal/acl"
 )
 
 // The Redis commands a Bucket sends, by strategy and method: the one list
@@ -30,38 +30,38 @@ import (
 //
 // Names are as in ACL rules: lower case, "container|subcommand".
 
-// The lists themselves live in internal/commands, which leakybucket
+// The lists themselves live in internal/acl, which leakybucket
 // doctor reads too; the names below are the tests' views of them.
 
 // A method of a Bucket, as the table of docs/least-privilege.md names it.
-type method = commands.Method
+type method = acl.Method
 
 const (
-	allowMethod    = commands.Allow
-	peekMethod     = commands.Peek
-	flushMethod    = commands.Flush
-	flushAllMethod = commands.FlushAll
+	allowMethod    = acl.Allow
+	peekMethod     = acl.Peek
+	flushMethod    = acl.Flush
+	flushAllMethod = acl.FlushAll
 )
 
 var (
-	methods          = commands.Methods
-	lockCommands     = commands.Lock
-	txnCommands      = commands.Txn
-	strategyCommands = sendsOf(commands.Strategies)
-	clusterCommands  = commands.Cluster
-	strategyNames    = commands.Names
-	connCommands     = connsOf(commands.Conns)
-	replicaCommands  = commands.Replicas
+	methods          = acl.Methods
+	lockCommands     = acl.Lock
+	txnCommands      = acl.Txn
+	strategyCommands = sendsOf(acl.Strategies)
+	clusterCommands  = acl.Cluster
+	strategyNames    = acl.Names
+	connCommands     = connsOf(acl.Conns)
+	replicaCommands  = acl.Replicas
 )
 
-// sends is what one method of one strategy sends (commands.Sends).
+// sends is what one method of one strategy sends (acl.Sends).
 type sends struct {
 	lock     bool     // the lock's commands too
 	commands []string // the strategy's reads (TIME included), then writes
 	onLoss   []string // sent only after a reply was lost (see txn.resolve)
 }
 
-func sendsOf(all map[string]map[method]commands.Sends) map[string]map[method]sends {
+func sendsOf(all map[string]map[method]acl.Sends) map[string]map[method]sends {
 	out := map[string]map[method]sends{}
 	for s, byMethod := range all {
 		out[s] = map[method]sends{}
@@ -73,7 +73,7 @@ func sendsOf(all map[string]map[method]commands.Sends) map[string]map[method]sen
 }
 
 // connCommand is a command go-redis itself sends on each new connection
-// (commands.Conn).
+// (acl.Conn).
 type connCommand struct {
 	name    string
 	when    string // for the README
@@ -83,7 +83,7 @@ type connCommand struct {
 	paste   bool   // in the README's ACL SETUSER lines, which Redis 7.0 must accept
 }
 
-func connsOf(all []commands.Conn) []connCommand {
+func connsOf(all []acl.Conn) []connCommand {
 	out := make([]connCommand, len(all))
 	for i, c := range all {
 		out[i] = connCommand{name: c.Name, when: c.When, grant: c.Grant, where: c.Where, cluster: c.Cluster, paste: c.Paste}
@@ -112,15 +112,15 @@ func strategyName(s Strategy) string {
 // methodCommands returns what method m of strategy s sends, the lock's
 // commands first, on a cluster client or not.
 func methodCommands(s string, m method, cluster bool) []string {
-	return commands.OfMethod(s, m, cluster)
+	return acl.OfMethod(s, m, cluster)
 }
 
 // strategyCommandsAll returns every command a Bucket of strategy s sends,
 // whatever the method.
-func strategyCommandsAll(s string, cluster bool) []string { return commands.OfStrategy(s, cluster) }
+func strategyCommandsAll(s string, cluster bool) []string { return acl.OfStrategy(s, cluster) }
 
 // grants returns the connection commands a user needs rules for.
-func grants(cluster bool) []string { return commands.Grants(cluster) }
+func grants(cluster bool) []string { return acl.Grants(cluster) }
 
 // allowed returns every command the client of a Bucket of strategy s may
 // send: the strategy's, and go-redis's own on connecting.
@@ -147,7 +147,7 @@ func aclRules(cmds []string) []string {
 	return rules
 }
 
-func unique(cmds []string) []string { return commands.Unique(cmds) }
+func unique(cmds []string) []string { return acl.Unique(cmds) }
 
 // commandName names a command as ACL rules do: a container command with
 // its subcommand, as "client|setinfo".

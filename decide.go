@@ -15,7 +15,7 @@ import (
 // (result.go) and answers the caller; the store then records the admitted
 // calls (or keeps them, and takes the denied ones back). In process
 // (local.go), the call is decided under one shard's lock of the counts
-// (package local), judged as on Redis. A call heavier than a rule's
+// (package memorystore), judged as on Redis. A call heavier than a rule's
 // Requests goes to neither: look judges it on one read, as PeekN does.
 
 // Allow is shorthand for AllowN(ctx, resource, client, 1).

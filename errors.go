@@ -3,8 +3,8 @@ package leakybucket
 import (
 	"errors"
 
+	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/lock"
-	"github.com/leakybucket/leakybucket/internal/outage"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
@@ -64,7 +64,7 @@ var (
 	// through uncounted. Or, WithReplicas, it answered, but too few of its
 	// replicas acknowledged the decision in time: then the error matches
 	// ErrNotReplicated too.
-	ErrUnavailable = outage.ErrUnavailable
+	ErrUnavailable = breaker.ErrUnavailable
 
 	// ErrNotReplicated: WithReplicas, the decision ran on the server but
 	// fewer of its replicas than asked had acknowledged its writes when

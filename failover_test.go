@@ -21,7 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
-	"github.com/leakybucket/leakybucket/internal/commands"
+	"github.com/leakybucket/leakybucket/internal/acl"
 	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
@@ -123,9 +123,9 @@ func (a *arm) String() string {
 }
 
 func failoverScenario(t *testing.T, d deployment) {
-	for _, s := range commands.Names {
-		cmds := append(commands.OfStrategy(s, d.cluster), commands.Grants(d.cluster)...)
-		cmds = append(cmds, commands.Replicas...)
+	for _, s := range acl.Names {
+		cmds := append(acl.OfStrategy(s, d.cluster), acl.Grants(d.cluster)...)
+		cmds = append(cmds, acl.Replicas...)
 		for _, node := range d.nodes {
 			setFailoverUser(t, node, "lbfail-"+s, cmds)
 		}
@@ -290,7 +290,7 @@ func setFailoverUser(t *testing.T, node *redis.Client, user string, cmds []strin
 	ctx := context.Background()
 	var known []string
 	for _, c := range cmds {
-		ok, err := commands.Known(ctx, node, c)
+		ok, err := acl.Known(ctx, node, c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +299,7 @@ func setFailoverUser(t *testing.T, node *redis.Client, user string, cmds []strin
 		}
 	}
 	args := []any{"acl", "setuser", user, "reset", "on", ">" + failoverPassword, "~*", "resetchannels"}
-	for _, r := range aclRules(commands.Unique(known)) {
+	for _, r := range aclRules(acl.Unique(known)) {
 		args = append(args, r)
 	}
 	if err := node.Do(ctx, args...).Err(); err != nil {
@@ -610,8 +610,8 @@ func TestReplicaStops(t *testing.T) {
 	for _, s := range failoverStrategies {
 		t.Run(s.String(), func(t *testing.T) {
 			name := strategyName(s)
-			cmds := append(commands.OfStrategy(name, false), commands.Grants(false)...)
-			setFailoverUser(t, p, "lbstop-"+name, append(cmds, commands.Replicas...))
+			cmds := append(acl.OfStrategy(name, false), acl.Grants(false)...)
+			setFailoverUser(t, p, "lbstop-"+name, append(cmds, acl.Replicas...))
 			rdb := faultClient(t, redis.Options{Addr: primary.Addr(), Username: "lbstop-" + name, Password: failoverPassword})
 			trips := &roundTrips{}
 			rdb.AddHook(trips)

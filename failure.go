@@ -7,8 +7,8 @@ import (
 	"strings"
 
 	"github.com/leakybucket/leakybucket/internal/batch"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/lock"
-	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
 // classify turns an error of a Redis call into what the caller is told:
@@ -25,7 +25,7 @@ func classify(err error) error {
 		return err
 	case errors.Is(err, ErrNotReplicated):
 		return &notDurable{err}
-	case outage.Unreachable(err):
+	case breaker.Unreachable(err):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	case strings.HasPrefix(err.Error(), "leakybucket: "):
 		return err // ours already

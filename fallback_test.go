@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	locals "github.com/leakybucket/leakybucket/internal/local"
+	"github.com/leakybucket/leakybucket/internal/memorystore"
 )
 
 // The fallback's logic on fake time: miniredis in a synctest bubble
@@ -286,7 +286,7 @@ func TestFallbackForgets(t *testing.T) {
 		}
 		sw.Up()
 		time.Sleep(2 * time.Second) // Redis back, the outage's calls out of their windows
-		for range locals.SweepCycle {
+		for range memorystore.SweepCycle {
 			if res, err := b.Allow(ctx, "r", "on-redis"); err != nil || res.Fallback {
 				t.Fatalf("on Redis: %+v, %v", res, err)
 			}

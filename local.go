@@ -5,7 +5,7 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/batch"
 	"github.com/leakybucket/leakybucket/internal/limits"
-	"github.com/leakybucket/leakybucket/internal/local"
+	"github.com/leakybucket/leakybucket/internal/memorystore"
 	"github.com/leakybucket/leakybucket/internal/store"
 )
 
@@ -43,25 +43,24 @@ func NewLocal(opts ...Option) (*Bucket, error) {
 }
 
 // localCounts is the backend of NewLocal: the counts in process (package
-// local), counted as the strategy's store would count them, and judged by
+// memorystore), counted as the strategy's store would count them, and judged by
 // the Bucket's plan.
 type localCounts struct {
 	plan
-	counts *local.Counts
+	counts *memorystore.Counts
 	// noClientShare: Windows without a per-client rule keeps no client's
 	// share of the resource's counts, so Flush cannot take it out.
 	noClientShare bool
 }
 
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
-	st, err := s.newStore(p) // checks the rules as New does
+	c, err := s.counting(p) // checks the rules as New does
 	if err != nil {
 		return nil, err
 	}
-	c := st.Counting()
-	counts := local.New(local.Config{Rules: p.Rules, Capped: c.Capped, Layout: c.Layout,
+	counts := memorystore.New(memorystore.Config{Rules: p.Rules, Capped: c.capped, Layout: c.layout,
 		ClientScoped: p.ClientScoped, HasClientRule: p.HasClientRule, Longest: p.Longest, MaxN: p.maxN})
-	return &localCounts{plan: p, counts: counts, noClientShare: c.Layout != nil && !p.HasClientRule}, nil
+	return &localCounts{plan: p, counts: counts, noClientShare: c.layout != nil && !p.HasClientRule}, nil
 }
 
 // allow decides a call in process. A call heavier than a rule (which

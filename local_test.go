@@ -13,7 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/leakybucket/leakybucket/internal/local"
+	"github.com/leakybucket/leakybucket/internal/memorystore"
 )
 
 // A local Bucket admits exactly the limit to 256 goroutines calling at
@@ -169,7 +169,7 @@ func TestLocalMemoryBounded(t *testing.T) {
 			t.Fatalf("%d scopes held after %d clients, want %d", n, clients, clients+1)
 		}
 		time.Sleep(time.Minute)
-		for i := range local.SweepCycle {
+		for i := range memorystore.SweepCycle {
 			if _, err := b.Allow(ctx, "other", strconv.Itoa(i%1000)); err != nil {
 				t.Fatal(err)
 			}

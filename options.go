@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 )
 
 // Defaults of the options below, stated in their docs.
@@ -30,11 +30,11 @@ type config struct {
 	scanCount    int
 	observer     func(context.Context, Decision)
 	noBreaker    bool
-	breakers     *outage.Breakers // nil: the Bucket's own (a Tiers shares one)
-	replicas     int              // WithReplicas: 0, none
-	replicaWait  time.Duration    // WithReplicas: how long a decision waits for them
-	fallback     bool             // WithFallback
-	instances    int              // WithFallback's: each rule's Requests is shared by them
+	breakers     *breaker.Breakers // nil: the Bucket's own (a Tiers shares one)
+	replicas     int               // WithReplicas: 0, none
+	replicaWait  time.Duration     // WithReplicas: how long a decision waits for them
+	fallback     bool              // WithFallback
+	instances    int               // WithFallback's: each rule's Requests is shared by them
 }
 
 func defaultConfig() config {

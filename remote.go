@@ -9,13 +9,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/batch"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/denials"
 	"github.com/leakybucket/leakybucket/internal/foresight"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
-	"github.com/leakybucket/leakybucket/internal/outage"
 	"github.com/leakybucket/leakybucket/internal/store"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
@@ -35,7 +35,7 @@ type remote struct {
 	batches   *batch.Group[ask, Result, store.Carried]
 	denials   denials.Cache[Result]
 	foresight *foresight.Foresight
-	breakers  *outage.Breakers // shared by the Buckets of a Tiers
+	breakers  *breaker.Breakers // shared by the Buckets of a Tiers
 	holders   lock.Holders
 }
 
@@ -43,7 +43,7 @@ func newRemote(cfg config, p plan, st store.Store, node func(context.Context, st
 	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.Tag(),
 		foresight: foresight.New(p.Rules, p.Longest), breakers: cfg.breakers}
 	if r.breakers == nil {
-		r.breakers = &outage.Breakers{}
+		r.breakers = &breaker.Breakers{}
 	}
 	workers := lockFreeWorkers
 	if st.Locked() {

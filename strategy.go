@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/leakybucket/leakybucket/internal/intervals"
 	"github.com/leakybucket/leakybucket/internal/store"
 )
 
@@ -32,6 +33,18 @@ type Strategy interface {
 	// newStore returns the store of a Bucket with these rules, or an
 	// ErrInvalidOption error if the strategy cannot keep them.
 	newStore(p plan) (store.Store, error)
+
+	// counting returns how NewLocal counts the calls of a Bucket with
+	// these rules, as the store would, or newStore's error.
+	counting(p plan) (counting, error)
+}
+
+// counting is how a strategy counts calls: in the intervals of a layout
+// (Windows), or one by one, capped at each rule's Requests (SortedSet with
+// WithRecordDenied), or neither (Logs, and SortedSet otherwise).
+type counting struct {
+	layout *intervals.Layout
+	capped bool
 }
 
 var (
@@ -114,11 +127,13 @@ type plan struct {
 	// fallback: the plan of a fallback's shares of the rules (see
 	// WithFallback), whose Results say so.
 	fallback bool
+	// locking is the Logs store's alone (WithLockTTL, WithLockWait).
+	locking store.Locking
 }
 
 func newPlan(cfg config) plan {
-	p := plan{public: cfg.rules, Plan: store.Plan{ClientScoped: true, RecordDenied: cfg.recordDenied, ScanCount: cfg.scanCount,
-		LockTTL: cfg.lockTTL, LockWait: cfg.lockWait}, maxN: math.MaxInt}
+	p := plan{public: cfg.rules, Plan: store.Plan{ClientScoped: true, RecordDenied: cfg.recordDenied, ScanCount: cfg.scanCount},
+		locking: store.Locking{TTL: cfg.lockTTL, Wait: cfg.lockWait}, maxN: math.MaxInt}
 	for _, public := range cfg.rules {
 		r := public.model()
 		p.Rules = append(p.Rules, r)
@@ -167,21 +182,38 @@ func (w windowsStrategy) String() string {
 const maxWindowsRequests = 1 << 50
 
 func (w windowsStrategy) newStore(p plan) (store.Store, error) {
+	if err := w.check(p); err != nil {
+		return nil, err
+	}
+	return store.NewWindows(p.Plan, w.precision), nil
+}
+
+func (w windowsStrategy) counting(p plan) (counting, error) {
+	if err := w.check(p); err != nil {
+		return counting{}, err
+	}
+	layout := intervals.New(w.precision, p.Rules)
+	return counting{layout: &layout}, nil
+}
+
+// check returns an ErrInvalidOption error if Windows cannot keep p's
+// rules.
+func (w windowsStrategy) check(p plan) error {
 	if !w.fixed && w.precision < time.Millisecond {
-		return nil, invalidStrategy(w, "precision %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", w.precision)
+		return invalidStrategy(w, "precision %v is under 1ms (FixedWindows makes the rules without a precision fixed windows)", w.precision)
 	}
 	for _, r := range p.public {
 		if r.Limit.Requests > maxWindowsRequests {
-			return nil, invalidStrategy(w, "rule %v: more than maxWindowsRequests (%d)", r, maxWindowsRequests)
+			return invalidStrategy(w, "rule %v: more than maxWindowsRequests (%d)", r, maxWindowsRequests)
 		}
 		if r.Limit.Precision != 0 || w.fixed {
 			continue // its own precision (checked by New), or a fixed window
 		}
 		if err := checkPrecision(w.precision, r.Limit.Window); err != nil {
-			return nil, invalidStrategy(w, "rule %v: %w", r, err)
+			return invalidStrategy(w, "rule %v: %w", r, err)
 		}
 	}
-	return store.NewWindows(p.Plan, w.precision), nil
+	return nil
 }
 
 type sortedSetStrategy struct{}
@@ -195,15 +227,28 @@ func (sortedSetStrategy) String() string { return "sorted set" }
 const maxSortedSetRequests = 1_000_000
 
 func (st sortedSetStrategy) newStore(p plan) (store.Store, error) {
-	if err := exact(st, p); err != nil {
+	if err := st.check(p); err != nil {
 		return nil, err
+	}
+	return store.NewSortedSet(p.Plan), nil
+}
+
+func (st sortedSetStrategy) counting(p plan) (counting, error) {
+	return counting{capped: p.RecordDenied}, st.check(p)
+}
+
+// check returns an ErrInvalidOption error if SortedSet cannot keep p's
+// rules.
+func (st sortedSetStrategy) check(p plan) error {
+	if err := exact(st, p); err != nil {
+		return err
 	}
 	for _, r := range p.public {
 		if r.Limit.Requests > maxSortedSetRequests {
-			return nil, invalidStrategy(st, "rule %v: more than maxSortedSetRequests (%d): it keeps a member per unit of weight", r, maxSortedSetRequests)
+			return invalidStrategy(st, "rule %v: more than maxSortedSetRequests (%d): it keeps a member per unit of weight", r, maxSortedSetRequests)
 		}
 	}
-	return store.NewSortedSet(p.Plan), nil
+	return nil
 }
 
 type logsStrategy struct{}
@@ -214,5 +259,7 @@ func (st logsStrategy) newStore(p plan) (store.Store, error) {
 	if err := exact(st, p); err != nil {
 		return nil, err
 	}
-	return store.NewLogs(p.Plan), nil
+	return store.NewLogs(p.Plan, p.locking), nil
 }
+
+func (st logsStrategy) counting(p plan) (counting, error) { return counting{}, exact(st, p) }

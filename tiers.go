@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 )
 
 // ErrUnknownTier: a Tiers was asked to decide for a tier it has no rules
@@ -70,7 +70,7 @@ func NewTiers(rdb redis.UniversalClient, shared ...Option) (*Tiers, error) {
 	}
 	// The tiers' Buckets share what they learn of a server's outage: it
 	// costs the process one call, not one per tier.
-	breakers := &outage.Breakers{}
+	breakers := &breaker.Breakers{}
 	shared = append(slices.Clone(shared), func(c *config) { c.breakers = breakers })
 	t := &Tiers{rdb: rdb, shared: shared}
 	t.buckets.Store(&map[string]*Bucket{})

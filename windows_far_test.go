@@ -221,7 +221,11 @@ func modelUsed(t *testing.T, e *env, b *Bucket, rule Rule, client string) int {
 		span = rule.Limit.Window.Milliseconds()
 	}
 	now, window := time.Now().UnixMilli(), rule.Limit.Window.Milliseconds()
-	layout := r.store.Counting().Layout
+	c, err := r.cfg.strategy.counting(r.plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := c.layout
 	used := 0
 	for _, key := range e.keys(t) {
 		rest, ok := strings.CutPrefix(key, scope+":")

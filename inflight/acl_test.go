@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leakybucket/leakybucket/internal/commands"
+	"github.com/leakybucket/leakybucket/internal/acl"
 )
 
 // TestACLLeastPrivilege runs a Limiter's every method as an ACL user
@@ -59,8 +59,8 @@ func TestACLLeastPrivilege(t *testing.T) {
 // keys and channels of prefix.
 func setACLUser(ctx context.Context, rdb *redis.Client, user, pass, prefix string, cluster bool) error {
 	args := []any{"acl", "setuser", user, "reset", "on", ">" + pass, "~" + prefix + ":*", "resetchannels", "&" + prefix + ":*"}
-	for _, c := range append(commands.Grants(cluster), Commands...) {
-		known, err := commands.Known(ctx, rdb, c)
+	for _, c := range append(acl.Grants(cluster), Commands...) {
+		known, err := acl.Known(ctx, rdb, c)
 		if err != nil {
 			return err
 		}

@@ -26,14 +26,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/leakybucket/leakybucket/internal/outage"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 )
 
 // Errors. Each matches with errors.Is and keeps its cause.
 var (
 	// ErrUnavailable: Redis could not be reached or did not answer. It is
 	// the same error as leakybucket.ErrUnavailable.
-	ErrUnavailable = outage.ErrUnavailable
+	ErrUnavailable = breaker.ErrUnavailable
 	// ErrExpired: the lease's time to live ran out before it was released
 	// or extended: it had stopped counting, and others may hold its room.
 	ErrExpired = errors.New("inflight: lease expired")

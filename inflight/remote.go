@@ -11,9 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/backoff"
+	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/keys"
-	"github.com/leakybucket/leakybucket/internal/outage"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
@@ -33,7 +33,7 @@ type remote struct {
 	cfg      config
 	node     func(ctx context.Context, key string) (*redis.Client, error)
 	clocks   clock.Set
-	breakers outage.Breakers
+	breakers breaker.Breakers
 	wakes    *wakes
 }
 
@@ -137,7 +137,7 @@ type site struct {
 	space
 	node  *redis.Client
 	clock *clock.Clock
-	br    *outage.Breaker
+	br    *breaker.Breaker
 }
 
 // siteOf finds resource's server, and refuses at once while its breaker
@@ -162,13 +162,13 @@ func (r *remote) siteOf(ctx context.Context, resource string) (site, error) {
 func (st site) settle(ctx context.Context, err error) error {
 	deadline, ok := ctx.Deadline()
 	switch {
-	case err == nil, outage.Refused(err):
+	case err == nil, breaker.Refused(err):
 		return err
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return st.br.Late(err)
 	case ctx.Err() != nil || (ok && !time.Now().Before(deadline)):
 		return st.br.Late(fmt.Errorf("%w: %w", context.DeadlineExceeded, classify(err)))
-	case outage.Gone(err):
+	case breaker.Gone(err):
 		err = classify(err)
 		st.br.Open(err)
 		return err
@@ -180,7 +180,7 @@ func classify(err error) error {
 	switch {
 	case err == nil, errors.Is(err, ErrUnavailable):
 		return err
-	case outage.Unreachable(err):
+	case breaker.Unreachable(err):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	case strings.HasPrefix(err.Error(), "inflight: "):
 		return err

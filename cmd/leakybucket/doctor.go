@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	sent "github.com/leakybucket/leakybucket/internal/commands"
+	"github.com/leakybucket/leakybucket/internal/acl"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -124,9 +124,9 @@ func (s *session) examine(ctx context.Context, node *redis.Client, replicas int)
 	strategy := strategyName(s.g.strategy.text)
 	_, cluster := s.rdb.(*redis.ClusterClient)
 	user := s.user()
-	sends := append(sent.OfStrategy(strategy, cluster), sent.Grants(cluster)...)
+	sends := append(acl.OfStrategy(strategy, cluster), acl.Grants(cluster)...)
 	if replicas > 0 {
-		sends = append(sends, sent.Replicas...)
+		sends = append(sends, acl.Replicas...)
 	}
 	return []verdict{
 		checkPolicy(ctx, node),
@@ -304,13 +304,13 @@ func replicasOf(f map[string]string, n int) (online, worst int) {
 func checkACL(ctx context.Context, node *redis.Client, user, strategy, prefix string, cmds []string) verdict {
 	const check = "acl"
 	var denied []string
-	for _, name := range sent.Unique(cmds) {
-		if known, err := sent.Known(ctx, node, name); err != nil {
+	for _, name := range acl.Unique(cmds) {
+		if known, err := acl.Known(ctx, node, name); err != nil {
 			return cannot(check, "COMMAND INFO", err)
 		} else if !known {
 			continue // as CLIENT SETINFO on Redis 7.0: go-redis copes
 		}
-		args, err := sent.DryRunArgs(ctx, node, name, prefix+":{doctor}")
+		args, err := acl.DryRunArgs(ctx, node, name, prefix+":{doctor}")
 		if err != nil {
 			return cannot(check, "COMMAND INFO", err)
 		}

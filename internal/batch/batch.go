@@ -32,8 +32,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/lock"
-	"github.com/leakybucket/leakybucket/internal/outage"
 )
 
 // ErrCut is what Do returns for a call given up because its Cut closed.
@@ -257,7 +257,7 @@ func GivenUp(ctx context.Context, contended bool, lastErr error) error {
 	switch {
 	case contended:
 		return fmt.Errorf("%w: %w", lock.ErrNotObtained, cause)
-	case errors.Is(lastErr, outage.ErrUnavailable):
+	case errors.Is(lastErr, breaker.ErrUnavailable):
 		return &waitError{cause: cause, last: lastErr}
 	}
 	return fmt.Errorf("leakybucket: %w while waiting for Redis", cause)

@@ -32,6 +32,12 @@ import (
 	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
+// IncarnationField is the field of a client's hash that names the hash's
+// incarnation, set by the decision that makes it: a take-back of a weight
+// applies only while the hash is the one the weight was written to (a
+// txn.Guard on this field). Not digits, it names no interval.
+const IncarnationField = "i"
+
 // Lane is how some of a Bucket's rules count: in intervals of span ms,
 // stamped at their last millisecond, or at their first if fixed.
 type Lane struct {

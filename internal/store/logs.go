@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -21,12 +22,22 @@ func parseLog(key, logs string) (limits.Entry, bool) {
 	return limits.Entry{ID: key, Client: l.Client, At: l.At, Weight: l.Weight}, ok
 }
 
-// NewLogs returns the store of Logs for p.
-func NewLogs(p Plan) Store { return logsStore{p} }
+// NewLogs returns the store of Logs for p, whose lock is taken as l says.
+func NewLogs(p Plan, l Locking) Store { return logsStore{Plan: p, locking: l} }
 
 // logsStore is the Logs strategy: one key per batch of calls of a client,
 // counted with SCAN under the lock (package lock).
-type logsStore struct{ Plan }
+type logsStore struct {
+	Plan
+	locking Locking
+}
+
+// Locking is how the Logs store takes its lock: its TTL, and the first
+// and longest wait between attempts (none: the lock's own).
+type Locking struct {
+	TTL  time.Duration
+	Wait [2]time.Duration
+}
 
 // lockKey names the lock of client's decisions at a resource: the
 // resource's when a rule is per-resource, else the (resource, client)'s.
@@ -135,8 +146,6 @@ func (s logsStore) Line(ks keys.Space, client string) string { return lockKey(ks
 
 func (logsStore) Locked() bool { return true }
 
-func (logsStore) Counting() Counting { return Counting{} }
-
 func (s logsStore) Tag() string { return "w" + strconv.FormatInt(s.Longest, 10) }
 
 // logScan counts the logs under one prefix with SCAN MATCH. SCAN walks the
@@ -223,9 +232,9 @@ func (s logsStore) underLock(ctx context.Context, where Site, key string, r read
 	if view == nil {
 		view = &lock.View{}
 	}
-	o := lock.Options{TTL: s.LockTTL, Clock: where.Clock, Holders: where.Holders, Acks: acks}
-	if s.LockWait[0] > 0 {
-		o.Retry = backoff.Jittered(s.LockWait[0], s.LockWait[1])
+	o := lock.Options{TTL: s.locking.TTL, Clock: where.Clock, Holders: where.Holders, Acks: acks}
+	if s.locking.Wait[0] > 0 {
+		o.Retry = backoff.Jittered(s.locking.Wait[0], s.locking.Wait[1])
 	}
 	return lock.Run(ctx, where.Node, key, o, view, section{r: r, write: write})
 }

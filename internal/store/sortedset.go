@@ -619,8 +619,6 @@ func (s sortedSetStore) FlushAll(ctx context.Context, where Site) error {
 	return where.Node.Del(ctx, ks...).Err()
 }
 
-// tag is the longest window: the sets' own keys carry each rule's window
+// Tag is the longest window: the sets' own keys carry each rule's window
 // and limit.
-func (s sortedSetStore) Counting() Counting { return Counting{Capped: s.RecordDenied} }
-
 func (s sortedSetStore) Tag() string { return "w" + strconv.FormatInt(s.Longest, 10) }

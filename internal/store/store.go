@@ -8,12 +8,10 @@ package store
 
 import (
 	"context"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/clock"
-	"github.com/leakybucket/leakybucket/internal/intervals"
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
 	"github.com/leakybucket/leakybucket/internal/lock"
@@ -29,9 +27,7 @@ type Plan struct {
 	HasClientRule bool
 	Longest       int64 // the longest window, ms: how long a call is counted
 	RecordDenied  bool
-	ScanCount     int
-	LockTTL       time.Duration
-	LockWait      [2]time.Duration // the first and longest wait for the lock
+	ScanCount     int // the COUNT of the SCANs that find a resource's keys
 }
 
 // A Store keeps one strategy's counts: its Redis commands live in its own
@@ -62,16 +58,6 @@ type Store interface {
 	// batch at a time, and no call needs to only look (package foresight):
 	// the lock lets no other decision count a call before it is judged.
 	Locked() bool
-	// Counting is how the store counts, for NewLocal to count alike.
-	Counting() Counting
-}
-
-// Counting is how a store counts calls: in the intervals of a layout
-// (Windows), or one by one, capped at each rule's Requests (SortedSet with
-// WithRecordDenied), or neither (Logs, and SortedSet otherwise).
-type Counting struct {
-	Layout *intervals.Layout
-	Capped bool
 }
 
 // lockFree is what SortedSet and Windows share: every batch of a resource

@@ -236,7 +236,7 @@ func (b *hBatch) queueWrite(t *txn.Txn, h *hash, g int) {
 	p := &h.parts[g]
 	key, added := p.args[1], any(h.added) // boxed once for their commands
 	if h.client {
-		t.Add("hsetnx", key, txn.IncarnationField, b.token)
+		t.Add("hsetnx", key, intervals.IncarnationField, b.token)
 	}
 	if b.sliding(g) {
 		p.total = t.Add("hincrby", key, totalField, added)
@@ -289,7 +289,7 @@ func (p *part) read(t *txn.Txn, i int, kind readKind) {
 	case readTotal:
 		p.reads[i] = t.Add("hget", p.args[i], totalField)
 	case readIncarnation:
-		p.reads[i] = t.Add("hget", p.args[i], txn.IncarnationField)
+		p.reads[i] = t.Add("hget", p.args[i], intervals.IncarnationField)
 	}
 }
 
@@ -441,7 +441,7 @@ func (b *hBatch) queueMove(back *txn.Txn, h *hash, g int, now int64) int64 {
 		to = p.keys[1+e-p.epoch] // read: see unread
 		back.Add("hincrby", from, totalField, -w)
 		if h.client {
-			back.Add("hsetnx", to, txn.IncarnationField, b.token)
+			back.Add("hsetnx", to, intervals.IncarnationField, b.token)
 		}
 		back.Add("hincrby", to, totalField, w)
 		back.Add("pexpireat", to, b.EpochExpireAt(g, e))
@@ -492,7 +492,7 @@ func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 // incarnation, as read, or as the batch made it.
 func (b *hBatch) guardOf(h, resource *hash, g, n int) txn.Guard {
 	p := &h.parts[g]
-	guard := txn.Guard{Key: p.keys[1], Want: []string{b.token}}
+	guard := txn.Guard{Key: p.keys[1], Field: intervals.IncarnationField, Want: []string{b.token}}
 	if p.incarnation != "" {
 		guard.Want = append(guard.Want, p.incarnation)
 	}
@@ -515,9 +515,6 @@ func (b *hBatch) subtract(cmds [][]any, h *hash, g, n int) [][]any {
 	// made again.
 	return append(cmds, txn.DropIfMade(key))
 }
-
-// Counting is how the store counts, for NewLocal to count alike.
-func (s windowsStore) Counting() Counting { return Counting{Layout: &s.Layout} }
 
 // Tag is the layout's, and "e": the intervals are kept in a hash per
 // epoch, where a Bucket of this layout once kept them in one hash per

@@ -187,7 +187,7 @@ func (p *part) wholeRead() bool {
 func (p *part) parse(y intervals.Layout, g, i int, fields iter.Seq2[string, string], lanes [][]limits.Entry, current int64) {
 	for field, value := range fields {
 		switch field {
-		case txn.IncarnationField:
+		case intervals.IncarnationField:
 			if i == 1 {
 				p.incarnation = value
 			}
@@ -242,7 +242,7 @@ func (b *hBatch) readIncarnations(h *hash, replies []any) {
 			p.incarnation = replyValue(replies[read])
 		case p.kinds[1] == readWhole:
 			for field, value := range txn.ReplyFields(replies[read]) {
-				if field == txn.IncarnationField {
+				if field == intervals.IncarnationField {
 					p.incarnation = value
 				}
 			}

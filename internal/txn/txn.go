@@ -56,19 +56,16 @@ type Txn struct {
 // to. Flush deletes a client's hash, taking its whole share out of the
 // resource's with it, the weight to be taken back included; a take-back
 // that came after must then do nothing, or that weight would be taken out
-// twice. Every client's hash carries a random incarnation (field
-// IncarnationField, set by the decision that makes it); Exec WATCHes the
-// guarded hashes, reads their incarnations, and sends the commands of the
-// guards whose hash is still one of Want.
+// twice. Every client's hash carries a random incarnation (in its field
+// Field, set by the decision that makes it); Exec WATCHes the guarded
+// hashes, reads their incarnations, and sends the commands of the guards
+// whose hash is still one of Want.
 type Guard struct {
-	Key  string
-	Want []string
-	Cmds [][]any
+	Key   string
+	Field string // the field of Key that holds its incarnation
+	Want  []string
+	Cmds  [][]any
 }
-
-// IncarnationField is the field of a Windows client's hash that names the
-// hash's incarnation: see Guard.
-const IncarnationField = "i"
 
 // fenceDoneGrace is how long a marker lives after its transaction ran (and
 // after the wait for its replicas, see Acks), for Resolve to see. Resolve
@@ -115,7 +112,7 @@ func (t *Txn) Again(ks keys.Space) *Txn {
 	fresh := New(ks, t.Marker != "")
 	fresh.Cmds, fresh.Guards = Resent(t.Cmds), make([]Guard, len(t.Guards))
 	for i, g := range t.Guards {
-		fresh.Guards[i] = Guard{Key: g.Key, Want: g.Want, Cmds: Resent(g.Cmds)}
+		fresh.Guards[i] = Guard{Key: g.Key, Field: g.Field, Want: g.Want, Cmds: Resent(g.Cmds)}
 	}
 	fresh.Undoes, fresh.undoMark = t.Undoes, t.undoMark
 	return fresh
@@ -233,7 +230,7 @@ func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) 
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Do(ctx, append([]any{"watch"}, anys(t.watched())...)...)
 		for i, g := range t.Guards {
-			reads[i] = pipe.HGet(ctx, g.Key, IncarnationField)
+			reads[i] = pipe.HGet(ctx, g.Key, g.Field)
 		}
 		if t.Undoes != "" {
 			undone = pipe.Get(ctx, t.Undoes)

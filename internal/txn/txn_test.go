@@ -59,7 +59,7 @@ func TestExecAndReplies(t *testing.T) {
 // wants; the rest of the transaction applies either way.
 func TestGuards(t *testing.T) {
 	mr, rdb := clientOf(t, 3)
-	mr.HSet("h", IncarnationField, "a")
+	mr.HSet("h", "i", "a")
 	for _, c := range []struct {
 		want    string
 		applied bool
@@ -68,7 +68,7 @@ func TestGuards(t *testing.T) {
 		mr.Set("other", "0")
 		tx := New(keys.Of("p", "r"), false)
 		tx.Add("incr", "other")
-		tx.Guards = []Guard{{Key: "h", Want: []string{c.want}, Cmds: [][]any{{"hincrby", "h", "n", -4}}}}
+		tx.Guards = []Guard{{Key: "h", Field: "i", Want: []string{c.want}, Cmds: [][]any{{"hincrby", "h", "n", -4}}}}
 		if o, err := tx.Exec(context.Background(), rdb); o != Ran || err != nil {
 			t.Fatalf("want %q: Exec = %v, %v", c.want, o, err)
 		}

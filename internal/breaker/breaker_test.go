@@ -1,4 +1,4 @@
-package outage
+package breaker
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package outage tells when a Redis server is gone, and fails fast while
+// Package breaker tells when a Redis server is gone, and fails fast while
 // it is: the breaker.
 //
 // Once a call finds a Redis server unreachable (a failed
@@ -27,7 +27,7 @@
 // once a second). Any reply to its PING counts as an answer, an error
 // such as NOAUTH too: the probe asks whether the server is there, not
 // whether it is healthy.
-package outage
+package breaker
 
 import (
 	"context"

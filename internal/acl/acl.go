@@ -1,4 +1,4 @@
-// Package commands lists the Redis commands that a Bucket sends, by
+// Package acl lists the Redis commands that a Bucket sends, by
 // strategy and method: the one list that the tests check the library
 // against (commands_test.go in the root package drives every method and
 // fails on a command not listed here), that the tests' ACL users are made
@@ -6,7 +6,7 @@
 // that leakybucket doctor checks a user against with ACL DRYRUN.
 //
 // Names are as in ACL rules: lower case, "container|subcommand".
-package commands
+package acl
 
 import (
 	"context"

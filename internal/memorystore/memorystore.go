@@ -1,4 +1,4 @@
-// Package local keeps the counts of a Bucket made by NewLocal in this
+// Package memorystore keeps the counts of a Bucket made by NewLocal in this
 // process's memory: per scope (a resource's, for its per-resource rules,
 // and each (resource, client)'s, for the per-client ones), the calls of
 // the longest window, oldest first, as the Redis strategies hold them. It
@@ -9,7 +9,7 @@
 // counts any more is freed by a later call, and the room of a shard's map
 // or of a scope's calls is given back once they hold a quarter of it: no
 // goroutine runs in the background.
-package local
+package memorystore
 
 import (
 	"hash/maphash"
