@@ -74,13 +74,13 @@ func guarded[T any](ctx context.Context, r *remote, resource string, f func(cont
 	return v, err
 }
 
-// settle is what a call of the Bucket returns instead of err, the error
+// finalError is what a call of the Bucket returns instead of err, the error
 // it ended with (called by observe, whatever the observer): err as it is,
 // except that a context's error becomes ErrUnavailable too, with the
 // cause, while the breaker knows the server is down. It also feeds the
 // breaker: an unreachable server opens it, a call that ran out of time
 // makes the probe look.
-func (r *remote) settle(ctx context.Context, resource string, err error) error {
+func (r *remote) finalError(ctx context.Context, resource string, err error) error {
 	if !r.feedsBreaker(resource, err) {
 		return err
 	}

@@ -33,9 +33,9 @@ type backend interface {
 	flush(ctx context.Context, resource, client string) error
 	// flushAll forgets every count of resource.
 	flushAll(ctx context.Context, resource string) error
-	// settle is what a call at resource that ended with err returns: on
+	// finalError is what a call at resource that ended with err returns: on
 	// Redis, the breaker's say (breaker.go).
-	settle(ctx context.Context, resource string, err error) error
+	finalError(ctx context.Context, resource string, err error) error
 }
 
 // A reading is what every rule counts for a call, and the plan that

@@ -86,10 +86,10 @@ func (b *Bucket) observed() time.Time {
 
 // observe reports a call that began at start (see observed) to the
 // observer, if any. Deferred by the methods with pointers to their named
-// results, it runs once they are final; it first lets the breaker settle
+// results, it runs once they are final; it first lets the breaker have its say on
 // the error (see breaker.go).
 func (b *Bucket) observe(ctx context.Context, start time.Time, op, resource, client string, n int, res *Result, err *error) {
-	*err = b.counts.settle(ctx, resource, *err)
+	*err = b.counts.finalError(ctx, resource, *err)
 	if b.cfg.observer == nil {
 		return
 	}
