@@ -2,7 +2,6 @@ package leakybucket
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/redis/go-redis/v9"
 
@@ -91,28 +90,4 @@ func configure(opts []Option) (config, plan, error) {
 // keeps them in Redis, NewLocal in memory.
 func newBucket(cfg config, p plan) *Bucket {
 	return &Bucket{cfg: cfg, plan: p}
-}
-
-// check refuses bad input before anything is sent. A weight above a
-// rule's Requests is not bad input: AllowN and PeekN answer it with a
-// denial (see Never), WaitN with an error (see fits).
-func (b *Bucket) check(resource, client string, n int) error {
-	switch {
-	case resource == "":
-		return ErrEmptyResource
-	case client == "" && b.plan.HasClientRule:
-		return ErrEmptyClient
-	case n <= 0:
-		return fmt.Errorf("%w: n = %d, want at least 1", ErrInvalidWeight, n)
-	}
-	return nil
-}
-
-// fits refuses a weight that no wait would ever admit: WaitN's answer to
-// what AllowN denies with RetryAfter Never.
-func (b *Bucket) fits(n int) error {
-	if n > b.plan.maxN {
-		return fmt.Errorf("%w: n = %d exceeds the %d requests of a rule, so it could never be admitted", ErrInvalidWeight, n, b.plan.maxN)
-	}
-	return nil
 }
