@@ -128,7 +128,7 @@ func TestBreakerLateCall(t *testing.T) {
 	allowWithin(ctx, b, 300*time.Millisecond)
 	waitOpen(t, b)
 	// A late error, as a call that gave up while go-redis dialed.
-	late := remoteOf(b).settle(ctx, "r", fmt.Errorf("leakybucket: %w while waiting for Redis", context.DeadlineExceeded))
+	late := remoteOf(b).finalError(ctx, "r", fmt.Errorf("leakybucket: %w while waiting for Redis", context.DeadlineExceeded))
 	if !unavailableWithCause(late) || !errors.Is(late, context.DeadlineExceeded) || errors.Is(late, ErrLockNotObtained) {
 		t.Errorf("a late call while the breaker is open = %v, want ErrUnavailable with the cause, and the deadline", late)
 	}

@@ -2,7 +2,6 @@ package leakybucket
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/redis/go-redis/v9"
 
@@ -33,9 +32,9 @@ type backend interface {
 	flush(ctx context.Context, resource, client string) error
 	// flushAll forgets every count of resource.
 	flushAll(ctx context.Context, resource string) error
-	// settle is what a call at resource that ended with err returns: on
+	// finalError is what a call at resource that ended with err returns: on
 	// Redis, the breaker's say (breaker.go).
-	settle(ctx context.Context, resource string, err error) error
+	finalError(ctx context.Context, resource string, err error) error
 }
 
 // A reading is what every rule counts for a call, and the plan that
@@ -91,28 +90,4 @@ func configure(opts []Option) (config, plan, error) {
 // keeps them in Redis, NewLocal in memory.
 func newBucket(cfg config, p plan) *Bucket {
 	return &Bucket{cfg: cfg, plan: p}
-}
-
-// check refuses bad input before anything is sent. A weight above a
-// rule's Requests is not bad input: AllowN and PeekN answer it with a
-// denial (see Never), WaitN with an error (see fits).
-func (b *Bucket) check(resource, client string, n int) error {
-	switch {
-	case resource == "":
-		return ErrEmptyResource
-	case client == "" && b.plan.HasClientRule:
-		return ErrEmptyClient
-	case n <= 0:
-		return fmt.Errorf("%w: n = %d, want at least 1", ErrInvalidWeight, n)
-	}
-	return nil
-}
-
-// fits refuses a weight that no wait would ever admit: WaitN's answer to
-// what AllowN denies with RetryAfter Never.
-func (b *Bucket) fits(n int) error {
-	if n > b.plan.maxN {
-		return fmt.Errorf("%w: n = %d exceeds the %d requests of a rule, so it could never be admitted", ErrInvalidWeight, n, b.plan.maxN)
-	}
-	return nil
 }

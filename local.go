@@ -108,5 +108,5 @@ func (l *localCounts) flushAll(ctx context.Context, resource string) error {
 	return nil
 }
 
-// settle leaves err as it is: no breaker watches process memory.
-func (*localCounts) settle(_ context.Context, _ string, err error) error { return err }
+// finalError leaves err as it is: no breaker watches process memory.
+func (*localCounts) finalError(_ context.Context, _ string, err error) error { return err }

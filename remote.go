@@ -88,6 +88,49 @@ func (r *remote) allow(ctx context.Context, resource, client string, n int, res 
 	return nil
 }
 
+// The denial cache (package denials) holds the Results of calls of weight
+// 1 that every rule, all of them per-client, denied: until a rule's oldest
+// call leaves its window, the same call gets the same Result, its
+// durations moved on. WithRecordDenied turns the cache off, as every
+// attempt must count; so does a server clock that was not seen moving at
+// this host's pace (a test's, which SetTime moves by jumps).
+
+// cacheable reports how long res stays the answer to its call: until the
+// shortest RetryAfter of its rules, if every rule is per-client and denied
+// a call of weight 1.
+func cacheable(res Result, n int, recordDenied bool) (time.Duration, bool) {
+	if n != 1 || recordDenied || res.Allowed || len(res.DeniedBy) != len(res.Rules) {
+		return 0, false
+	}
+	shortest := time.Duration(-1)
+	for _, rr := range res.Rules {
+		if !rr.Rule.PerClient || rr.RetryAfter <= 0 {
+			return 0, false
+		}
+		if shortest < 0 || rr.RetryAfter < shortest {
+			shortest = rr.RetryAfter
+		}
+	}
+	return shortest, true
+}
+
+// after returns res as it reads elapsed later, with nothing counted or
+// gone meanwhile: its durations shortened by elapsed, rounded up to the
+// millisecond (Redis's time is in whole milliseconds: never longer than
+// Redis would say).
+func (res Result) after(elapsed time.Duration) Result {
+	elapsed = max(elapsed+time.Millisecond-1, 0).Truncate(time.Millisecond)
+	out := res
+	out.Rules = make([]RuleResult, len(res.Rules))
+	out.DeniedBy = append([]Rule(nil), res.DeniedBy...)
+	out.RetryAfter, out.ResetAfter = max(res.RetryAfter-elapsed, 0), max(res.ResetAfter-elapsed, 0)
+	for i, rr := range res.Rules {
+		rr.RetryAfter, rr.ResetAfter = max(rr.RetryAfter-elapsed, 0), max(rr.ResetAfter-elapsed, 0)
+		out.Rules[i] = rr
+	}
+	return out
+}
+
 // decide queues a call in its line, unless the breaker of its server is
 // open, and cuts it short should the breaker open while it waits (see
 // breaker.go).
@@ -121,7 +164,7 @@ func (r *remote) batchKey(resource, client string) string {
 }
 
 // decideBatch decides a batch of calls, all to one resource: the store
-// reads the counts and calls judge once per call, in arrival order. Under
+// reads the counts and calls evaluate once per call, in arrival order. Under
 // SortedSet and Windows, the calls foresight saw no room for only look
 // (package foresight); those that then had room are decided again, writing.
 // So are the calls sent Far that what was read cannot decide: denied by
@@ -208,30 +251,68 @@ func (r *remote) foresees() bool {
 	return !r.store.Locked() && !r.cfg.recordDenied
 }
 
-// decideRequests has the store decide calls (requests, by call), and
-// returns the calls that only looked and had room, or that what was read
-// left undecided (limits.View.Undecided), to decide again: looking, if
-// their counts were read Short (SortedSet wrote them, and takes them
-// back ahead of the next decision), else writing, on a full read.
+// decideRequests has the store decide calls (requests, by call): the
+// store records each call that evaluate says to, and once its round is
+// over, answer gives the calls their Results and returns those to decide
+// again.
 func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]redo, error) {
-	var again []redo
+	verdicts := make([]verdict, len(calls))
 	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
-		c := calls[i].Req
-		res := r.plan.evaluate(v, c.n, r.cfg.recordDenied)
-		if undecided := v.Undecided(r.plan.Rules, c.n); requests[i].Look && res.Allowed || undecided {
-			// It looked and has room, or was read too little to be
-			// decided: not recorded, and decided again on a full read.
-			if undecided {
-				r.foresight.Saw(c.resource, c.client, v, c.n, false)
-			}
-			again = append(again, redo{i: i, look: v.Short})
-			return false
-		}
-		recorded := r.batches.Settle(calls[i], res) && (res.Allowed || r.cfg.recordDenied)
-		r.foresight.Saw(c.resource, c.client, v, c.n, recorded && !requests[i].Look)
-		return recorded && !requests[i].Look
+		verdicts[i] = r.evaluate(calls[i], requests[i].Look, v)
+		return verdicts[i].record
 	})
-	return again, classify(r.route.Redirected(err))
+	return r.answer(calls, verdicts), classify(r.route.Redirected(err))
+}
+
+// A verdict is what evaluating one call of a round found.
+type verdict struct {
+	evaluated bool
+	res       Result
+	// record: the store records the call. It is admitted (or denied,
+	// WithRecordDenied), did not only look, and its caller had not gone.
+	record bool
+	// again: the call is decided again, on a full read, unrecorded: it
+	// looked and had room, or what was read left it undecided
+	// (limits.View.Undecided).
+	again, undecided bool
+	seen             limits.View // what the store read for it, for foresight
+}
+
+// evaluate is the verdict on call c, which only looks if look, given v,
+// what every rule counted before it. It only reads: what it finds is
+// acted on by answer, once the round is over.
+func (r *remote) evaluate(c *queued, look bool, v limits.View) verdict {
+	n := c.Req.n
+	vd := verdict{evaluated: true, res: r.plan.evaluate(v, n, r.cfg.recordDenied), seen: foresight.Copy(v)}
+	vd.undecided = v.Undecided(r.plan.Rules, n)
+	vd.again = look && vd.res.Allowed || vd.undecided
+	vd.record = !vd.again && !look && (vd.res.Allowed || r.cfg.recordDenied) && !c.Gone()
+	return vd
+}
+
+// answer acts on the verdicts of a round that is over: it gives each
+// call decided its Result (a caller gone by now gets none: batch.Group.Answer),
+// tells foresight what was read, and returns the calls to decide again:
+// looking, if their counts were read Short (SortedSet wrote them, and
+// takes them back ahead of the next decision), else writing, on a full
+// read.
+func (r *remote) answer(calls []*queued, verdicts []verdict) []redo {
+	var again []redo
+	for i, vd := range verdicts {
+		q := calls[i].Req
+		switch {
+		case !vd.evaluated:
+		case vd.again:
+			if vd.undecided {
+				r.foresight.Saw(q.resource, q.client, vd.seen, q.n, false)
+			}
+			again = append(again, redo{i: i, look: vd.seen.Short})
+		default:
+			r.batches.Answer(calls[i], vd.res)
+			r.foresight.Saw(q.resource, q.client, vd.seen, q.n, vd.record)
+		}
+	}
+	return again
 }
 
 // read reads what every rule counts for a call of weight n by client at

@@ -127,7 +127,7 @@ func (p plan) evaluateInto(res *Result, v limits.View, n int, recordDenied bool)
 	for i, rule := range p.Rules {
 		rr := &res.Rules[i]
 		rr.Rule = p.public[i]
-		rr.settle(rule, v.Counts[i], v, n, recorded, res.Allowed)
+		rr.fill(rule, v.Counts[i], v, n, recorded, res.Allowed)
 		if i == 0 || rr.Remaining < res.Remaining {
 			res.Remaining = rr.Remaining
 		}
@@ -149,10 +149,10 @@ func roomFor(s []RuleResult, n int) []RuleResult {
 	return s
 }
 
-// settle fills rr once the call is decided: counts the call if it was
+// fill fills rr once the call is decided: counts the call if it was
 // recorded, and works out RetryAfter (if it was denied), ResetAfter and
 // Remaining.
-func (rr *RuleResult) settle(rule limits.Rule, c limits.Count, v limits.View, n int, recorded, allowed bool) {
+func (rr *RuleResult) fill(rule limits.Rule, c limits.Count, v limits.View, n int, recorded, allowed bool) {
 	if recorded && n > 0 {
 		// The call is the newest entry of every rule; RetryAfter, for a
 		// call denied and recorded, counts it too.

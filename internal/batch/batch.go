@@ -120,7 +120,7 @@ func NewGroup[Q, R, S any](workers int, idle func(line *Line[Q, R, S])) *Group[Q
 	return &Group[Q, R, S]{workers: max(workers, 1), idle: idle, lines: map[string]*Line[Q, R, S]{}}
 }
 
-// A Run decides a batch: for each call, Settle with its result or Fail.
+// A Run decides a batch: for each call, Answer with its result or Fail.
 type Run[Q, R, S any] func(ctx context.Context, calls []*Call[Q, R], line *Line[Q, R, S]) error
 
 // probeEvery is how often a batch runs even when the average says it
@@ -213,17 +213,37 @@ func (q *Group[Q, R, S]) abandon(l *Line[Q, R, S], c *Call[Q, R], cut bool) (R, 
 	return zero, GivenUp(c.Ctx, l.Lock.Contended(), l.lastErr)
 }
 
-// Settle gives c the result res, and reports whether its caller still
-// waits for it: a call abandoned before it was decided is recorded
-// nowhere.
-func (q *Group[Q, R, S]) Settle(c *Call[Q, R], res R) bool {
+// Answer gives c the result res, once its batch's round is over, and
+// reports whether its caller still waits for it: a caller gone (Gone)
+// gets none, and returns its context's error, or ErrCut.
+func (q *Group[Q, R, S]) Answer(c *Call[Q, R], res R) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if c.state != waiting {
 		return false
 	}
+	if c.Gone() {
+		c.state = abandoned
+		return false
+	}
 	c.state, c.res = taken, res
 	return true
+}
+
+// Gone reports whether c's caller has given up, or is giving up: its
+// context ended, or its Cut closed. Once Gone, a call stays gone, so a
+// round that records only the calls not Gone records none whose caller
+// Answer then finds gone before it.
+func (c *Call[Q, R]) Gone() bool {
+	if c.Ctx.Err() != nil {
+		return true
+	}
+	select {
+	case <-c.Cut:
+		return true
+	default:
+		return false
+	}
 }
 
 // Fail gives each of calls the error err in place of a result, when the

@@ -33,7 +33,7 @@ func (g *group) run(ctx context.Context, calls []*Call[int, int], l *Line[int, i
 	g.batches = append(g.batches, len(calls))
 	g.mu.Unlock()
 	for _, c := range calls {
-		g.Settle(c, 2*c.Req)
+		g.Answer(c, 2*c.Req)
 	}
 	return nil
 }
@@ -71,14 +71,14 @@ func TestCallsWaitingAreOneBatch(t *testing.T) {
 }
 
 // A caller whose context ends returns at once with its context's error,
-// and its call is recorded nowhere: Settle reports that no one waits.
+// and its call is recorded nowhere: Answer reports that no one waits.
 func TestAbandonedCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := NewGroup[int, int, int](1, nil)
 		settled := make(chan bool, 1)
 		run := func(ctx context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
 			time.Sleep(time.Second)
-			settled <- g.Settle(calls[0], 1)
+			settled <- g.Answer(calls[0], 1)
 			return nil
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
@@ -89,7 +89,7 @@ func TestAbandonedCall(t *testing.T) {
 			t.Fatalf("Do = %v after %v, want the deadline after 10ms", err, time.Since(start))
 		}
 		if <-settled {
-			t.Error("Settle of an abandoned call reported a caller waiting")
+			t.Error("Answer of an abandoned call reported a caller waiting")
 		}
 	})
 }

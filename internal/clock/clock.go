@@ -68,23 +68,23 @@ func (c *Clock) Observe(server time.Time, sent, received time.Time) {
 	} else {
 		c.last, c.lastAt = server, received
 	}
-	c.judgeRunning(server, sent, received)
+	c.checkPace(server, sent, received)
 	if c.valid && rtt > c.rtt && !(time.Since(c.at) > sampleAge && rtt <= 4*c.rtt+time.Millisecond) {
 		return // a worse sample: a round trip slowed by load or a pause
 	}
 	c.valid, c.server, c.at, c.rtt = true, server, sent.Add(rtt/2), rtt
 }
 
-// judgeRunning compares a reply with the anchor, an earlier one: a request
+// checkPace compares a reply with the anchor, an earlier one: a request
 // sent a millisecond or more after the anchor arrived was read by the
 // server that much later at least, and at most as long after the anchor's
 // request was sent as its own reply took to arrive; a clock
 // that moved by as much as this host's did, within a millisecond, runs. A
 // test's clock, which stands still or jumps, does not. The anchor moves to
-// each reply so judged; replies sent sooner are not judged, so that a
+// each reply so checked; replies sent sooner are not checked, so that a
 // Bucket hammered from its first call, which sends each request as the
 // last reply arrives, sees its clock run too. c.mu is held.
-func (c *Clock) judgeRunning(server time.Time, sent, received time.Time) {
+func (c *Clock) checkPace(server time.Time, sent, received time.Time) {
 	if c.sinceAt.IsZero() {
 		c.anchor, c.asked, c.sinceAt = server, sent, received
 		return

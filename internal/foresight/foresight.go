@@ -184,6 +184,25 @@ func (f *Foresight) Saw(resource, client string, v limits.View, n int, recorded 
 	}
 }
 
+// Copy returns what Saw reads of v, in slices of its own: a store lends
+// its View only while it evaluates a call, and Saw runs once the round is
+// over.
+func Copy(v limits.View) limits.View {
+	n := 0
+	for _, c := range v.Counts {
+		n += min(len(c.Oldest), seenEntries)
+	}
+	counts, oldest := make([]limits.Count, len(v.Counts)), make([]limits.Entry, 0, n)
+	for r, c := range v.Counts {
+		from := len(oldest)
+		oldest = append(oldest, c.Oldest[:min(len(c.Oldest), seenEntries)]...)
+		counts[r] = c
+		counts[r].Oldest = oldest[from:len(oldest):len(oldest)]
+	}
+	v.Counts = counts
+	return v
+}
+
 // forget drops the counts whose calls have all left the longest window at
 // now, and everything if that is not enough. f.mu is held.
 func (f *Foresight) forget(now int64) {

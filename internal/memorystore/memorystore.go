@@ -178,12 +178,12 @@ func (l *Counts) shardOf(resource, client string) *shard {
 	return &l.shards[h.Sum64()%shardCount]
 }
 
-// Decide decides a call of weight n by client to resource: judge gets
+// Decide decides a call of weight n by client to resource: evaluate gets
 // what each rule counts before the call, under the lock of the call's
-// shard, and the call is recorded in every count if judge says so. The
-// View is judge's only while it runs: its counts are reused, and point
+// shard, and the call is recorded in every count if evaluate says so. The
+// View is evaluate's only while it runs: its counts are reused, and point
 // into the calls that later calls change.
-func (l *Counts) Decide(resource, client string, n int, judge func(limits.View) bool) {
+func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.View) bool) {
 	now := l.now()
 	l.sweepNext(now)
 	sh := l.shardOf(resource, client)
@@ -191,7 +191,7 @@ func (l *Counts) Decide(resource, client string, n int, judge func(limits.View) 
 	defer sh.mu.Unlock()
 	sh.sweep(now, l.longest)
 	v := sh.view(l, resource, client, now)
-	if !judge(v) {
+	if !evaluate(v) {
 		return
 	}
 	for _, c := range l.counts {

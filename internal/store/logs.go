@@ -64,7 +64,7 @@ func (s logsStore) read(ks keys.Space, client string) *logScan {
 	}
 }
 
-// Decide takes the lock, reads the logs, judges the calls in order (each
+// Decide takes the lock, reads the logs, evaluates the calls in order (each
 // seeing the ones recorded before it), and writes one log per client,
 // carrying the weight of all its recorded calls, in the EXEC that
 // releases the lock. If too few replicas acknowledged that EXEC
@@ -72,14 +72,14 @@ func (s logsStore) read(ks keys.Space, client string) *logScan {
 // returned: no call of it is admitted. A log's name is unique, so the
 // DEL undoes its write exactly once, wherever it runs (the primary, or
 // the replica promoted since, which holds the log or not).
-func (s logsStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
+func (s logsStore) Decide(ctx context.Context, where Site, calls []limits.Call, evaluate Evaluate) error {
 	client := calls[0].Client // every call's, when every rule is per-client
 	var written []string
 	err := s.underLock(ctx, where, lockKey(where.Keys, s.Plan, client), s.read(where.Keys, client), where.Acks, func(w *txn.Txn, t *tally) {
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
-			if judge(i, t.view(s.Rules, c.Client, t.now)) {
+			if evaluate(i, t.view(s.Rules, c.Client, t.now)) {
 				t.add(c.Client, limits.Entry{At: t.now, Weight: c.N})
 				weights[c.Client] = limits.AddCapped(weights[c.Client], c.N)
 			}

@@ -16,17 +16,17 @@ import (
 
 // A round is one lock-free decision of a batch, as SortedSet and Windows
 // make it: one MULTI/EXEC (package txn) that records the calls and reads the
-// counts, then the calls judged in order from what it returned, then, if
+// counts, then the calls evaluated in order from what it returned, then, if
 // some call was not recorded, a second transaction that takes its writes
 // back.
 type round interface {
 	// queue adds the batch's commands to t.
 	queue(t *txn.Txn)
-	// judge reads t's replies, asks judge about each call in order, and
+	// conclude reads t's replies, asks evaluate about each call in order, and
 	// queues on back the take-back of the calls not recorded. now is Redis's
 	// time when t ran (ms), which the Results count from. If it says redo
 	// (errRedo), back holds the take-back of what t wrote, if anything.
-	judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error
+	conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int64) error
 	// takeAll queues on back the take-back of every call, for a
 	// transaction t that ran, although its reply was lost (t.replies is
 	// nil: every caller got an error, so none may count) or ran too far
@@ -54,10 +54,10 @@ const redoAttempts = 3
 // one decision, makes it wait, for as long as the storm lasts, and never
 // fails its callers (a bound of 3 stale rounds, then 15, failed calls
 // during a loop of FlushAll calls).
-func decideRound(ctx context.Context, where Site, newRound func(now int64) round, judge Judge) error {
+func decideRound(ctx context.Context, where Site, newRound func(now int64) round, evaluate Evaluate) error {
 	var err error
 	for redos := 0; redos < redoAttempts; {
-		err = decideOnce(ctx, where, newRound, judge)
+		err = decideOnce(ctx, where, newRound, evaluate)
 		switch {
 		case errors.Is(err, errStaleGeneration) && ctx.Err() == nil:
 		case errors.Is(err, errRedo):
@@ -72,12 +72,12 @@ func decideRound(ctx context.Context, where Site, newRound func(now int64) round
 // decideOnce runs one round. When the transaction's reply is lost, it
 // returns the error at once and, in the background, takes the calls back
 // if the transaction ran. When it ran but too few replicas acknowledged
-// its writes (WithReplicas), no call is judged: each is taken back, and
+// its writes (WithReplicas), no call is evaluated: each is taken back, and
 // the error returned. When the transaction ran at a Redis time far
 // from the calls' stamp (Redis's clock jumped, or this process stalled
 // between stamping and sending), it takes the calls back and says redo:
 // a stamp too early would let the calls leave their windows early.
-func decideOnce(ctx context.Context, where Site, newRound func(now int64) round, judge Judge) error {
+func decideOnce(ctx context.Context, where Site, newRound func(now int64) round, evaluate Evaluate) error {
 	now, err := where.Clock.Estimate(ctx, where.Node)
 	if err != nil {
 		return err
@@ -95,18 +95,18 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	sent := time.Now()
 	switch o, err := t.Exec(ctx, where.Node); o {
 	case txn.NotRun:
-		where.Carry.settled(t)
+		where.Carry.freeMarker(t)
 		handOn(where, &txn.Txn{Cmds: txn.Resent(carried)}, r.idempotent())
 		return err
 	case txn.Unknown:
 		where.Clock.Reset()
-		go settleLost(where, r, t, carried)
+		go recoverLost(where, r, t, carried)
 		return err
 	case txn.Unreplicated:
 		forsake(where, r, t)
 		return err
 	}
-	where.Carry.settled(t)
+	where.Carry.freeMarker(t)
 	back := txn.New(where.Keys, !r.idempotent())
 	server, ok := txn.ReplyTime(t.Replies[clock])
 	if !ok || stampOff(server, now, time.Since(sent), where.Clock.Pace()) {
@@ -116,7 +116,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 		return fmt.Errorf("%w: Redis ran it %d ms after its stamp", errRedo, server.UnixMilli()-now)
 	}
 	where.Clock.Sample(server, sent)
-	if err := r.judge(t, judge, back, server.UnixMilli()); err != nil {
+	if err := r.conclude(t, evaluate, back, server.UnixMilli()); err != nil {
 		takeBack(where, back, r.idempotent()) // what a decision made again took back, if anything
 		return err
 	}
@@ -178,18 +178,18 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 	return off > clock.Jump+rtt || off < -clock.Jump
 }
 
-// settleLost settles a round whose transaction t lost its reply: once
+// recoverLost settles a round whose transaction t lost its reply: once
 // resolve says whether it ran, it takes back every call of r if it did
 // (none of their callers was answered), or sends alone the take-backs t
 // carried if it did not. A take-back that must not run twice is lost when
 // resolve cannot tell: the calls stay counted, which is safe.
-func settleLost(where Site, r round, t *txn.Txn, carried [][]any) {
+func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	o := t.Resolve(where.Node, true)
 	if o == txn.Ran {
 		// Only then is t's marker key free for another: a transaction
 		// found not to have run, or not found, may still run late, and set
 		// it over the marker of the one that took it.
-		where.Carry.settled(t)
+		where.Carry.freeMarker(t)
 	}
 	back := txn.New(where.Keys, !r.idempotent())
 	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
@@ -233,7 +233,7 @@ func (c *Carried) markIn(t *txn.Txn) {
 
 // settled gives t's marker key back to the line, once t's outcome is
 // known: no one reads t's marker any more.
-func (c *Carried) settled(t *txn.Txn) {
+func (c *Carried) freeMarker(t *txn.Txn) {
 	if c == nil || t.Marker == "" {
 		return
 	}

@@ -45,11 +45,11 @@ func NewSortedSet(p Plan) Store {
 //     (only a denial's RetryAfter needs them: a Far call the counts deny
 //     is decided again, see limits.View.Short);
 //  2. adds the members of every call of the batch that writes (ZADD, one
-//     for the set), before any of them is judged;
+//     for the set), before any of them is evaluated;
 //  3. sets the key to expire a window and clock.LagLimit after Redis ran
 //     the transaction (PEXPIRE), if the batch wrote to it.
 //
-// Each call is then judged, in order, from the count read, plus the
+// Each call is then evaluated, in order, from the count read, plus the
 // calls of the batch recorded before it. A written call that is not
 // recorded (denied, or its caller gone) stays counted until a second
 // transaction removes its members (ZREM): until then others count it, and
@@ -122,8 +122,8 @@ func memberPrefix(client string) string {
 	return "~" + base64.RawURLEncoding.EncodeToString(sum[:16]) + ":"
 }
 
-func (s sortedSetStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
-	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.Keys, now, calls) }, judge)
+func (s sortedSetStore) Decide(ctx context.Context, where Site, calls []limits.Call, evaluate Evaluate) error {
+	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.Keys, now, calls) }, evaluate)
 }
 
 // zBatch is the round of one batch on the sets of a resource.
@@ -135,11 +135,11 @@ type zBatch struct {
 	of     [][]*zWrite    // by call, by rule: the write to that rule's set
 	writes [][]*zWrite    // by call: its writes, each once (rules may share a set)
 	args   []any          // the commands' arguments, in one array
-	counts []limits.Count // the view of the call being judged (see Judge)
+	counts []limits.Count // the view of the call being evaluated (see Evaluate)
 }
 
 // zSet is one set in a batch: where its reads are among the replies, then
-// what it holds as the calls are judged in order.
+// what it holds as the calls are evaluated in order.
 type zSet struct {
 	key  string
 	arg  any // key, boxed once for the set's commands
@@ -157,7 +157,7 @@ type zSet struct {
 
 	card, first, latest int // replies
 
-	held   int            // members held before the call being judged
+	held   int            // members held before the call being evaluated
 	oldest []limits.Entry // the oldest held, then the batch's own
 	newest int64
 }
@@ -307,7 +307,7 @@ func (b *zBatch) queueReads(t *txn.Txn, set *zSet, trim, notBefore any) {
 }
 
 // oldestTo is the last rank of set's oldest members that a denial's
-// RetryAfter may need: for a call of weight n judged with the set's count
+// RetryAfter may need: for a call of weight n evaluated with the set's count
 // c (the calls of the batch recorded before it included), the c+n-limit
 // oldest must leave the window for it to fit. The batch's own recorded
 // calls are newer than any member read, and counted after them; so the
@@ -358,9 +358,9 @@ func appendZadd(out []any, key, score any, members []any, flags ...any) []any {
 	return out
 }
 
-// judge asks judge about each call in order, given what its sets held, and
+// conclude asks evaluate about each call in order, given what its sets held, and
 // queues the removal of the members of the calls not recorded.
-func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error {
+func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int64) error {
 	for _, set := range b.sets {
 		set.start(t.Replies)
 	}
@@ -373,8 +373,8 @@ func (b *zBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 	restamp := now-b.now > maxEarly
 	for i := range b.calls {
 		v := b.view(i, now, stamp)
-		recorded := judge(i, v)
-		b.settleWrites(t, i, recorded, stamp, &due)
+		recorded := evaluate(i, v)
+		b.mirrorWrites(t, i, recorded, stamp, &due)
 		if recorded && restamp {
 			due.late = due.note(due.late, b.writes[i])
 		}
@@ -452,9 +452,9 @@ func (zBacklog) note(m map[*zSet][]any, writes []*zWrite) map[*zSet][]any {
 	return m
 }
 
-// settleWrites updates call i's sets as Redis did, and notes in due the
+// mirrorWrites updates call i's sets as Redis did, and notes in due the
 // members to take back if the call was not recorded.
-func (b *zBatch) settleWrites(t *txn.Txn, i int, recorded bool, stamp int64, due *zBacklog) {
+func (b *zBatch) mirrorWrites(t *txn.Txn, i int, recorded bool, stamp int64, due *zBacklog) {
 	for _, w := range b.writes[i] {
 		if len(w.members) == 0 {
 			continue // it only looked

@@ -35,9 +35,9 @@ type Plan struct {
 // clear text.
 type Store interface {
 	// Decide decides calls, in order, and records them: for each it calls
-	// judge with what every rule counted before it, and records the call if
-	// judge says so (see Judge).
-	Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error
+	// evaluate with what every rule counted before it, and records the call if
+	// evaluate says so (see Evaluate).
+	Decide(ctx context.Context, where Site, calls []limits.Call, evaluate Evaluate) error
 	// Peek returns what every rule counts for client, for a call of
 	// weight n, without writing anything.
 	Peek(ctx context.Context, where Site, client string, n int) (limits.View, error)
@@ -56,7 +56,7 @@ type Store interface {
 	Line(ks keys.Space, client string) string
 	// Locked reports whether decisions take a lock. Then a line runs one
 	// batch at a time, and no call needs to only look (package foresight):
-	// the lock lets no other decision count a call before it is judged.
+	// the lock lets no other decision count a call before it is evaluated.
 	Locked() bool
 }
 
@@ -67,12 +67,13 @@ type lockFree struct{}
 func (lockFree) Line(ks keys.Space, _ string) string { return ks.Slot() }
 func (lockFree) Locked() bool                        { return false }
 
-// Judge evaluates call i of a batch, given v, what every rule counted
-// before it, and reports whether the call is recorded: admitted (or
-// denied, with WithRecordDenied), and its caller still waiting. A store
-// calls it once per call, in order. v's slices are the store's, valid only
-// during the call: a Judge copies what it keeps.
-type Judge func(i int, v limits.View) (recorded bool)
+// Evaluate says whether call i of a batch is to be recorded, given v,
+// what every rule counted before it: admitted (or denied, with
+// WithRecordDenied), and its caller still waiting. It only evaluates: what
+// else follows from the verdict is the caller's, once Decide returns. A
+// store calls it once per call, in order. v's slices are the store's,
+// valid only during the call: an Evaluate copies what it keeps.
+type Evaluate func(i int, v limits.View) (record bool)
 
 // Site is where one resource's counts live: the node that owns them, and
 // what is known of it.

@@ -43,7 +43,7 @@ func NewWindows(p Plan, precision time.Duration) Store {
 // none of its intervals is in any window: nothing deletes an interval on
 // its own.
 //
-// The calls are then judged in order: each counts what was read, less
+// The calls are then evaluated in order: each counts what was read, less
 // the batch's own weight, plus the weight of the batch's calls admitted
 // before it. So a call sees every call decided before it, in this process
 // or any other (transactions run one at a time), and nothing else. Only
@@ -121,11 +121,11 @@ const staleRetries = 3
 // Decide decides calls in a round of their hashes (hBatch), made again
 // after a FlushAll as often as it takes (decideRound), then the calls the
 // round left undecided (confirm).
-func (s windowsStore) Decide(ctx context.Context, where Site, calls []limits.Call, judge Judge) error {
+func (s windowsStore) Decide(ctx context.Context, where Site, calls []limits.Call, evaluate Evaluate) error {
 	var b *hBatch
-	err := decideRound(ctx, where, func(now int64) round { b = s.newBatch(where.Keys, now, calls); return b }, judge)
+	err := decideRound(ctx, where, func(now int64) round { b = s.newBatch(where.Keys, now, calls); return b }, evaluate)
 	if err == nil && len(b.pending) > 0 {
-		b.confirm(ctx, where, judge)
+		b.confirm(ctx, where, evaluate)
 	}
 	return err
 }
@@ -293,11 +293,11 @@ func (p *part) read(t *txn.Txn, i int, kind readKind) {
 	}
 }
 
-// judge asks judge about each call in order, but those what was read
+// conclude asks evaluate about each call in order, but those what was read
 // leaves undecided (limits.View.Undecided), left pending for confirm, and
 // queues on back the take-back of the calls not recorded, and the move of
 // those recorded to the interval Redis ran them in (see moves).
-func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error {
+func (b *hBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int64) error {
 	if !b.saw(b.keys, b.gen, t.Replies[b.genReply]) {
 		return errStaleGeneration
 	}
@@ -310,17 +310,17 @@ func (b *hBatch) judge(t *txn.Txn, judge Judge, back *txn.Txn, now int64) error 
 		b.read(h, t.Replies, now)
 	}
 	for i := range b.calls {
-		b.judgeCall(i, judge, now)
+		b.evaluateCall(i, evaluate, now)
 	}
 	b.queueMoves(back, now)
 	b.queueBack(back, func(h *hash) int { return h.denied })
 	return nil
 }
 
-// judgeCall asks judge about call i, on the batch's counts with the calls
-// judged before it, unless they leave it undecided: then it is left
+// evaluateCall asks evaluate about call i, on the batch's counts with the calls
+// evaluated before it, unless they leave it undecided: then it is left
 // pending, decided after the others (confirm).
-func (b *hBatch) judgeCall(i int, judge Judge, now int64) {
+func (b *hBatch) evaluateCall(i int, evaluate Evaluate, now int64) {
 	c, hashes := b.calls[i], b.hashesOf(i)
 	v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
 	for r, rule := range b.Rules {
@@ -333,7 +333,7 @@ func (b *hBatch) judgeCall(i int, judge Judge, now int64) {
 		}
 		return
 	}
-	recorded := judge(i, v)
+	recorded := evaluate(i, v)
 	for _, h := range hashes {
 		switch {
 		case c.Look: // it wrote nothing
@@ -347,9 +347,9 @@ func (b *hBatch) judgeCall(i int, judge Judge, now int64) {
 
 // errCrossed: Redis ran the transaction in a later interval than its
 // stamp's, and too late to count its calls in the stamp's (see late), in
-// a span that is a fixed window: its calls, judged with the window of the
+// a span that is a fixed window: its calls, evaluated with the window of the
 // stamp, would count in a window that ended before Redis ran them, and
-// cannot be moved to the next, whose room they were not judged by. So the
+// cannot be moved to the next, whose room they were not evaluated by. So the
 // decision is taken back and made again, stamped in the next window.
 var errCrossed = fmt.Errorf("%w: Redis ran it in a later window than its stamp's", errRedo)
 

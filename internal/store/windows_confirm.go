@@ -36,10 +36,10 @@ type confirmation struct {
 // it admits stay (moved with the others, if the batch ran late: see
 // moves), those it denies are taken back, under the guards of the batch's
 // hashes. If it cannot (its reply lost, a FlushAll, or Redis's time in an
-// epoch or a fixed window the read does not serve), each is judged on
+// epoch or a fixed window the read does not serve), each is evaluated on
 // what the batch's transaction read, which leaves it undecided: it is
 // then taken back at once, and decided again by the Bucket.
-func (b *hBatch) confirm(ctx context.Context, where Site, judge Judge) {
+func (b *hBatch) confirm(ctx context.Context, where Site, evaluate Evaluate) {
 	back := txn.New(b.keys, true)
 	estimate, err := where.Clock.Estimate(ctx, where.Node)
 	c := &confirmation{b: b, whole: map[*hash]*hash{}}
@@ -48,9 +48,9 @@ func (b *hBatch) confirm(ctx context.Context, where Site, judge Judge) {
 		c.queue(t, estimate)
 		_, err = t.Exec(ctx, where.Node)
 	}
-	if err != nil || !c.judge(t, judge, back) {
+	if err != nil || !c.conclude(t, evaluate, back) {
 		for _, p := range b.pending {
-			judge(p.i, p.view)
+			evaluate(p.i, p.view)
 		}
 		b.queueBack(back, func(h *hash) int { return h.pending })
 		back.Urgent = true
@@ -74,10 +74,10 @@ func (c *confirmation) queue(t *txn.Txn, estimate int64) {
 	}
 }
 
-// judge judges the pending calls on t's replies, queues on back the
+// conclude evaluates the pending calls on t's replies, queues on back the
 // take-back of those denied and the move of those admitted, and reports
 // whether it could.
-func (c *confirmation) judge(t *txn.Txn, judge Judge, back *txn.Txn) bool {
+func (c *confirmation) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn) bool {
 	b := c.b
 	server, ok := txn.ReplyTime(t.Replies[c.clock])
 	now := server.UnixMilli()
@@ -88,7 +88,7 @@ func (c *confirmation) judge(t *txn.Txn, judge Judge, back *txn.Txn) bool {
 		c.read(h, t.Replies)
 	}
 	for _, p := range b.pending {
-		c.judgeCall(p.i, judge, now)
+		c.evaluateCall(p.i, evaluate, now)
 	}
 	c.queueMoves(back)
 	b.queueBack(back, func(h *hash) int {
@@ -112,16 +112,16 @@ func (c *confirmation) read(h *hash, replies []any) {
 	}
 }
 
-// judgeCall asks judge about pending call i, at now, on the whole read
-// with the pending calls judged before it, counted where the batch wrote
+// evaluateCall asks evaluate about pending call i, at now, on the whole read
+// with the pending calls evaluated before it, counted where the batch wrote
 // them.
-func (c *confirmation) judgeCall(i int, judge Judge, now int64) {
+func (c *confirmation) evaluateCall(i int, evaluate Evaluate, now int64) {
 	b, hashes := c.b, c.b.hashesOf(i)
 	v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
 	for r, rule := range b.Rules {
 		v.Counts[r] = b.count(c.whole[hashes[b.hashOf(rule)]], r, rule, b.at(b.Lane(r).Group, b.ran), now)
 	}
-	recorded := judge(i, v)
+	recorded := evaluate(i, v)
 	for _, h := range hashes {
 		if recorded {
 			c.whole[h].admitted += b.calls[i].N

@@ -17,7 +17,7 @@ import (
 // counts in them.
 
 // hash is one scope's hashes in a batch (or in a read of Peek or Flush):
-// per span group, its epochs, and the weight of the calls judged so far.
+// per span group, its epochs, and the weight of the calls evaluated so far.
 type hash struct {
 	scope  string // what its hashes' names start with
 	client bool   // a client's, not the resource's
@@ -291,7 +291,7 @@ func (p *part) bound(y intervals.Layout, g int, now int64) int {
 //
 // A fixed rule counts at at, not now: a call whose estimate was still in
 // the last window when Redis ran the transaction in the next was added to
-// the last window's interval, and is judged with the calls of that window
+// the last window's interval, and is evaluated with the calls of that window
 // (see errCrossed).
 func (s windowsStore) count(h *hash, r int, rule limits.Rule, at, now int64) limits.Count {
 	l := s.Lane(r)
@@ -359,7 +359,7 @@ func byStamp(a, b limits.Entry) int { return cmp.Compare(a.At, b.At) }
 // stamp, holding weight. It is the newest unless another process wrote to
 // a later interval (its estimate of Redis's clock is ahead of this one's);
 // then the intervals are copied, else the current one goes in the room
-// parse left, so that a batch judges its calls without allocating: the
+// parse left, so that a batch evaluates its calls without allocating: the
 // result is valid until the next call.
 func withCurrent(entries []limits.Entry, stamp int64, weight int) []limits.Entry {
 	if weight <= 0 {

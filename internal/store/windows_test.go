@@ -8,7 +8,7 @@ import (
 
 // A call whose estimate of Redis time was still in the last fixed window
 // when Redis ran its transaction in the next was added to the last one's
-// interval: it is judged with the calls of that window, not the next's.
+// interval: it is evaluated with the calls of that window, not the next's.
 func TestFixedWindowCountsAtTheEstimate(t *testing.T) {
 	rule := limits.Rule{PerClient: true, Requests: 3, Window: 1000}
 	s := NewWindows(Plan{Rules: []limits.Rule{rule}, Longest: rule.Window}, 0).(windowsStore)

@@ -32,7 +32,7 @@ import (
 // fenceDoneGrace, lets resolve learn after a lost reply whether it ran.
 // Either way, once Redis answers again it has run whatever it had read
 // (a paused server runs the buffered transaction as it resumes), so
-// resolve waits until Redis has answered for resolveSettle.
+// resolve waits until Redis has answered for resolveQuiet.
 type Txn struct {
 	Marker string // the marker's key, "" if not marked
 	mark   string // what the marker is set to: this transaction's own
@@ -70,12 +70,12 @@ type Guard struct {
 // fenceDoneGrace is how long a marker lives after its transaction ran (and
 // after the wait for its replicas, see Acks), for Resolve to see. Resolve
 // polls for at most resolveFor, and decides once Redis has answered for
-// resolveSettle: long enough for the server to run what it had buffered
+// resolveQuiet: long enough for the server to run what it had buffered
 // while it was paused or cut off.
 const (
 	fenceDoneGrace = 500 * time.Millisecond
 	resolveFor     = 10 * time.Second
-	resolveSettle  = 20 * time.Millisecond
+	resolveQuiet   = 20 * time.Millisecond
 )
 
 // New returns an empty transaction, marked in keys' slot if marked.
@@ -400,7 +400,7 @@ const (
 
 // Resolve learns whether t ran after its reply was lost, on a connection
 // of its own, detached from any caller: once Redis has answered for
-// resolveSettle, t has run if it ever will, and a marked t shows it.
+// resolveQuiet, t has run if it ever will, and a marked t shows it.
 // An unmarked t resolves to unknown then: its undo is to be repeated
 // rather than known. resolve returns unknown too if Redis could not be
 // asked within resolveFor. With refusedIsGone, a refused connection means
@@ -443,9 +443,9 @@ func (r *resolution) next(done bool, err error) (Outcome, bool) {
 		r.answered = time.Time{}
 	case r.answered.IsZero():
 		r.answered = time.Now()
-	case time.Since(r.answered) >= resolveSettle && r.marked:
+	case time.Since(r.answered) >= resolveQuiet && r.marked:
 		return NotRun, true
-	case time.Since(r.answered) >= resolveSettle:
+	case time.Since(r.answered) >= resolveQuiet:
 		return Unknown, true
 	}
 	return Unknown, false
