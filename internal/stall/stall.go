@@ -52,15 +52,42 @@ func (m *Meter) Close() {
 	m.done.Wait()
 }
 
-// During returns the longest stall that overlapped [start, end].
+// During returns how long the process could not run within [start, end]:
+// the part of each stall that overlaps it, summed. A call that waits for
+// the network leaves the process idle, so the meter wakes on time and
+// nothing of that wait is subtracted; a call that a loaded machine
+// descheduled several times loses each of those stalls, not only the
+// longest. A wake later than slack is a stall; below it is the timer's
+// own lateness, counted as run time so that it cannot hide a wait.
 func (m *Meter) During(start, end time.Time) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var worst time.Duration
+	var stalled time.Duration
 	for _, w := range m.wakes {
-		if w.woke.After(start) && w.due.Before(end) {
-			worst = max(worst, w.woke.Sub(w.due))
+		if w.woke.Sub(w.due) <= slack {
+			continue
+		}
+		from, to := later(w.due, start), earlier(w.woke, end)
+		if to.After(from) {
+			stalled += to.Sub(from)
 		}
 	}
-	return worst
+	return stalled
+}
+
+// slack is how late a timer may wake a goroutine on an idle machine.
+const slack = time.Millisecond
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
