@@ -275,3 +275,57 @@ func cleanPrefix(rdb redis.UniversalClient, prefix string) {
 		return iter.Err()
 	})
 }
+
+const (
+	burstCalls = 50 // at once, from one process
+	burstLimit = 10
+	bursts     = 40 // each on a resource of its own
+)
+
+// TestBurstAdmitsExactlyTheLimit: 50 calls at once from one process, on a
+// limit of 10 per resource and 50 per client (as an HTTP API behind one
+// instance meets them), admit exactly 10, burst after burst. The batches of
+// a resource's line may each count what another batch of the same line
+// wrote and then takes back (a call decided again, or denied): a call
+// denied on that weight is one that no later call of the burst makes up
+// for, and the burst admits less than its limit.
+func TestBurstAdmitsExactlyTheLimit(t *testing.T) {
+	each(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerResource(PerMinute(burstLimit)), PerClient(PerMinute(burstCalls)))
+		short := 0
+		for i := range bursts {
+			resource := fmt.Sprintf("burst-%d", i)
+			var admitted sync.WaitGroup
+			var mu sync.Mutex
+			n := 0
+			for c := range burstCalls {
+				admitted.Go(func() {
+					// Spread over 2 ms, as requests reach a server:
+					// many small batches, each beside another.
+					time.Sleep(time.Duration(c%20) * 100 * time.Microsecond)
+					res, err := b.Allow(context.Background(), resource, fmt.Sprintf("c%d", c%5))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res.Allowed {
+						mu.Lock()
+						n++
+						mu.Unlock()
+					}
+				})
+			}
+			admitted.Wait()
+			if n > burstLimit {
+				t.Fatalf("burst %d admitted %d, limit %d", i, n, burstLimit)
+			}
+			if n < burstLimit {
+				short++
+				t.Errorf("burst %d admitted %d of %d calls at once, limit %d", i, n, burstCalls, burstLimit)
+			}
+		}
+		if short > 0 {
+			t.Errorf("%d of %d bursts admitted less than the limit", short, bursts)
+		}
+	})
+}

@@ -45,11 +45,7 @@ func newRemote(cfg config, p plan, st store.Store, node func(context.Context, st
 	if r.breakers == nil {
 		r.breakers = &breaker.Breakers{}
 	}
-	workers := lockFreeWorkers
-	if st.Locked() {
-		workers = 1
-	}
-	r.batches = batch.NewGroup(workers, func(l *line) { l.State.Flush() })
+	r.batches = batch.NewGroup(func(l *line) { l.State.Flush() })
 	return r
 }
 
@@ -378,13 +374,6 @@ func nodeOf(rdb redis.UniversalClient) (func(context.Context, string) (*redis.Cl
 	}
 	return nil, ErrUnsupportedClient
 }
-
-// lockFreeWorkers is how many batches of one resource a Bucket has under
-// way at once under SortedSet and Windows: a second transaction in flight
-// keeps Redis busy while the reply of the first travels. More make the
-// batches smaller, and cost Redis more than they save (measured with 2, 4
-// and 8 in bench/).
-const lockFreeWorkers = 2
 
 // siteOf returns where resource's counts live.
 func (r *remote) siteOf(ctx context.Context, resource string, view *lock.View) (store.Site, error) {

@@ -295,43 +295,20 @@ func TestClientGone(t *testing.T) {
 func TestConcurrentRequestsAdmitExactlyTheLimit(t *testing.T) {
 	t.Run("miniredis", func(t *testing.T) {
 		rdb, _ := miniClient(t)
-		concurrent(t, rdb, "leakybucket", true)
+		concurrent(t, rdb, "leakybucket")
 	})
 	t.Run("redis", func(t *testing.T) {
 		rdb, prefix := realClient(t)
-		concurrent(t, rdb, prefix, false)
+		concurrent(t, rdb, prefix)
 	})
 }
 
-// learnFrozenClock has b learn that its server's clock stands still (two
-// reads 2 ms apart that see the same time), as a Bucket running against
-// a frozen miniredis soon does. Until then a decision is stamped by an
-// estimate that runs on, which the frozen clock sees as early: it is taken
-// back and made again, and a concurrent batch that read it meanwhile
-// counts it (for that round trip, as docs/design.md allows). Under load
-// that happens in the first batches of the burst, where it would deny
-// calls that no later call makes up for.
-func learnFrozenClock(t *testing.T, b *leakybucket.Bucket) {
-	t.Helper()
-	for i := range 2 {
-		if _, err := b.Peek(context.Background(), "clock", "c"); err != nil {
-			t.Fatal(err)
-		}
-		if i == 0 {
-			time.Sleep(2 * time.Millisecond) // the real clock: the server's must be seen not to move
-		}
-	}
-}
-
-func concurrent(t *testing.T, rdb *redis.Client, prefix string, frozen bool) {
+func concurrent(t *testing.T, rdb *redis.Client, prefix string) {
 	t.Helper()
 	const limit, requests = 10, 50
 	for _, s := range []leakybucket.Strategy{leakybucket.Logs, leakybucket.SortedSet, leakybucket.Windows(time.Second)} {
 		b := bucket(t, rdb, leakybucket.WithStrategy(s), leakybucket.WithPrefix(prefix),
 			leakybucket.PerResource(leakybucket.PerMinute(limit)), leakybucket.PerClient(leakybucket.PerMinute(requests)))
-		if frozen {
-			learnFrozenClock(t, b)
-		}
 		// A deadline no loaded machine misses: the test counts admissions.
 		srv := httptest.NewServer(handler(t, b, WithDecisionTimeout(10*time.Second)))
 		codes := make(chan int, requests)

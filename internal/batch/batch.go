@@ -1,13 +1,20 @@
 // Package batch decides concurrent calls together, as singleflight shares
 // one call among its callers. Calls that go to the same place (a key: the
 // same lock under Logs, the same resource otherwise) queue in one line.
-// Worker goroutines, started as calls arrive (NewGroup's workers per line:
-// one under a lock, which admits one batch at a time) and gone once the
-// line is empty, take the waiting calls in batches and hand each batch to
-// the function that Do was given, which decides its calls in arrival
+// A line's worker goroutine, started as calls arrive and gone once the
+// line is empty, takes the waiting calls in batches and hands each batch
+// to the function that Do was given, which decides its calls in arrival
 // order, each seeing the ones before it, in one store round (one
 // MULTI/EXEC, or one lock's two round trips under Logs). A hot resource
 // then costs one round trip per batch instead of one per call.
+//
+// A line decides one batch at a time: the next starts once the one before
+// it has answered its calls and handed on what it takes back. Two batches
+// of a line under way at once would each count what the other wrote and
+// then takes back (a call decided again, or denied), and so deny each
+// other's calls on weight that is never admitted: a burst of calls from
+// one process would admit less than its limit, with no later call to make
+// up for it. Calls that arrive meanwhile wait, and are the next batch.
 //
 // A batch runs detached from its callers' contexts (it keeps the values of
 // the first one's, for tracing): its deadline is the latest of theirs, and
@@ -77,7 +84,7 @@ type Line[Q, R, S any] struct {
 
 	group   *Group[Q, R, S]
 	calls   []*Call[Q, R] // waiting, in arrival order
-	workers int           // running
+	running bool          // its worker is
 	lastErr error         // the error of the latest batch, nil if it succeeded
 }
 
@@ -89,7 +96,7 @@ func (l *Line[Q, R, S]) Busy() bool {
 	return len(l.calls) > 0
 }
 
-// batch is the calls one worker decides together.
+// batch is the calls a line's worker decides together.
 type batch[Q, R any] struct {
 	calls  []*Call[Q, R]
 	cancel context.CancelFunc
@@ -97,8 +104,7 @@ type batch[Q, R any] struct {
 
 // A Group holds the lines of one Bucket.
 type Group[Q, R, S any] struct {
-	workers int                       // see NewGroup
-	idle    func(line *Line[Q, R, S]) // see NewGroup
+	idle func(line *Line[Q, R, S]) // see NewGroup
 
 	mu    sync.Mutex
 	lines map[string]*Line[Q, R, S] // by key
@@ -112,12 +118,10 @@ type Group[Q, R, S any] struct {
 	tried    atomic.Int64
 }
 
-// NewGroup returns a Group whose lines run up to workers batches at once
-// (one under a lock, more where Redis's transactions alone keep the counts
-// exact), and that calls idle, if not nil, when a line's last worker
-// stops: no batch is left to carry what the last one handed on.
-func NewGroup[Q, R, S any](workers int, idle func(line *Line[Q, R, S])) *Group[Q, R, S] {
-	return &Group[Q, R, S]{workers: max(workers, 1), idle: idle, lines: map[string]*Line[Q, R, S]{}}
+// NewGroup returns a Group that calls idle, if not nil, when a line's
+// worker stops: no batch is left to carry what the last one handed on.
+func NewGroup[Q, R, S any](idle func(line *Line[Q, R, S])) *Group[Q, R, S] {
+	return &Group[Q, R, S]{idle: idle, lines: map[string]*Line[Q, R, S]{}}
 }
 
 // A Run decides a batch: for each call, Answer with its result or Fail.
@@ -173,10 +177,8 @@ func (q *Group[Q, R, S]) Do(key string, c *Call[Q, R], run Run[Q, R, S]) (R, err
 		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
-	start := l.workers < q.workers
-	if start {
-		l.workers++
-	}
+	start := !l.running
+	l.running = true
 	q.mu.Unlock()
 	if start {
 		go q.work(key, l, run)
@@ -317,7 +319,7 @@ func (q *Group[Q, R, S]) work(key string, l *Line[Q, R, S], run Run[Q, R, S]) {
 }
 
 // next takes the next batch of l, with its context; nil once l is empty:
-// the worker then stops, and the last one removes l.
+// the worker then stops, and removes l.
 func (q *Group[Q, R, S]) next(key string, l *Line[Q, R, S]) (*batch[Q, R], context.Context) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -336,9 +338,8 @@ func (q *Group[Q, R, S]) next(key string, l *Line[Q, R, S]) (*batch[Q, R], conte
 	}
 	l.calls = rest
 	if len(calls) == 0 {
-		if l.workers--; l.workers == 0 {
-			delete(q.lines, key)
-		}
+		l.running = false
+		delete(q.lines, key)
 		return nil, nil
 	}
 	ctx, cancel := batchContext(calls)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -21,9 +22,9 @@ type group struct {
 	idle    int
 }
 
-func newGroup(d time.Duration, workers int) *group {
+func newGroup(d time.Duration) *group {
 	g := &group{d: d}
-	g.Group = NewGroup(workers, func(*Line[int, int, int]) { g.mu.Lock(); g.idle++; g.mu.Unlock() })
+	g.Group = NewGroup(func(*Line[int, int, int]) { g.mu.Lock(); g.idle++; g.mu.Unlock() })
 	return g
 }
 
@@ -42,7 +43,7 @@ func (g *group) run(ctx context.Context, calls []*Call[int, int], l *Line[int, i
 // each with its own result; the line goes idle once empty.
 func TestCallsWaitingAreOneBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := newGroup(time.Millisecond, 1)
+		g := newGroup(time.Millisecond)
 		var wg sync.WaitGroup
 		results := make([]int, 10)
 		for i := range results {
@@ -70,11 +71,59 @@ func TestCallsWaitingAreOneBatch(t *testing.T) {
 	})
 }
 
+// A line decides one batch at a time, however its calls arrive: a batch
+// that counted what another of its line wrote and then takes back would
+// deny calls on weight never admitted. Other lines run beside it.
+func TestOneBatchOfALineAtATime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var running, most, lines atomic.Int64
+		g := NewGroup[int, int, int](nil)
+		run := func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+			most.Store(max(most.Load(), running.Add(1)))
+			time.Sleep(time.Millisecond)
+			running.Add(-1)
+			for _, c := range calls {
+				g.Answer(c, c.Req)
+			}
+			return nil
+		}
+		other := func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+			lines.Add(1)
+			for _, c := range calls {
+				g.Answer(c, c.Req)
+			}
+			return nil
+		}
+		var wg sync.WaitGroup
+		for i := range 100 {
+			wg.Go(func() {
+				time.Sleep(time.Duration(i%7) * 300 * time.Microsecond)
+				if _, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: i}, run); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Go(func() {
+			time.Sleep(500 * time.Microsecond) // while a batch of "k" runs
+			if _, err := g.Do("other", &Call[int, int]{Ctx: context.Background(), Req: 1}, other); err != nil {
+				t.Error(err)
+			}
+			if running.Load() == 0 {
+				t.Error("the other line waited for the batch of k")
+			}
+		})
+		wg.Wait()
+		if most.Load() != 1 || lines.Load() != 1 {
+			t.Errorf("up to %d batches of one line ran at once, want 1; the other line ran %d batches, want 1", most.Load(), lines.Load())
+		}
+	})
+}
+
 // A caller whose context ends returns at once with its context's error,
 // and its call is recorded nowhere: Answer reports that no one waits.
 func TestAbandonedCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := NewGroup[int, int, int](1, nil)
+		g := NewGroup[int, int, int](nil)
 		settled := make(chan bool, 1)
 		run := func(ctx context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
 			time.Sleep(time.Second)
@@ -98,7 +147,7 @@ func TestAbandonedCall(t *testing.T) {
 func TestFail(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		boom := errors.New("boom")
-		g := NewGroup[int, int, int](1, nil)
+		g := NewGroup[int, int, int](nil)
 		run := func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
 			if calls[0].Req == 1 {
 				g.Fail(calls, boom)
