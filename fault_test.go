@@ -119,8 +119,8 @@ const (
 	stormProcesses  = 4
 	stormGoroutines = 24
 	stormShare      = 5                      // the healthy caller keeps at least 1/stormShare of its rate
-	stormSlices     = 5                      // control and storm alternate this many times
-	stormSlice      = 500 * time.Millisecond // each for this long
+	stormSlices     = 8                      // control and storm alternate this many times
+	stormSlice      = 400 * time.Millisecond // each for this long
 	stormRecovery   = 300 * time.Millisecond // admitted again this soon after the storm
 )
 
@@ -170,14 +170,16 @@ func testStorm(t *testing.T, s Strategy, srv *redisProc) {
 	}
 	// Undisturbed is the control: on this 2-core machine, under -race, the
 	// storm's 96 goroutines take the CPU whatever the lock does (the
-	// healthy caller falls to a third or less of its rate alone with the
+	// healthy caller falls to a fifth or less of its rate alone with the
 	// storm on another resource); what the lock must not add is more.
-	// Compared slice by slice, by the median: a slice in which the machine
-	// stalled (a scheduler lag of 100 ms and more, with another job beside
-	// the tests) weighs no more than the others, while a lock left held
-	// until its TTL would starve the caller in every slice.
-	if ratio := during.medianRatio(&beside); ratio < 1.0/stormShare {
-		t.Errorf("during the storm the healthy caller was admitted %.0f/s, in the median slice %.2f of its rate beside the same storm on another resource (%.0f/s), less than 1/%d (%.0f/s alone)",
+	// Compared over all the slices of each side: one caller's rate in one
+	// slice swings tenfold with the scheduler (22 to 733 calls in 500 ms
+	// slices of one run), so a slice's ratio to its neighbour is noise
+	// (from 0.09 to 8.7 in that run, the median 0.14), while a lock left
+	// held until its TTL would starve the caller in every slice, and so
+	// in their sum.
+	if ratio := during.rate() / max(beside.rate(), 1e-9); ratio < 1.0/stormShare {
+		t.Errorf("during the storm the healthy caller was admitted %.0f/s, %.2f of its rate beside the same storm on another resource (%.0f/s), less than 1/%d (%.0f/s alone)",
 			during.rate(), ratio, beside.rate(), stormShare, alone.rate())
 	}
 	if !ok || recovery > stormRecovery {
@@ -889,17 +891,6 @@ func (r *rates) rate() float64 {
 		return 0
 	}
 	return float64(admitted) / elapsed.Seconds()
-}
-
-// medianRatio is the median, over the slices, of r's rate in a slice to
-// control's in the same slice.
-func (r *rates) medianRatio(control *rates) float64 {
-	ratios := make([]float64, len(r.runs))
-	for i, s := range r.runs {
-		ratios[i] = s.rate() / max(control.runs[i].rate(), 1e-9)
-	}
-	slices.Sort(ratios)
-	return ratios[len(ratios)/2]
 }
 
 func (r *rates) String() string {
