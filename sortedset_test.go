@@ -213,18 +213,13 @@ func TestSortedSetRulesOfOneWindow(t *testing.T) {
 
 // lateThenHeld makes the first MULTI/EXEC its client sends once armed run
 // late (it sleeps d, under clock.Jump, after the calls were stamped), and
-// holds the next one, which scores the late calls again, until release is
-// closed.
+// holds the next one, which scores the late calls again: entered is
+// closed once it is held, until release is closed.
 type lateThenHeld struct {
-	d       time.Duration
-	armed   atomic.Bool
-	seen    atomic.Int32
-	entered chan struct{} // closed once the second transaction is held
-	release chan struct{}
+	stallOnce
+	seen atomic.Int32
 }
 
-func (h *lateThenHeld) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *lateThenHeld) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (h *lateThenHeld) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if len(cmds) > 0 && cmds[0].Name() == "multi" && h.armed.Load() {
@@ -251,7 +246,7 @@ func TestSortedSetFlushBeforeLateRescoring(t *testing.T) {
 	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
 		e.needsRedis(t, "the re-scoring is a Redis transaction")
 		for _, rule := range []Rule{{PerClient: true, Limit: Per(3, time.Minute)}, {Limit: Per(3, time.Minute)}} {
-			hold := &lateThenHeld{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}
+			hold := &lateThenHeld{stallOnce: stallOnce{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}}
 			e.addHook(hold)
 			late, flusher := e.bucket(t, ruleOption(rule)), e.bucket(t, ruleOption(rule))
 			resource := "r" + strconv.FormatBool(rule.PerClient)
