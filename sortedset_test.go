@@ -3,6 +3,7 @@ package leakybucket
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -156,6 +157,123 @@ func TestSortedSetDeniedBesideAWriteNotTakenBack(t *testing.T) {
 		}
 		if res, err = allowBounded(caller, time.Second, "r", "c", 2); err != nil || res.Allowed || res.RetryAfter != 51*time.Second || res.Rules[0].Used != 3 {
 			t.Errorf("once the take-back landed: %+v, %v; want denied, 3 counted, RetryAfter 51s", res, err)
+		}
+	})
+}
+
+// Two rules of one scope and window count the same calls, whatever set
+// holds them: the tighter decides, each reports its own room from the same
+// count, and a Flush empties both. Per-resource, a second client's calls
+// count under both too.
+func TestSortedSetRulesOfOneWindow(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+		for _, perClient := range []bool{true, false} {
+			tight := Rule{PerClient: perClient, Limit: Per(3, time.Minute)}
+			b := e.bucket(t, ruleOption(Rule{PerClient: perClient, Limit: Per(5, time.Minute)}), ruleOption(tight))
+			resource := "r" + strconv.FormatBool(perClient)
+			checkSameWindow := func(res Result, used int) {
+				t.Helper()
+				for i, limit := range []int{5, 3} {
+					if got := res.Rules[i].Used; got != used {
+						t.Errorf("rule %d (limit %d) counts %d, want %d: %+v", i, limit, got, used, res)
+					}
+					if got := res.Rules[i].Remaining; got != max(limit-used, 0) {
+						t.Errorf("rule %d (limit %d) has %d left, want %d: %+v", i, limit, got, max(limit-used, 0), res)
+					}
+				}
+			}
+			for i := range 3 {
+				res, err := b.Allow(context.Background(), resource, "c")
+				if err != nil || !res.Allowed {
+					t.Fatalf("call %d: %+v, %v; want admitted", i+1, res, err)
+				}
+				checkSameWindow(res, i+1)
+			}
+			res, err := b.Allow(context.Background(), resource, "c")
+			if err != nil || res.Allowed || len(res.DeniedBy) != 1 || res.DeniedBy[0] != tight {
+				t.Fatalf("the 4th call: %+v, %v; want denied by the tighter rule alone", res, err)
+			}
+			checkSameWindow(res, 3)
+			if !perClient {
+				if res, err := b.Allow(context.Background(), resource, "d"); err != nil || res.Allowed {
+					t.Fatalf("another client of the full resource: %+v, %v; want denied", res, err)
+				}
+			}
+			if err := b.Flush(context.Background(), resource, "c"); err != nil {
+				t.Fatal(err)
+			}
+			res, err = b.Allow(context.Background(), resource, "c")
+			if err != nil || !res.Allowed {
+				t.Fatalf("after the Flush: %+v, %v; want admitted", res, err)
+			}
+			checkSameWindow(res, 1)
+		}
+	})
+}
+
+// lateThenHeld makes the first MULTI/EXEC its client sends once armed run
+// late (it sleeps d, under clock.Jump, after the calls were stamped), and
+// holds the next one, which scores the late calls again: entered is
+// closed once it is held, until release is closed.
+type lateThenHeld struct {
+	stallOnce
+	seen atomic.Int32
+}
+
+func (h *lateThenHeld) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "multi" && h.armed.Load() {
+			switch h.seen.Add(1) {
+			case 1:
+				time.Sleep(h.d)
+			case 2:
+				h.armed.Store(false)
+				close(h.entered)
+				<-h.release
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The adversary of the late re-scoring: a decision Redis ran well after
+// its stamp (a stalled process) has its admitted call scored again with
+// the transaction's time, by a transaction of its own. A Flush of the
+// client that lands between the two removed the call: the re-scoring must
+// not put it back, or the client would be counted a call it was flushed
+// of until its window ends.
+func TestSortedSetFlushBeforeLateRescoring(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the re-scoring is a Redis transaction")
+		for _, rule := range []Rule{{PerClient: true, Limit: Per(3, time.Minute)}, {Limit: Per(3, time.Minute)}} {
+			hold := &lateThenHeld{stallOnce: stallOnce{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}}
+			e.addHook(hold)
+			late, flusher := e.bucket(t, ruleOption(rule)), e.bucket(t, ruleOption(rule))
+			resource := "r" + strconv.FormatBool(rule.PerClient)
+			if _, err := late.Peek(context.Background(), resource, "z"); err != nil { // the first estimate of Redis's clock
+				t.Fatal(err)
+			}
+			hold.armed.Store(true)
+			answer := make(chan outcome, 1)
+			go func() {
+				res, err := allowBounded(late, time.Minute, resource, "c", 1)
+				answer <- outcome{res, err}
+			}()
+			select {
+			case <-hold.entered:
+			case o := <-answer:
+				t.Fatalf("a decision that ran %v after its stamp was answered (%+v, %v) without scoring its call again", hold.d, o.res, o.err)
+			}
+			if err := flusher.Flush(context.Background(), resource, "c"); err != nil {
+				t.Fatal(err)
+			}
+			close(hold.release)
+			if o := <-answer; o.err != nil || !o.res.Allowed {
+				t.Fatalf("the late call: %+v, %v; want admitted", o.res, o.err)
+			}
+			if used := usedNow(t, flusher, resource, "c", 0); used != 0 {
+				t.Errorf("%v: after a Flush that landed before the re-scoring, the rule counts %d, want 0", rule, used)
+			}
 		}
 	})
 }
