@@ -75,7 +75,11 @@ func TestBadInput(t *testing.T) {
 func TestExpiryAndExtend(t *testing.T) {
 	forEach(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
-		const ttl = 300 * time.Millisecond
+		// Extended every tenth of its ttl, kept outlives a stall of the
+		// test process of most of a ttl (the miniredis and real-Redis
+		// envs run on the real clock, beside other work); dead expires
+		// as the loop runs past its ttl.
+		const ttl, every, extensions = 500 * time.Millisecond, 50 * time.Millisecond, 12
 		l := e.limiter(t, PerResource(1), WithTTL(ttl))
 		dead, _, err := l.TryAcquire(ctx, "r", "dead")
 		if err != nil || dead == nil {
@@ -88,8 +92,8 @@ func TestExpiryAndExtend(t *testing.T) {
 		if _, ok, _ := l.TryAcquire(ctx, "r", "x"); ok {
 			t.Fatal("admitted while held")
 		}
-		for range 9 {
-			time.Sleep(ttl / 3)
+		for range extensions {
+			time.Sleep(every)
 			if err := kept.Extend(ctx, ttl); err != nil {
 				t.Fatalf("Extend: %v", err)
 			}
@@ -109,7 +113,8 @@ func TestExpiryAndExtend(t *testing.T) {
 		if _, ok, _ := l.TryAcquire(ctx, "r", "y"); ok {
 			t.Fatal("an expired lease's release freed x's room")
 		}
-		// kept, extended every ttl/3 for 3 ttls, still holds.
+		// kept, extended every tenth of a ttl for more than a ttl, still
+		// holds.
 		if _, ok, _ := l.TryAcquire(ctx, "other", "y"); ok {
 			t.Fatal("an extended lease lost its room")
 		}
