@@ -74,7 +74,9 @@ func TestHolderKilled(t *testing.T) {
 				if le, _, err = l.TryAcquire(ctx, "r", "parent"); err != nil {
 					t.Fatal(err)
 				}
-				if time.Since(killed) > ttl+100*time.Millisecond {
+				// Late only if the room is still taken: a test process that
+				// itself did not run for a while finds it free, late.
+				if le == nil && time.Since(killed) > ttl+100*time.Millisecond {
 					t.Fatalf("the dead holder still counts %v after its death (ttl %v)", time.Since(killed), ttl)
 				}
 				time.Sleep(5 * time.Millisecond)
