@@ -157,7 +157,7 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 		return nil, attemptResult{}, st.settle(ctx, err)
 	}
 	if tk != nil && tk.arrival == 0 {
-		tk.arrival = at
+		tk.arrival = r.arrivals.next(at)
 	}
 	a := r.newAttempt(st, le, tk, write, at)
 	sent := time.Now()

@@ -179,3 +179,30 @@ func TestAcquireWaitsInOrder(t *testing.T) {
 		_ = le.Release(ctx)
 	})
 }
+
+// Waiters of one process keep their order however their stamps fall: in
+// one millisecond, across a correction of the clock's estimate back, or
+// past a thousand in one millisecond; and a later millisecond starts its
+// own scores, on every process's scale.
+func TestArrivalsKeepTheirOrder(t *testing.T) {
+	var a arrivals
+	const ms = int64(1_764_331_234_567) // today's Redis time, 41 bits
+	var last float64
+	for i, at := range []int64{ms, ms, ms, ms - 3, ms, ms + 1} {
+		s := a.next(at)
+		if s <= last || s < float64(at) {
+			t.Fatalf("arrival %d stamped %d scored %v after %v: want more than the one before and at least its stamp", i, at, s, last)
+		}
+		last = s
+	}
+	for range 2000 {
+		if s := a.next(ms + 1); s <= last {
+			t.Fatalf("in one millisecond, %v after %v", s, last)
+		} else {
+			last = s
+		}
+	}
+	if s := a.next(ms + 10); s != float64(ms+10) {
+		t.Fatalf("a later millisecond scored %v, want %d", s, ms+10)
+	}
+}
