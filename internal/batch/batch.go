@@ -84,7 +84,6 @@ type Line[Q, R, S any] struct {
 
 	group   *Group[Q, R, S]
 	calls   []*Call[Q, R] // waiting, in arrival order
-	running bool          // its worker is
 	lastErr error         // the error of the latest batch, nil if it succeeded
 }
 
@@ -171,14 +170,15 @@ func (q *Group[Q, R, S]) Do(key string, c *Call[Q, R], run Run[Q, R, S]) (R, err
 	}
 	c.done = make(chan struct{})
 	q.mu.Lock()
+	// A line is in lines exactly while its worker runs: a new line
+	// starts one.
 	l := q.lines[key]
-	if l == nil {
+	start := l == nil
+	if start {
 		l = q.newLine()
 		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
-	start := !l.running
-	l.running = true
 	q.mu.Unlock()
 	if start {
 		go q.work(key, l, run)
@@ -338,7 +338,6 @@ func (q *Group[Q, R, S]) next(key string, l *Line[Q, R, S]) (*batch[Q, R], conte
 	}
 	l.calls = rest
 	if len(calls) == 0 {
-		l.running = false
 		delete(q.lines, key)
 		return nil, nil
 	}
