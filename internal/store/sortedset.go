@@ -561,6 +561,13 @@ func (s sortedSetStore) Peek(ctx context.Context, where Site, client string, n i
 			c.Newest = int64(latest[0].Score)
 		}
 		v.Counts[r] = c
+		// Another process's call, or a call scored again with its
+		// transaction's TIME, may be newer than this estimate, which
+		// lags Redis's time by up to its error; Redis had reached that
+		// call's time when it was read. The durations are counted from
+		// it then, as a decision's are from its transaction's TIME, so
+		// that none exceeds its window; the counts stand at the estimate.
+		v.Now = max(v.Now, c.Newest)
 	}
 	return v, nil
 }
