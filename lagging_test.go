@@ -46,6 +46,12 @@ func TestDurationsFromALaggingEstimate(t *testing.T) {
 			if d := overWindow(res, time.Second); d != "" {
 				t.Errorf("%s = %+v: %s", c.name, res, d)
 			}
+			// An admitted call is the newest: it is counted for a window
+			// from its transaction's time, or from a stamp at most 1ms
+			// before it (a later stamp is counted again from that time).
+			if res.Allowed && res.ResetAfter < time.Second-ms {
+				t.Errorf("%s = %+v: ResetAfter %v, want the window less at most 1ms", c.name, res, res.ResetAfter)
+			}
 		}
 	})
 }

@@ -368,9 +368,13 @@ func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 	// The calls were scored with the estimate of Redis's time, off by at
 	// most its error: the Results count them from Redis's own time when it
 	// is earlier, so that a stopped clock (a test's) gives the same Results
-	// every run.
+	// every run; and from the transaction's TIME when they are scored
+	// again with it (see maxEarly), as Redis will then hold them.
 	stamp := min(b.now, now)
 	restamp := now-b.now > maxEarly
+	if restamp {
+		stamp = now
+	}
 	for i := range b.calls {
 		v := b.view(i, now, stamp)
 		recorded := evaluate(i, v)
