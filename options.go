@@ -74,7 +74,10 @@ func WithStrategy(s Strategy) Option {
 //
 // SortedSet then keeps only the newest Requests attempts of each rule,
 // which decide exactly as all of them would (the window is full as long
-// as they are in it), so its Used stops at Requests plus the call.
+// as they are in it), so its Used stops at Requests plus the call. An
+// attempt that made room for itself so is never taken back: a call whose
+// caller gave up once it was written, or whose transaction's reply was
+// lost, stays counted, as the calls it displaced would have been.
 func WithRecordDenied() Option {
 	return func(c *config) { c.recordDenied = true }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -276,4 +277,63 @@ func TestSortedSetFlushBeforeLateRescoring(t *testing.T) {
 			}
 		}
 	})
+}
+
+// WithRecordDenied, a call written to a full set makes the cap drop the
+// oldest member: a call admitted in the window. Taking the call back
+// afterwards (its caller gone by the time it is decided) would leave the
+// set one short of what was admitted, and the next call admitted past the
+// limit. The call stays counted instead, as an attempt that reached
+// Redis.
+func TestSortedSetCappedCallOfAGoneCallerStaysCounted(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "a hook ends the caller's context after the transaction")
+		hook := &cancelAfterExec{}
+		e.addHook(hook)
+		b := e.bucket(t, PerClient(Per(3, time.Minute)), WithRecordDenied())
+		for range 3 {
+			mustAdmit(t, b, "r", "c", 1)
+			time.Sleep(time.Second)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		hook.arm(cancel)
+		if res, err := b.Allow(ctx, "r", "c"); err == nil && res.Allowed {
+			t.Fatalf("the gone caller's call on a full window: %+v, admitted", res)
+		}
+		time.Sleep(time.Second)
+		if res, err := b.Allow(context.Background(), "r", "c"); err != nil || res.Allowed {
+			t.Errorf("a call within the minute of 3 admitted: %+v, %v; want denied", res, err)
+		}
+	})
+}
+
+// cancelAfterExec ends a caller's context once the next MULTI/EXEC has
+// run: the caller is gone when its call is decided.
+type cancelAfterExec struct {
+	mu     sync.Mutex
+	cancel context.CancelFunc
+}
+
+func (h *cancelAfterExec) arm(cancel context.CancelFunc) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.cancel = cancel
+}
+
+func (h *cancelAfterExec) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *cancelAfterExec) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *cancelAfterExec) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if len(cmds) > 0 && cmds[0].Name() == "multi" {
+			h.mu.Lock()
+			cancel := h.cancel
+			h.cancel = nil
+			h.mu.Unlock()
+			if cancel != nil {
+				cancel()
+			}
+		}
+		return err
+	}
 }

@@ -470,14 +470,23 @@ func (b *zBatch) mirrorWrites(t *txn.Txn, i int, recorded bool, stamp int64, due
 		if recorded || b.RecordDenied {
 			w.set.add(len(w.members), evicted, stamp)
 		}
-		if !recorded {
+		// A write the cap made room for dropped calls counted in the
+		// window: taken back, it would leave the set short of them.
+		if !recorded && evicted == 0 {
 			due.undo = due.note(due.undo, []*zWrite{w})
 		}
 	}
 }
 
-// takeAll queues the removal of every call's members.
+// takeAll queues the removal of every call's members; WithRecordDenied,
+// of none: the cap may have dropped, to make room for them, calls counted
+// in the window, and what was dropped is not known (the reply may be
+// lost). They stay counted, as attempts that reached Redis: later calls
+// are denied sooner, never admitted past a limit.
 func (b *zBatch) takeAll(_, back *txn.Txn) {
+	if b.RecordDenied {
+		return
+	}
 	for i := range b.calls {
 		for _, w := range b.writes[i] {
 			if len(w.members) == 0 {
