@@ -479,22 +479,25 @@ func (b *zBatch) mirrorWrites(t *txn.Txn, i int, recorded bool, stamp int64, due
 }
 
 // takeAll queues the removal of every call's members; WithRecordDenied,
-// of none: the cap may have dropped, to make room for them, calls counted
-// in the window, and what was dropped is not known (the reply may be
-// lost). They stay counted, as attempts that reached Redis: later calls
-// are denied sooner, never admitted past a limit.
-func (b *zBatch) takeAll(_, back *txn.Txn) {
-	if b.RecordDenied {
-		return
-	}
+// only of those the cap dropped nothing for, as t's replies show: a write
+// it made room for stays counted, as an attempt that reached Redis, in
+// the stead of the call it dropped (and all do when the replies were
+// lost). Later calls are denied sooner, never admitted past a limit.
+func (b *zBatch) takeAll(t, back *txn.Txn) {
 	for i := range b.calls {
 		for _, w := range b.writes[i] {
-			if len(w.members) == 0 {
+			if len(w.members) == 0 || b.RecordDenied && !droppedNone(t, w) {
 				continue
 			}
 			back.Add(append([]any{"zrem", w.set.key}, w.members...)...)
 		}
 	}
+}
+
+// droppedNone reports whether t's replies show that the cap dropped no
+// member to make room for w.
+func droppedNone(t *txn.Txn, w *zWrite) bool {
+	return t.Replies != nil && w.evicted >= 0 && txn.ReplyInt(t.Replies[w.evicted]) == 0
 }
 
 func (b *zBatch) idempotent() bool { return true }
