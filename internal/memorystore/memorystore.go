@@ -83,7 +83,11 @@ type shard struct {
 	oldest *scope
 	newest *scope
 	counts []limits.Count // scratch for a view, under mu
-	_      [64]byte
+	// found are the scopes of the call's counts, by l.counts, as the view
+	// found them (nil: none yet): the call is recorded in them without a
+	// second lookup. Scratch, under mu.
+	found []*scope
+	_     [64]byte
 }
 
 // scopeKey names a scope: the resource's (client ""), or a client's; and
@@ -128,6 +132,7 @@ func New(cfg Config) *Counts {
 	for i := range l.shards {
 		l.shards[i].scopes = map[scopeKey]*scope{}
 		l.shards[i].counts = make([]limits.Count, len(cfg.Rules))
+		l.shards[i].found = make([]*scope, len(l.counts))
 	}
 	return l
 }
@@ -194,8 +199,8 @@ func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.Vie
 	if !evaluate(v) {
 		return
 	}
-	for _, c := range l.counts {
-		sh.record(l, c, resource, client, n, now)
+	for i, c := range l.counts {
+		sh.record(l, i, c, resource, client, n, now)
 	}
 }
 
@@ -238,13 +243,16 @@ func (l *Counts) readable(rule limits.Rule, c limits.Count, n int) int {
 }
 
 // view is what each rule counts for a call by client now, in sh's scratch
-// counts.
+// counts; it notes the scopes of the call's counts in sh.found, one map
+// lookup each.
 func (sh *shard) view(l *Counts, resource, client string, now int64) limits.View {
+	for i, c := range l.counts {
+		sh.found[i] = sh.scopes[c.key(resource, client)]
+	}
 	v := limits.View{Now: now, Counts: sh.counts}
 	for i, rule := range l.rules {
-		c := l.counts[l.reads[i]]
-		v.Counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.longest)
-		v.Counts[i].Stamp = l.stamp(c, now)
+		v.Counts[i] = sh.found[l.reads[i]].count(rule, now, l.longest)
+		v.Counts[i].Stamp = l.stamp(l.counts[l.reads[i]], now)
 	}
 	return v
 }
@@ -259,15 +267,14 @@ func (l *Counts) stamp(c countSpec, now int64) int64 {
 	return now
 }
 
-// record adds a call of weight n by client at now to count c, made if need
-// be, and moves its scope to the newest end of the list.
-func (sh *shard) record(l *Counts, c countSpec, resource, client string, n int, now int64) {
+// record adds a call of weight n by client at now to count c, the i-th,
+// in the scope the view found (sh.found), made if need be, and moves the
+// scope to the newest end of the list.
+func (sh *shard) record(l *Counts, i int, c countSpec, resource, client string, n int, now int64) {
 	key := c.key(resource, client)
-	s := sh.scopes[key]
+	s := sh.found[i]
 	if s == nil {
-		s = &scope{key: key}
-		sh.scopes[key] = s
-		sh.peak = max(sh.peak, len(sh.scopes))
+		s = sh.make(key)
 	} else {
 		sh.unlink(s)
 	}
@@ -288,6 +295,20 @@ func (sh *shard) record(l *Counts, c countSpec, resource, client string, n int, 
 	s.trim(now, rule.Window)
 	s.add(e, false)
 	s.cap(rule.Requests)
+}
+
+// make returns the scope of key, out of the list: a new one, unless the
+// count of another spec made it since the view (a per-client count of
+// the client "" is the per-resource count).
+func (sh *shard) make(key scopeKey) *scope {
+	if s := sh.scopes[key]; s != nil {
+		sh.unlink(s)
+		return s
+	}
+	s := &scope{key: key}
+	sh.scopes[key] = s
+	sh.peak = max(sh.peak, len(sh.scopes))
+	return s
 }
 
 // sweepEvery is how many decisions make one sweep of another shard: the
