@@ -20,7 +20,13 @@ type scope struct {
 	entries []limits.Entry
 	cums    []int
 	base    int // the weight before entries[0]
-	head    int
+	// total is before(len(entries)), and newest entries' last At (if
+	// head < len(entries)): what a decision reads of its count's newest
+	// call, kept here beside oldest rather than in the calls' room, far
+	// from the head and likely out of cache.
+	total  int
+	newest int64
+	head   int
 	// oldest is entries[head].at, when head < len(entries): trim looks
 	// here, not at an entry far from the newest, most likely out of cache.
 	oldest  int64
@@ -103,7 +109,7 @@ func (s *scope) count(rule limits.Rule, now, longest int64) limits.Count {
 	if len(live) == 0 {
 		return limits.Count{}
 	}
-	if s.cums[len(s.cums)-1] == math.MaxInt {
+	if s.total == math.MaxInt {
 		return rule.CountOf(live, now) // capped: the differences would be wrong
 	}
 	from := 0
@@ -112,8 +118,8 @@ func (s *scope) count(rule limits.Rule, now, longest int64) limits.Count {
 	}
 	c := limits.Count{Oldest: live[from:]}
 	if len(c.Oldest) > 0 {
-		c.Used = s.cums[len(s.cums)-1] - s.before(s.head+from)
-		c.Newest = live[len(live)-1].At
+		c.Used = s.total - s.before(s.head+from)
+		c.Newest = s.newest
 	}
 	return c
 }
@@ -125,9 +131,10 @@ func (s *scope) count(rule limits.Rule, now, longest int64) limits.Count {
 // average.
 func (s *scope) add(e limits.Entry, merge bool) {
 	last := len(s.entries) - 1
-	if merge && last >= s.head && s.entries[last].At == e.At {
+	if merge && last >= s.head && s.newest == e.At {
 		s.entries[last].Weight = limits.AddCapped(s.entries[last].Weight, e.Weight)
-		s.cums[last] = limits.AddCapped(s.cums[last], e.Weight)
+		s.total = limits.AddCapped(s.total, e.Weight)
+		s.cums[last] = s.total
 		return
 	}
 	switch {
@@ -140,13 +147,14 @@ func (s *scope) add(e limits.Entry, merge bool) {
 	if s.head == len(s.entries) {
 		s.oldest = e.At // the only call
 	}
-	s.cums = append(s.cums, limits.AddCapped(s.before(len(s.entries)), e.Weight))
+	s.total, s.newest = limits.AddCapped(s.total, e.Weight), e.At
+	s.cums = append(s.cums, s.total)
 	s.entries = append(s.entries, e)
 }
 
 // cap drops the oldest units of weight past limit.
 func (s *scope) cap(limit int) {
-	over := s.cums[len(s.cums)-1] - s.before(s.head) - limit
+	over := s.total - s.before(s.head) - limit
 	for over > 0 && s.head < len(s.entries) {
 		e := &s.entries[s.head]
 		if e.Weight > over {
@@ -195,6 +203,10 @@ func (s *scope) takeShare(client string, mine *scope, merged bool) {
 	s.entries, s.cums = s.entries[:s.head+len(live)], s.cums[:s.head+len(live)]
 	for i := s.head; i < len(s.entries); i++ {
 		s.cums[i] = limits.AddCapped(s.before(i), s.entries[i].Weight)
+	}
+	s.total = s.before(len(s.entries))
+	if len(live) > 0 {
+		s.newest = live[len(live)-1].At
 	}
 	s.dropped()
 }
