@@ -85,9 +85,14 @@ type shard struct {
 	counts []limits.Count // scratch for a view, under mu
 	// found are the scopes of the call's counts, by l.counts, as the view
 	// found them (nil: none yet): the call is recorded in them without a
-	// second lookup. Scratch, under mu.
+	// second lookup; and from, by rule, where in its scope's live calls
+	// each rule's count starts. Scratch, under mu.
 	found []*scope
-	_     [64]byte
+	from  []int
+	// read is the room of the counts' Oldest, made for a denial (see
+	// readOldest). Scratch, under mu.
+	read []limits.Entry
+	_    [64]byte
 }
 
 // scopeKey names a scope: the resource's (client ""), or a client's; and
@@ -133,6 +138,7 @@ func New(cfg Config) *Counts {
 		l.shards[i].scopes = map[scopeKey]*scope{}
 		l.shards[i].counts = make([]limits.Count, len(cfg.Rules))
 		l.shards[i].found = make([]*scope, len(l.counts))
+		l.shards[i].from = make([]int, len(cfg.Rules))
 	}
 	return l
 }
@@ -186,8 +192,10 @@ func (l *Counts) shardOf(resource, client string) *shard {
 // Decide decides a call of weight n by client to resource: evaluate gets
 // what each rule counts before the call, under the lock of the call's
 // shard, and the call is recorded in every count if evaluate says so. The
-// View is evaluate's only while it runs: its counts are reused, and point
-// into the calls that later calls change.
+// counts' Oldest are read only for a call some rule denies, the only
+// one whose Result reads them (RetryAfter): an admitted call copies no
+// call. The View is evaluate's only while it runs: its counts and their
+// Oldest are the shard's scratch, which later calls reuse.
 func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.View) bool) {
 	now := l.now()
 	l.sweepNext(now)
@@ -196,6 +204,9 @@ func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.Vie
 	defer sh.mu.Unlock()
 	sh.sweep(now, l.longest)
 	v := sh.view(l, resource, client, now)
+	if !fits(l.rules, v, n) {
+		sh.readOldest(l, v, n)
+	}
 	if !evaluate(v) {
 		return
 	}
@@ -206,7 +217,7 @@ func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.Vie
 
 // Peek returns what a call of weight n by client to resource would count
 // now. The caller evaluates the view after the lock is let go, while other
-// calls append to, merge, cap and rewrite the scopes' entries: so the view
+// calls append to, merge, cap and rewrite the scopes' calls: so the view
 // holds copies, of the counts (sh.counts is reused under mu) and of as
 // many of each count's oldest calls as a judge can read (see readable).
 func (l *Counts) Peek(resource, client string, n int) limits.View {
@@ -215,43 +226,77 @@ func (l *Counts) Peek(resource, client string, n int) limits.View {
 	defer sh.mu.Unlock()
 	v := sh.view(l, resource, client, l.now())
 	v.Counts = slices.Clone(v.Counts)
-	for i := range v.Counts {
-		c := &v.Counts[i]
-		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.rules[i], *c, n)])
+	for i, rule := range l.rules {
+		most := l.maxN
+		if n <= rule.Requests {
+			most = max(most, n)
+		}
+		counted := sh.found[l.reads[i]].counted(sh.from[i])
+		v.Counts[i].Oldest = entries(nil, counted[:readable(rule, v.Counts[i], most, counted)])
 	}
 	return v
 }
 
-// readable is how many of c's oldest calls UntilRoom can read for a call of
-// weight up to maxN (the most a Bucket admits), or n if heavier and still
-// within the rule's Requests (a call no wait admits, judged all the same),
-// counted too if it is denied and recorded: those whose weight brings c's
-// count, with the call's, down to room for it. Not the whole window, which
-// may hold a million calls of a rule with room to spare. Every call of
-// c.Oldest counts (count and CountOf search past the others).
-func (l *Counts) readable(rule limits.Rule, c limits.Count, n int) int {
-	most := l.maxN
-	if n <= rule.Requests {
-		most = max(most, n)
+// fits reports whether a call of weight n has room under every rule: then
+// no Result reads the counts' Oldest.
+func fits(rules []limits.Rule, v limits.View, n int) bool {
+	for i, rule := range rules {
+		if !rule.HasRoom(v.Counts[i].Used, n) {
+			return false
+		}
 	}
+	return true
+}
+
+// readOldest sets the Oldest of v's counts, in sh's scratch, for a call of
+// weight n that some rule denies: as many of each count's oldest calls as
+// its Result reads (see readable). The scratch is let go of after a
+// denial that read more than oldestRoom calls, so that a shard does not
+// keep the room of its longest read.
+func (sh *shard) readOldest(l *Counts, v limits.View, n int) {
+	if cap(sh.read) > oldestRoom {
+		sh.read = nil
+	}
+	sh.read = sh.read[:0]
+	for i, rule := range l.rules {
+		counted := sh.found[l.reads[i]].counted(sh.from[i])
+		start := len(sh.read)
+		sh.read = entries(sh.read, counted[:readable(rule, v.Counts[i], n, counted)])
+		v.Counts[i].Oldest = sh.read[start:len(sh.read):len(sh.read)]
+	}
+}
+
+// oldestRoom is the most calls a shard's scratch for Oldest (shard.read)
+// keeps the room of from one denial to the next.
+const oldestRoom = 1024
+
+// readable is how many of c's oldest calls (counted, oldest first)
+// UntilRoom can read for a call of weight up to most, counted too if it
+// is denied and recorded: those whose weight brings c's count, with the
+// call's, down to room for it. Not the whole window, which may hold a
+// million calls of a rule with room to spare. Peek asks for the heaviest
+// call a Bucket admits (or a heavier one it judges all the same), a
+// denial for its own.
+func readable(rule limits.Rule, c limits.Count, most int, counted []call) int {
 	over := limits.AddCapped(limits.AddCapped(c.Used, most), most) - rule.Requests
 	i := 0
-	for left := 0; i < len(c.Oldest) && left < over; i++ {
-		left = limits.AddCapped(left, c.Oldest[i].Weight)
+	for left := 0; i < len(counted) && left < over; i++ {
+		left = limits.AddCapped(left, counted[i].weight)
 	}
 	return i
 }
 
 // view is what each rule counts for a call by client now, in sh's scratch
-// counts; it notes the scopes of the call's counts in sh.found, one map
-// lookup each.
+// counts, but their Oldest (see readOldest); it notes the scopes of the
+// call's counts in sh.found, one map lookup each, and where each rule's
+// count starts in sh.from.
 func (sh *shard) view(l *Counts, resource, client string, now int64) limits.View {
 	for i, c := range l.counts {
 		sh.found[i] = sh.scopes[c.key(resource, client)]
 	}
 	v := limits.View{Now: now, Counts: sh.counts}
 	for i, rule := range l.rules {
-		v.Counts[i] = sh.found[l.reads[i]].count(rule, now, l.longest)
+		v.Counts[i], sh.from[i] = sh.found[l.reads[i]].count(rule, now, l.longest)
 		v.Counts[i].Stamp = l.stamp(l.counts[l.reads[i]], now)
 	}
 	return v
@@ -271,19 +316,16 @@ func (l *Counts) stamp(c countSpec, now int64) int64 {
 // in the scope the view found (sh.found), made if need be, and moves the
 // scope to the newest end of the list.
 func (sh *shard) record(l *Counts, i int, c countSpec, resource, client string, n int, now int64) {
-	key := c.key(resource, client)
 	s := sh.found[i]
 	if s == nil {
-		s = sh.make(key)
+		s = sh.make(c.key(resource, client), l.merged)
 	} else {
 		sh.unlink(s)
 	}
 	s.written = now + l.reach // the scope is idle once its newest call left every window
 	sh.link(s)
-	e := limits.Entry{At: l.stamp(c, now), Weight: n}
-	if !l.merged && key.client == "" {
-		e.Client = client // a per-resource count keeps whose call it is, for Flush
-	}
+	// A named scope keeps the client, for Flush.
+	e := limits.Entry{At: l.stamp(c, now), Weight: n, Client: client}
 	if !l.capped {
 		s.trim(now, l.longest)
 		s.add(e, l.merged)
@@ -299,13 +341,14 @@ func (sh *shard) record(l *Counts, i int, c countSpec, resource, client string, 
 
 // make returns the scope of key, out of the list: a new one, unless the
 // count of another spec made it since the view (a per-client count of
-// the client "" is the per-resource count).
-func (sh *shard) make(key scopeKey) *scope {
+// the client "" is the per-resource count). A per-resource scope names
+// the client of each call, unless merged (see scope.clients).
+func (sh *shard) make(key scopeKey, merged bool) *scope {
 	if s := sh.scopes[key]; s != nil {
 		sh.unlink(s)
 		return s
 	}
-	s := &scope{key: key}
+	s := &scope{key: key, named: !merged && key.client == ""}
 	sh.scopes[key] = s
 	sh.peak = max(sh.peak, len(sh.scopes))
 	return s

@@ -78,11 +78,42 @@ func randomPeeks(t *testing.T, l *Counts, recordDenied bool, seed uint64) {
 			for r, rule := range l.rules {
 				allowed = allowed && rule.HasRoom(v.Counts[r].Used, n)
 			}
+			if !allowed {
+				compareDenial(t, l, i, client, v, n, recordDenied)
+			}
 			return allowed || recordDenied
 		})
 		comparePeek(t, l, i, client)
 		compareHeavyPeeks(t, l, i, client)
 	}
+}
+
+// compareDenial fails if the view Decide gives a denied call of weight n
+// by client answers otherwise than the whole counts, in how long until each rule
+// has room for it (counted itself if recorded): a denial reads only the
+// oldest calls its Result needs. It runs in evaluate, under the shard's
+// lock, where sh.found and sh.from are the view's.
+func compareDenial(t *testing.T, l *Counts, call int, client string, v limits.View, n int, recorded bool) {
+	t.Helper()
+	sh := l.shardOf("r", client)
+	for i, rule := range l.rules {
+		whole := v.Counts[i]
+		whole.Oldest = entries(nil, sh.found[l.reads[i]].counted(sh.from[i]))
+		if g, w := untilRoom(rule, v.Now, v.Counts[i], n, recorded), untilRoom(rule, v.Now, whole, n, recorded); g != w {
+			t.Fatalf("call %d, rule %d, weight %d, recorded %v: room in %d ms from the denial's view, in %d ms from the whole count",
+				call, i, n, recorded, g, w)
+		}
+	}
+}
+
+// wholeView is the view of a call by client, with every call each count
+// holds in its Oldest: what Peek and a denial read a part of.
+func wholeView(l *Counts, sh *shard, client string, now int64) limits.View {
+	v := sh.view(l, "r", client, now)
+	for i := range l.rules {
+		v.Counts[i].Oldest = entries(nil, sh.found[l.reads[i]].counted(sh.from[i]))
+	}
+	return v
 }
 
 // comparePeek fails if Peek's copy answers otherwise than the scopes
@@ -96,7 +127,7 @@ func comparePeek(t *testing.T, l *Counts, call int, client string) {
 	sh := l.shardOf("r", client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	live := sh.view(l, "r", client, l.now())
+	live := wholeView(l, sh, client, l.now())
 	if copied.Now != live.Now {
 		t.Fatalf("after call %d: peek's copy at %d, the scopes at %d", call, copied.Now, live.Now)
 	}
@@ -131,7 +162,7 @@ func compareHeavyPeeks(t *testing.T, l *Counts, call int, client string) {
 		copied := l.Peek("r", client, n)
 		sh := l.shardOf("r", client)
 		sh.mu.Lock()
-		live := sh.view(l, "r", client, copied.Now)
+		live := wholeView(l, sh, client, copied.Now)
 		for i, rule := range l.rules {
 			if n > rule.Requests {
 				continue
