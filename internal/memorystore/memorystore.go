@@ -6,8 +6,9 @@
 // call by its counts, and the errors a Bucket returns, are the caller's.
 //
 // The scopes are spread over shards, one lock each. A scope no rule
-// counts any more is freed by a later call, and the room of a shard's map
-// or of a scope's calls is given back once they hold a quarter of it: no
+// counts any more is freed by a later call, within two windows of its
+// newest call (see shard.sweep), and the room of a shard's map or of a
+// scope's calls is given back once they hold a quarter of it: no
 // goroutine runs in the background.
 package memorystore
 
@@ -73,9 +74,9 @@ type Counts struct {
 	shards [shardCount]shard
 }
 
-// shard is one lock's share of the scopes. Its scopes are also in a list
-// by their last write, oldest first, so that the idle ones are found
-// without a walk of the map.
+// shard is one lock's share of the scopes. Its scopes are also in a list,
+// by when they were listed (scope.listed), oldest first, so that the idle
+// ones are found without a walk of the map.
 type shard struct {
 	mu     sync.Mutex
 	scopes map[scopeKey]*scope
@@ -313,17 +314,14 @@ func (l *Counts) stamp(c countSpec, now int64) int64 {
 }
 
 // record adds a call of weight n by client at now to count c, the i-th,
-// in the scope the view found (sh.found), made if need be, and moves the
-// scope to the newest end of the list.
+// in the scope the view found (sh.found), made if need be. The scope
+// stays where it is in the list: a sweep moves it (see sweep).
 func (sh *shard) record(l *Counts, i int, c countSpec, resource, client string, n int, now int64) {
 	s := sh.found[i]
 	if s == nil {
-		s = sh.make(c.key(resource, client), l.merged)
-	} else {
-		sh.unlink(s)
+		s = sh.make(c.key(resource, client), l.merged, now+l.reach)
 	}
 	s.written = now + l.reach // the scope is idle once its newest call left every window
-	sh.link(s)
 	// A named scope keeps the client, for Flush.
 	e := limits.Entry{At: l.stamp(c, now), Weight: n, Client: client}
 	if !l.capped {
@@ -339,18 +337,18 @@ func (sh *shard) record(l *Counts, i int, c countSpec, resource, client string, 
 	s.cap(rule.Requests)
 }
 
-// make returns the scope of key, out of the list: a new one, unless the
+// make returns the scope of key: a new one, listed at written, unless the
 // count of another spec made it since the view (a per-client count of
 // the client "" is the per-resource count). A per-resource scope names
 // the client of each call, unless merged (see scope.clients).
-func (sh *shard) make(key scopeKey, merged bool) *scope {
+func (sh *shard) make(key scopeKey, merged bool, written int64) *scope {
 	if s := sh.scopes[key]; s != nil {
-		sh.unlink(s)
 		return s
 	}
 	s := &scope{key: key, named: !merged && key.client == ""}
 	sh.scopes[key] = s
 	sh.peak = max(sh.peak, len(sh.scopes))
+	sh.list(s, written)
 	return s
 }
 
@@ -386,13 +384,36 @@ func (l *Counts) sweepNext(now int64) {
 // window, though no decision comes here any more.
 func (l *Counts) Sweep() { l.sweepNext(l.now()) }
 
-// sweep frees the scopes that no window counts any more at now.
+// sweep frees the scopes that no window counts any more at now. A call
+// does not move its scope in the list: a move writes to the scopes beside
+// it, lines of memory most likely out of cache with many keys in use. The
+// list is by when each scope was listed (made, or moved by a sweep), in
+// order; sweep looks at those listed a window ago or more, frees the ones
+// idle since, and lists the others again, at their newest call's stamp
+// (written) or the newest listed's. So a scope in use moves once a
+// window, not once a call; a scope called once is freed a window after
+// its call, as before, and one called for longer within two windows of
+// its newest call.
 func (sh *shard) sweep(now, longest int64) {
-	for s := sh.oldest; s != nil && s.written+longest <= now; s = sh.oldest {
+	for s := sh.oldest; s != nil && s.listed+longest <= now; s = sh.oldest {
 		sh.unlink(s)
+		if s.written+longest > now {
+			sh.list(s, s.written)
+			continue
+		}
 		delete(sh.scopes, s.key)
 	}
 	sh.shrink()
+}
+
+// list puts s at the newest end of the list, listed at written, or at the
+// newest's time if later, so that the list stays in order.
+func (sh *shard) list(s *scope, written int64) {
+	s.listed = written
+	if sh.newest != nil {
+		s.listed = max(written, sh.newest.listed)
+	}
+	sh.link(s)
 }
 
 // mapFloor is the peak under which a shard's map is kept however few

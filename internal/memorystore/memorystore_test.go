@@ -2,7 +2,9 @@ package memorystore
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -183,4 +185,63 @@ func untilRoom(rule limits.Rule, now int64, c limits.Count, n int, recorded bool
 		c.Used = limits.AddCapped(c.Used, n)
 	}
 	return rule.UntilRoom(c.Oldest, now, c.Used, n)
+}
+
+// A call does not move its scope in its shard's list; a sweep that finds
+// it still in use moves it, once a window: a scope called all along is
+// kept while a window counts its calls, and freed within two windows of
+// its newest call, and the list stays in order. Here "a" is called every
+// 100 ms for four windows beside a new client each time, then nobody
+// calls, and every shard is swept in turn (Sweep) as time passes.
+func TestSweepKeepsScopesInUse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := New(peekConfig([]limits.Rule{{PerClient: true, Requests: 1000, Window: 1000}}, false, nil))
+		admit := func(limits.View) bool { return true }
+		for i := range 40 {
+			l.Decide("r", "a", 1, admit)
+			l.Decide("r", fmt.Sprint("b", i), 1, admit)
+			checkLists(t, l)
+			time.Sleep(100 * time.Millisecond)
+		}
+		held := func() bool {
+			for range SweepCycle {
+				l.Sweep()
+			}
+			checkLists(t, l)
+			return slices.Contains(l.Keys(), "r a")
+		}
+		// a's newest call was 100 ms ago, and the b's older.
+		time.Sleep(899 * time.Millisecond)
+		if !held() {
+			t.Fatal("a's scope was freed while a window counts its newest call")
+		}
+		time.Sleep(1101 * time.Millisecond)
+		if held() {
+			t.Error("a's scope is held two windows after its newest call")
+		}
+		if keys := l.Keys(); len(keys) > 0 {
+			t.Errorf("scopes held two windows after every call: %v", keys)
+		}
+	})
+}
+
+// checkLists fails unless each shard's list holds its scopes, in the order
+// of when they were listed.
+func checkLists(t *testing.T, l *Counts) {
+	t.Helper()
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		n, last := 0, int64(math.MinInt64)
+		for s := sh.oldest; s != nil; s = s.next {
+			if s.listed < last {
+				t.Errorf("shard %d: %v listed at %d after one at %d", i, s.key, s.listed, last)
+			}
+			n, last = n+1, s.listed
+		}
+		if n != len(sh.scopes) {
+			t.Errorf("shard %d: %d scopes in the list, %d in the map", i, n, len(sh.scopes))
+		}
+		sh.mu.Unlock()
+	}
 }

@@ -45,6 +45,7 @@ type scope struct {
 	// not at a call far from the newest, most likely out of cache.
 	oldest  int64
 	written int64 // the stamp of the newest call, ms: see shard.sweep
+	listed  int64 // the time the scope is in its shard's list by: see shard.sweep
 
 	prev, next *scope // in the shard's list, by written
 }
