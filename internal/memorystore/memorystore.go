@@ -14,6 +14,7 @@ package memorystore
 
 import (
 	"hash/maphash"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -70,8 +71,11 @@ type Counts struct {
 	maxN   int
 	start  time.Time
 	seed   maphash.Seed
-	turns  atomic.Uint64 // decisions made: see sweepNext
-	shards [shardCount]shard
+	// noClient is the hash of the client "", whose scopes are per
+	// resource.
+	noClient uint64
+	turns    atomic.Uint64 // decisions made: see sweepNext
+	shards   [shardCount]shard
 }
 
 // shard is one lock's share of the scopes. Its scopes are also in a list,
@@ -79,7 +83,7 @@ type Counts struct {
 // ones are found without a walk of the map.
 type shard struct {
 	mu     sync.Mutex
-	scopes map[scopeKey]*scope
+	scopes scopeMap
 	peak   int // the most scopes held since the map was made: see shrink
 	oldest *scope
 	newest *scope
@@ -121,6 +125,34 @@ func (c countSpec) key(resource, client string) scopeKey {
 	return scopeKey{resource: resource, client: client, part: c.part}
 }
 
+// who is a call's resource and client, and the hash of each, made once a
+// call: its shard and the hashes of its scopes' keys are made of them.
+type who struct {
+	resource, client         string
+	resourceHash, clientHash uint64
+}
+
+// who hashes resource and client.
+func (l *Counts) who(resource, client string) who {
+	return who{resource: resource, client: client,
+		resourceHash: maphash.String(l.seed, resource), clientHash: maphash.String(l.seed, client)}
+}
+
+// keyOf returns the key of w's count c, and its hash.
+func (l *Counts) keyOf(c countSpec, w who) (scopeKey, uint64) {
+	clientHash := w.clientHash
+	if !c.perClient {
+		clientHash = l.noClient
+	}
+	return c.key(w.resource, w.client), mix(w.resourceHash, clientHash, c.part)
+}
+
+// mix is the hash of a key, or with part 0 of a shard, of the hashes of a
+// resource and a client.
+func mix(resourceHash, clientHash uint64, part int) uint64 {
+	return resourceHash ^ bits.RotateLeft64(clientHash, 31)*0x9e3779b97f4a7c15 ^ uint64(part)
+}
+
 // New returns empty counts of cfg's rules. The caller has checked the
 // rules: there is at least one.
 func New(cfg Config) *Counts {
@@ -134,9 +166,10 @@ func New(cfg Config) *Counts {
 			}
 		}
 	}
+	l.noClient = maphash.String(l.seed, "")
 	l.listCounts(cfg.HasClientRule)
 	for i := range l.shards {
-		l.shards[i].scopes = map[scopeKey]*scope{}
+		l.shards[i].scopes = scopeMap{}
 		l.shards[i].counts = make([]limits.Count, len(cfg.Rules))
 		l.shards[i].found = make([]*scope, len(l.counts))
 		l.shards[i].from = make([]int, len(cfg.Rules))
@@ -179,15 +212,12 @@ func (l *Counts) now() int64 {
 
 // shardOf returns the shard of a call's scopes: the resource's when a
 // rule is per-resource, so that one lock covers the call.
-func (l *Counts) shardOf(resource, client string) *shard {
-	var h maphash.Hash
-	h.SetSeed(l.seed)
-	h.WriteString(resource)
+func (l *Counts) shardOf(w who) *shard {
+	h := w.resourceHash
 	if l.clientScoped {
-		h.WriteByte(0)
-		h.WriteString(client)
+		h = mix(w.resourceHash, w.clientHash, 0)
 	}
-	return &l.shards[h.Sum64()%shardCount]
+	return &l.shards[h%shardCount]
 }
 
 // Decide decides a call of weight n by client to resource: evaluate gets
@@ -200,11 +230,12 @@ func (l *Counts) shardOf(resource, client string) *shard {
 func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.View) bool) {
 	now := l.now()
 	l.sweepNext(now)
-	sh := l.shardOf(resource, client)
+	w := l.who(resource, client)
+	sh := l.shardOf(w)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.sweep(now, l.longest)
-	v := sh.view(l, resource, client, now)
+	v := sh.view(l, w, now)
 	if !fits(l.rules, v, n) {
 		sh.readOldest(l, v, n)
 	}
@@ -212,7 +243,7 @@ func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.Vie
 		return
 	}
 	for i, c := range l.counts {
-		sh.record(l, i, c, resource, client, n, now)
+		sh.record(l, i, c, w, n, now)
 	}
 }
 
@@ -222,10 +253,11 @@ func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.Vie
 // holds copies, of the counts (sh.counts is reused under mu) and of as
 // many of each count's oldest calls as a judge can read (see readable).
 func (l *Counts) Peek(resource, client string, n int) limits.View {
-	sh := l.shardOf(resource, client)
+	w := l.who(resource, client)
+	sh := l.shardOf(w)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	v := sh.view(l, resource, client, l.now())
+	v := sh.view(l, w, l.now())
 	v.Counts = slices.Clone(v.Counts)
 	for i, rule := range l.rules {
 		most := l.maxN
@@ -291,9 +323,9 @@ func readable(rule limits.Rule, c limits.Count, most int, counted []call) int {
 // counts, but their Oldest (see readOldest); it notes the scopes of the
 // call's counts in sh.found, one map lookup each, and where each rule's
 // count starts in sh.from.
-func (sh *shard) view(l *Counts, resource, client string, now int64) limits.View {
+func (sh *shard) view(l *Counts, w who, now int64) limits.View {
 	for i, c := range l.counts {
-		sh.found[i] = sh.scopes[c.key(resource, client)]
+		sh.found[i] = sh.scopes.find(l.keyOf(c, w))
 	}
 	v := limits.View{Now: now, Counts: sh.counts}
 	for i, rule := range l.rules {
@@ -316,14 +348,15 @@ func (l *Counts) stamp(c countSpec, now int64) int64 {
 // record adds a call of weight n by client at now to count c, the i-th,
 // in the scope the view found (sh.found), made if need be. The scope
 // stays where it is in the list: a sweep moves it (see sweep).
-func (sh *shard) record(l *Counts, i int, c countSpec, resource, client string, n int, now int64) {
+func (sh *shard) record(l *Counts, i int, c countSpec, w who, n int, now int64) {
 	s := sh.found[i]
 	if s == nil {
-		s = sh.make(c.key(resource, client), l.merged, now+l.reach)
+		key, h := l.keyOf(c, w)
+		s = sh.make(key, h, l.merged, now+l.reach)
 	}
 	s.written = now + l.reach // the scope is idle once its newest call left every window
 	// A named scope keeps the client, for Flush.
-	e := limits.Entry{At: l.stamp(c, now), Weight: n, Client: client}
+	e := limits.Entry{At: l.stamp(c, now), Weight: n, Client: w.client}
 	if !l.capped {
 		s.trim(now, l.longest)
 		s.add(e, l.merged)
@@ -341,12 +374,12 @@ func (sh *shard) record(l *Counts, i int, c countSpec, resource, client string, 
 // count of another spec made it since the view (a per-client count of
 // the client "" is the per-resource count). A per-resource scope names
 // the client of each call, unless merged (see scope.clients).
-func (sh *shard) make(key scopeKey, merged bool, written int64) *scope {
-	if s := sh.scopes[key]; s != nil {
+func (sh *shard) make(key scopeKey, h uint64, merged bool, written int64) *scope {
+	if s := sh.scopes.find(key, h); s != nil {
 		return s
 	}
-	s := &scope{key: key, named: !merged && key.client == ""}
-	sh.scopes[key] = s
+	s := &scope{key: key, hash: h, named: !merged && key.client == ""}
+	sh.scopes.add(s)
 	sh.peak = max(sh.peak, len(sh.scopes))
 	sh.list(s, written)
 	return s
@@ -401,7 +434,7 @@ func (sh *shard) sweep(now, longest int64) {
 			sh.list(s, s.written)
 			continue
 		}
-		delete(sh.scopes, s.key)
+		sh.scopes.remove(s)
 	}
 	sh.shrink()
 }
@@ -430,9 +463,9 @@ func (sh *shard) shrink() {
 	if sh.peak <= mapFloor || len(sh.scopes)*4 >= sh.peak {
 		return
 	}
-	scopes := make(map[scopeKey]*scope, len(sh.scopes))
-	for key, s := range sh.scopes {
-		scopes[key] = s
+	scopes := make(scopeMap, len(sh.scopes))
+	for h, s := range sh.scopes {
+		scopes[h] = s
 	}
 	sh.scopes, sh.peak = scopes, len(scopes)
 }
@@ -461,12 +494,10 @@ func (sh *shard) unlink(s *scope) {
 	s.prev, s.next = nil, nil
 }
 
-// drop deletes the scope of key.
-func (sh *shard) drop(key scopeKey) {
-	if s := sh.scopes[key]; s != nil {
-		sh.unlink(s)
-		delete(sh.scopes, key)
-	}
+// drop deletes s.
+func (sh *shard) drop(s *scope) {
+	sh.unlink(s)
+	sh.scopes.remove(s)
 }
 
 // Flush forgets client's calls at resource: its scopes, and its share of
@@ -474,19 +505,20 @@ func (sh *shard) drop(key scopeKey) {
 // share only from its own counts, which a per-client rule makes: without
 // one, the caller must refuse the Flush.
 func (l *Counts) Flush(resource, client string) {
-	sh := l.shardOf(resource, client)
+	w := l.who(resource, client)
+	sh := l.shardOf(w)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for _, c := range l.counts {
-		if s := sh.scopes[c.key(resource, client)]; s != nil && !c.perClient {
+		if s := sh.scopes.find(l.keyOf(c, w)); s != nil && !c.perClient {
 			// Under a layout, the client's count of the same lane.
-			mine := sh.scopes[countSpec{perClient: true, part: c.part}.key(resource, client)]
+			mine := sh.scopes.find(l.keyOf(countSpec{perClient: true, part: c.part}, w))
 			s.takeShare(client, mine, l.merged)
 		}
 	}
 	for _, c := range l.counts {
-		if c.perClient {
-			sh.drop(c.key(resource, client))
+		if s := sh.scopes.find(l.keyOf(c, w)); s != nil && c.perClient {
+			sh.drop(s)
 		}
 	}
 }
@@ -496,11 +528,11 @@ func (l *Counts) FlushAll(resource string) {
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		for key := range sh.scopes {
-			if key.resource == resource {
-				sh.drop(key)
+		sh.scopes.each(func(s *scope) {
+			if s.key.resource == resource {
+				sh.drop(s)
 			}
-		}
+		})
 		sh.shrink()
 		sh.mu.Unlock()
 	}
@@ -513,9 +545,7 @@ func (l *Counts) Keys() []string {
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		for key := range sh.scopes {
-			out = append(out, strings.TrimSpace(key.resource+" "+key.client))
-		}
+		sh.scopes.each(func(s *scope) { out = append(out, strings.TrimSpace(s.key.resource+" "+s.key.client)) })
 		sh.mu.Unlock()
 	}
 	return out

@@ -97,7 +97,7 @@ func randomPeeks(t *testing.T, l *Counts, recordDenied bool, seed uint64) {
 // lock, where sh.found and sh.from are the view's.
 func compareDenial(t *testing.T, l *Counts, call int, client string, v limits.View, n int, recorded bool) {
 	t.Helper()
-	sh := l.shardOf("r", client)
+	sh := l.shardOf(l.who("r", client))
 	for i, rule := range l.rules {
 		whole := v.Counts[i]
 		whole.Oldest = entries(nil, sh.found[l.reads[i]].counted(sh.from[i]))
@@ -111,7 +111,7 @@ func compareDenial(t *testing.T, l *Counts, call int, client string, v limits.Vi
 // wholeView is the view of a call by client, with every call each count
 // holds in its Oldest: what Peek and a denial read a part of.
 func wholeView(l *Counts, sh *shard, client string, now int64) limits.View {
-	v := sh.view(l, "r", client, now)
+	v := sh.view(l, l.who("r", client), now)
 	for i := range l.rules {
 		v.Counts[i].Oldest = entries(nil, sh.found[l.reads[i]].counted(sh.from[i]))
 	}
@@ -126,7 +126,7 @@ func wholeView(l *Counts, sh *shard, client string, now int64) limits.View {
 func comparePeek(t *testing.T, l *Counts, call int, client string) {
 	t.Helper()
 	copied := l.Peek("r", client, 1)
-	sh := l.shardOf("r", client)
+	sh := l.shardOf(l.who("r", client))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	live := wholeView(l, sh, client, l.now())
@@ -162,7 +162,7 @@ func compareHeavyPeeks(t *testing.T, l *Counts, call int, client string) {
 	}
 	for n := l.maxN + 1; n <= largest+1; n++ {
 		copied := l.Peek("r", client, n)
-		sh := l.shardOf("r", client)
+		sh := l.shardOf(l.who("r", client))
 		sh.mu.Lock()
 		live := wholeView(l, sh, client, copied.Now)
 		for i, rule := range l.rules {

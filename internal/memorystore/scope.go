@@ -27,6 +27,8 @@ type call struct {
 // the older ones trimmed.
 type scope struct {
 	key   scopeKey
+	hash  uint64 // key's, in its shard's scopeMap
+	same  *scope // the next scope of the same hash (see scopeMap)
 	calls []call
 	// clients name the client of each call, by its index in calls, in a
 	// per-resource scope outside a layout (named), for Flush; nil in the
