@@ -24,32 +24,36 @@ type call struct {
 }
 
 // scope is the calls of one scope (see Counts), oldest first: calls[head:],
-// the older ones trimmed.
+// the older ones trimmed. Its fields are in the order a decision reads
+// them, those it reads first (the key, its calls) in the first 64 bytes,
+// the others it reads in the next 64, so that it touches two cache lines
+// of a scope, not three (a scope takes 192 bytes, its size class, so it
+// starts on a line); what only a sweep, a Flush or a new scope reads is
+// last.
 type scope struct {
 	key   scopeKey
-	hash  uint64 // key's, in its shard's scopeMap
-	same  *scope // the next scope of the same hash (see scopeMap)
 	calls []call
-	// clients name the client of each call, by its index in calls, in a
-	// per-resource scope outside a layout (named), for Flush; nil in the
-	// others, whose calls are their client's or merged.
-	clients []string
-	named   bool
-	base    int // the weight before calls[0]
+	head  int
+	// oldest is calls[head].at, when head < len(calls): trim looks here,
+	// not at a call far from the newest, most likely out of cache.
+	oldest int64
 	// total is before(len(calls)), and newest calls' last at (if head <
 	// len(calls)): what a decision reads of its count's newest call, kept
 	// here beside oldest rather than in the calls' room, far from the
 	// head and likely out of cache.
-	total  int
-	newest int64
-	head   int
-	// oldest is calls[head].at, when head < len(calls): trim looks here,
-	// not at a call far from the newest, most likely out of cache.
-	oldest  int64
+	total   int
+	newest  int64
 	written int64 // the stamp of the newest call, ms: see shard.sweep
-	listed  int64 // the time the scope is in its shard's list by: see shard.sweep
-
-	prev, next *scope // in the shard's list, by written
+	base    int   // the weight before calls[0]
+	named   bool
+	// clients name the client of each call, by its index in calls, in a
+	// per-resource scope outside a layout (named), for Flush; nil in the
+	// others, whose calls are their client's or merged.
+	clients    []string
+	hash       uint64 // key's, in its shard's scopeMap
+	same       *scope // the next scope of the same hash (see scopeMap)
+	listed     int64  // the time the scope is in its shard's list by: see shard.sweep
+	prev, next *scope // in the shard's list, by listed
 }
 
 // live returns the calls held, oldest first.
