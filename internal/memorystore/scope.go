@@ -44,8 +44,12 @@ type scope struct {
 	total   int
 	newest  int64
 	written int64 // the stamp of the newest call, ms: see shard.sweep
-	base    int   // the weight before calls[0]
-	named   bool
+	// gone is the weight of the calls before calls[head], before(head):
+	// what a rule of the longest window counts is total less gone, read
+	// here, not in the calls, where the sum before the head is likely out
+	// of cache.
+	gone  int
+	named bool
 	// clients name the client of each call, by its index in calls, in a
 	// per-resource scope outside a layout (named), for Flush; nil in the
 	// others, whose calls are their client's or merged.
@@ -94,7 +98,6 @@ func callRoom(live int) int { return 3 * live }
 // scope's own room if it has that much (letting go of the client names
 // of the calls trimmed), else new room.
 func (s *scope) moveLive(room int) {
-	s.base = s.before(s.head)
 	if room == cap(s.calls) {
 		s.calls = s.calls[:copy(s.calls, s.live())]
 	} else {
@@ -117,10 +120,11 @@ func moveNames(clients []string, head, room int) []string {
 	return clients[:n]
 }
 
-// before is the weight of the calls before calls[i].
+// before is the weight of the calls before calls[i], a call held (or
+// one past the newest).
 func (s *scope) before(i int) int {
-	if i == 0 {
-		return s.base
+	if i == s.head {
+		return s.gone
 	}
 	return s.calls[i-1].sum
 }
@@ -194,12 +198,7 @@ func (s *scope) cap(limit int) {
 		c := &s.calls[s.head]
 		if c.weight > over {
 			c.weight -= over
-			// The units dropped now come before calls[head].
-			if s.head == 0 {
-				s.base += over
-			} else {
-				s.calls[s.head-1].sum += over
-			}
+			s.gone += over // the units dropped now come before calls[head]
 			s.dropped()
 			return
 		}
@@ -214,6 +213,7 @@ func (s *scope) forgetHead() {
 	if s.named {
 		s.clients[s.head] = ""
 	}
+	s.gone = s.calls[s.head].sum
 	s.head++
 }
 
