@@ -21,15 +21,21 @@ import (
 // window: on the resources nobody flushes, no rule may admit more than
 // its limit, and what each rule counts at the end is what was admitted.
 func TestLocalRaceFree(t *testing.T) {
-	configs := map[string]Strategy{"logs": Logs, "sorted set": SortedSet, "windows": Windows(time.Minute), "fixed windows": FixedWindows}
+	eachAttack(t, Windows(time.Minute), func(t *testing.T, s Strategy, recordDenied bool) {
+		a := newAdversary(t, s, recordDenied)
+		a.run(t)
+		a.check(t)
+	})
+}
+
+// eachAttack runs attack in a synctest bubble with every strategy (windows
+// the Windows one), with and without WithRecordDenied.
+func eachAttack(t *testing.T, windows Strategy, attack func(t *testing.T, s Strategy, recordDenied bool)) {
+	configs := map[string]Strategy{"logs": Logs, "sorted set": SortedSet, "windows": windows, "fixed windows": FixedWindows}
 	for name, s := range configs {
 		for _, recordDenied := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/recordDenied=%v", name, recordDenied), func(t *testing.T) {
-				synctest.Test(t, func(t *testing.T) {
-					a := newAdversary(t, s, recordDenied)
-					a.run(t)
-					a.check(t)
-				})
+				synctest.Test(t, func(t *testing.T) { attack(t, s, recordDenied) })
 			})
 		}
 	}
@@ -59,10 +65,16 @@ type adversary struct {
 
 func newAdversary(t *testing.T, s Strategy, recordDenied bool) *adversary {
 	t.Helper()
-	opts := []Option{WithStrategy(s),
+	b := newLocalOf(t, recordDenied, WithStrategy(s),
 		PerResource(Per(advResourceLimit, time.Hour)),
 		PerClient(Per(6, time.Hour).WithPrecision(exactFor(s))),
-		PerClient(Per(advClientLimit, 30*time.Minute))}
+		PerClient(Per(advClientLimit, 30*time.Minute)))
+	return &adversary{b: b, recordDenied: recordDenied}
+}
+
+// newLocalOf is NewLocal(opts...), WithRecordDenied too if recordDenied.
+func newLocalOf(t *testing.T, recordDenied bool, opts ...Option) *Bucket {
+	t.Helper()
 	if recordDenied {
 		opts = append(opts, WithRecordDenied())
 	}
@@ -70,7 +82,7 @@ func newAdversary(t *testing.T, s Strategy, recordDenied bool) *adversary {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &adversary{b: b, recordDenied: recordDenied}
+	return b
 }
 
 // run makes advCalls random calls from each of advGoroutines goroutines.
@@ -194,18 +206,11 @@ func (a *adversary) checkUsage(t *testing.T, resource, client string, want int64
 // call of the polite clients, whose demand and the hammer's limit fit the
 // resource's, is admitted.
 func TestLocalExactAsTimeMoves(t *testing.T) {
-	configs := map[string]Strategy{"logs": Logs, "sorted set": SortedSet, "windows": Windows(10 * time.Millisecond), "fixed windows": FixedWindows}
-	for name, s := range configs {
-		for _, recordDenied := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/recordDenied=%v", name, recordDenied), func(t *testing.T) {
-				synctest.Test(t, func(t *testing.T) {
-					m := newMovingAdversary(t, s, recordDenied)
-					m.run(t)
-					m.check(t, s == FixedWindows)
-				})
-			})
-		}
-	}
+	eachAttack(t, Windows(10*time.Millisecond), func(t *testing.T, s Strategy, recordDenied bool) {
+		m := newMovingAdversary(t, s, recordDenied)
+		m.run(t)
+		m.check(t, s == FixedWindows)
+	})
 }
 
 // The moving adversary's rules, in the order given to NewLocal: a polite
@@ -240,14 +245,7 @@ type scopedAdmission struct {
 
 func newMovingAdversary(t *testing.T, s Strategy, recordDenied bool) *movingAdversary {
 	t.Helper()
-	opts := []Option{WithStrategy(s), PerResource(movingRules[0]), PerClient(movingRules[1]), PerClient(movingRules[2])}
-	if recordDenied {
-		opts = append(opts, WithRecordDenied())
-	}
-	b, err := NewLocal(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newLocalOf(t, recordDenied, WithStrategy(s), PerResource(movingRules[0]), PerClient(movingRules[1]), PerClient(movingRules[2]))
 	return &movingAdversary{b: b, recordDenied: recordDenied}
 }
 
