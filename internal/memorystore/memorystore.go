@@ -311,7 +311,9 @@ const oldestRoom = 1024
 // call a Bucket admits (or a heavier one it judges all the same), a
 // denial for its own.
 func readable(rule limits.Rule, c limits.Count, most int, counted []call) int {
-	over := limits.AddCapped(limits.AddCapped(c.Used, most), most) - rule.Requests
+	// Less Requests first: with the call's weight twice, the count may
+	// pass math.MaxInt, where a capped sum would read too few.
+	over := limits.AddCapped(limits.AddCapped(c.Used-rule.Requests, most), most)
 	i := 0
 	for left := 0; i < len(counted) && left < over; i++ {
 		left = limits.AddCapped(left, counted[i].weight)
