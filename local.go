@@ -22,10 +22,11 @@ import (
 // rule is per-resource) and allocates only the Result's slices; every
 // method may be called from any goroutine against any other. The state
 // of a key no rule counts any more (idle for the longest window) is freed
-// by a later call, and the room of a shard's map or a key's calls that
-// once held four times what they hold now is given back: memory follows
-// the keys used within the longest window, also after a churn of
-// millions, and no goroutine runs in the background.
+// by a later call: a window after its newest call if it was called once,
+// within two if it was called for longer. The room of a shard's map or a
+// key's calls that once held four times what they hold now is given back:
+// memory follows the keys used within the last two windows, also after a
+// churn of millions, and no goroutine runs in the background.
 // The options that concern Redis (WithPrefix, WithLockTTL, WithLockWait,
 // WithScanCount, WithFallback) are accepted and change nothing.
 func NewLocal(opts ...Option) (*Bucket, error) {

@@ -6,13 +6,15 @@
 // call by its counts, and the errors a Bucket returns, are the caller's.
 //
 // The scopes are spread over shards, one lock each. A scope no rule
-// counts any more is freed by a later call, and the room of a shard's map
-// or of a scope's calls is given back once they hold a quarter of it: no
+// counts any more is freed by a later call, within two windows of its
+// newest call (see shard.sweep), and the room of a shard's map or of a
+// scope's calls is given back once they hold a quarter of it: no
 // goroutine runs in the background.
 package memorystore
 
 import (
 	"hash/maphash"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -69,21 +71,33 @@ type Counts struct {
 	maxN   int
 	start  time.Time
 	seed   maphash.Seed
-	turns  atomic.Uint64 // decisions made: see sweepNext
-	shards [shardCount]shard
+	// noClient is the hash of the client "", whose scopes are per
+	// resource.
+	noClient uint64
+	turns    atomic.Uint64 // decisions made: see sweepNext
+	shards   [shardCount]shard
 }
 
-// shard is one lock's share of the scopes. Its scopes are also in a list
-// by their last write, oldest first, so that the idle ones are found
-// without a walk of the map.
+// shard is one lock's share of the scopes. Its scopes are also in a list,
+// by when they were listed (scope.listed), oldest first, so that the idle
+// ones are found without a walk of the map.
 type shard struct {
 	mu     sync.Mutex
-	scopes map[scopeKey]*scope
+	scopes scopeMap
 	peak   int // the most scopes held since the map was made: see shrink
 	oldest *scope
 	newest *scope
 	counts []limits.Count // scratch for a view, under mu
-	_      [64]byte
+	// found are the scopes of the call's counts, by l.counts, as the view
+	// found them (nil: none yet): the call is recorded in them without a
+	// second lookup; and from, by rule, where in its scope's live calls
+	// each rule's count starts. Scratch, under mu.
+	found []*scope
+	from  []int
+	// read is the room of the counts' Oldest, made for a denial (see
+	// readOldest). Scratch, under mu.
+	read []limits.Entry
+	_    [64]byte
 }
 
 // scopeKey names a scope: the resource's (client ""), or a client's; and
@@ -111,6 +125,34 @@ func (c countSpec) key(resource, client string) scopeKey {
 	return scopeKey{resource: resource, client: client, part: c.part}
 }
 
+// who is a call's resource and client, and the hash of each, made once a
+// call: its shard and the hashes of its scopes' keys are made of them.
+type who struct {
+	resource, client         string
+	resourceHash, clientHash uint64
+}
+
+// who hashes resource and client.
+func (l *Counts) who(resource, client string) who {
+	return who{resource: resource, client: client,
+		resourceHash: maphash.String(l.seed, resource), clientHash: maphash.String(l.seed, client)}
+}
+
+// keyOf returns the key of w's count c, and its hash.
+func (l *Counts) keyOf(c countSpec, w who) (scopeKey, uint64) {
+	clientHash := w.clientHash
+	if !c.perClient {
+		clientHash = l.noClient
+	}
+	return c.key(w.resource, w.client), mix(w.resourceHash, clientHash, c.part)
+}
+
+// mix is the hash of a key, or with part 0 of a shard, of the hashes of a
+// resource and a client.
+func mix(resourceHash, clientHash uint64, part int) uint64 {
+	return resourceHash ^ bits.RotateLeft64(clientHash, 31)*0x9e3779b97f4a7c15 ^ uint64(part)
+}
+
 // New returns empty counts of cfg's rules. The caller has checked the
 // rules: there is at least one.
 func New(cfg Config) *Counts {
@@ -124,10 +166,13 @@ func New(cfg Config) *Counts {
 			}
 		}
 	}
+	l.noClient = maphash.String(l.seed, "")
 	l.listCounts(cfg.HasClientRule)
 	for i := range l.shards {
-		l.shards[i].scopes = map[scopeKey]*scope{}
+		l.shards[i].scopes = scopeMap{}
 		l.shards[i].counts = make([]limits.Count, len(cfg.Rules))
+		l.shards[i].found = make([]*scope, len(l.counts))
+		l.shards[i].from = make([]int, len(cfg.Rules))
 	}
 	return l
 }
@@ -167,84 +212,127 @@ func (l *Counts) now() int64 {
 
 // shardOf returns the shard of a call's scopes: the resource's when a
 // rule is per-resource, so that one lock covers the call.
-func (l *Counts) shardOf(resource, client string) *shard {
-	var h maphash.Hash
-	h.SetSeed(l.seed)
-	h.WriteString(resource)
+func (l *Counts) shardOf(w who) *shard {
+	h := w.resourceHash
 	if l.clientScoped {
-		h.WriteByte(0)
-		h.WriteString(client)
+		h = mix(w.resourceHash, w.clientHash, 0)
 	}
-	return &l.shards[h.Sum64()%shardCount]
+	return &l.shards[h%shardCount]
 }
 
 // Decide decides a call of weight n by client to resource: evaluate gets
 // what each rule counts before the call, under the lock of the call's
 // shard, and the call is recorded in every count if evaluate says so. The
-// View is evaluate's only while it runs: its counts are reused, and point
-// into the calls that later calls change.
+// counts' Oldest are read only for a call some rule denies, the only
+// one whose Result reads them (RetryAfter): an admitted call copies no
+// call. The View is evaluate's only while it runs: its counts and their
+// Oldest are the shard's scratch, which later calls reuse.
 func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.View) bool) {
 	now := l.now()
 	l.sweepNext(now)
-	sh := l.shardOf(resource, client)
+	w := l.who(resource, client)
+	sh := l.shardOf(w)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.sweep(now, l.longest)
-	v := sh.view(l, resource, client, now)
+	v := sh.view(l, w, now)
+	if !fits(l.rules, v, n) {
+		sh.readOldest(l, v, n)
+	}
 	if !evaluate(v) {
 		return
 	}
-	for _, c := range l.counts {
-		sh.record(l, c, resource, client, n, now)
+	for i, c := range l.counts {
+		sh.record(l, i, c, w, n, now)
 	}
 }
 
 // Peek returns what a call of weight n by client to resource would count
 // now. The caller evaluates the view after the lock is let go, while other
-// calls append to, merge, cap and rewrite the scopes' entries: so the view
+// calls append to, merge, cap and rewrite the scopes' calls: so the view
 // holds copies, of the counts (sh.counts is reused under mu) and of as
 // many of each count's oldest calls as a judge can read (see readable).
 func (l *Counts) Peek(resource, client string, n int) limits.View {
-	sh := l.shardOf(resource, client)
+	w := l.who(resource, client)
+	sh := l.shardOf(w)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	v := sh.view(l, resource, client, l.now())
+	v := sh.view(l, w, l.now())
 	v.Counts = slices.Clone(v.Counts)
-	for i := range v.Counts {
-		c := &v.Counts[i]
-		c.Oldest = slices.Clone(c.Oldest[:l.readable(l.rules[i], *c, n)])
+	for i, rule := range l.rules {
+		most := l.maxN
+		if n <= rule.Requests {
+			most = max(most, n)
+		}
+		counted := sh.found[l.reads[i]].counted(sh.from[i])
+		v.Counts[i].Oldest = entries(nil, counted[:readable(rule, v.Counts[i], most, counted)])
 	}
 	return v
 }
 
-// readable is how many of c's oldest calls UntilRoom can read for a call of
-// weight up to maxN (the most a Bucket admits), or n if heavier and still
-// within the rule's Requests (a call no wait admits, judged all the same),
-// counted too if it is denied and recorded: those whose weight brings c's
-// count, with the call's, down to room for it. Not the whole window, which
-// may hold a million calls of a rule with room to spare. Every call of
-// c.Oldest counts (count and CountOf search past the others).
-func (l *Counts) readable(rule limits.Rule, c limits.Count, n int) int {
-	most := l.maxN
-	if n <= rule.Requests {
-		most = max(most, n)
+// fits reports whether a call of weight n has room under every rule: then
+// no Result reads the counts' Oldest.
+func fits(rules []limits.Rule, v limits.View, n int) bool {
+	for i, rule := range rules {
+		if !rule.HasRoom(v.Counts[i].Used, n) {
+			return false
+		}
 	}
-	over := limits.AddCapped(limits.AddCapped(c.Used, most), most) - rule.Requests
+	return true
+}
+
+// readOldest sets the Oldest of v's counts, in sh's scratch, for a call of
+// weight n that some rule denies: as many of each count's oldest calls as
+// its Result reads (see readable). The scratch is let go of after a
+// denial that read more than oldestRoom calls, so that a shard does not
+// keep the room of its longest read.
+func (sh *shard) readOldest(l *Counts, v limits.View, n int) {
+	if cap(sh.read) > oldestRoom {
+		sh.read = nil
+	}
+	sh.read = sh.read[:0]
+	for i, rule := range l.rules {
+		counted := sh.found[l.reads[i]].counted(sh.from[i])
+		start := len(sh.read)
+		sh.read = entries(sh.read, counted[:readable(rule, v.Counts[i], n, counted)])
+		v.Counts[i].Oldest = sh.read[start:len(sh.read):len(sh.read)]
+	}
+}
+
+// oldestRoom is the most calls a shard's scratch for Oldest (shard.read)
+// keeps the room of from one denial to the next.
+const oldestRoom = 1024
+
+// readable is how many of c's oldest calls (counted, oldest first)
+// UntilRoom can read for a call of weight up to most, counted too if it
+// is denied and recorded: those whose weight brings c's count, with the
+// call's, down to room for it. Not the whole window, which may hold a
+// million calls of a rule with room to spare. Peek asks for the heaviest
+// call a Bucket admits (or a heavier one it judges all the same), a
+// denial for its own.
+func readable(rule limits.Rule, c limits.Count, most int, counted []call) int {
+	// Less Requests first: with the call's weight twice, the count may
+	// pass math.MaxInt, where a capped sum would read too few.
+	over := limits.AddCapped(limits.AddCapped(c.Used-rule.Requests, most), most)
 	i := 0
-	for left := 0; i < len(c.Oldest) && left < over; i++ {
-		left = limits.AddCapped(left, c.Oldest[i].Weight)
+	for left := 0; i < len(counted) && left < over; i++ {
+		left = limits.AddCapped(left, counted[i].weight)
 	}
 	return i
 }
 
 // view is what each rule counts for a call by client now, in sh's scratch
-// counts.
-func (sh *shard) view(l *Counts, resource, client string, now int64) limits.View {
+// counts, but their Oldest (see readOldest); it notes the scopes of the
+// call's counts in sh.found, one map lookup each, and where each rule's
+// count starts in sh.from.
+func (sh *shard) view(l *Counts, w who, now int64) limits.View {
+	for i, c := range l.counts {
+		sh.found[i] = sh.scopes.find(l.keyOf(c, w))
+	}
 	v := limits.View{Now: now, Counts: sh.counts}
 	for i, rule := range l.rules {
-		c := l.counts[l.reads[i]]
-		v.Counts[i] = sh.scopes[c.key(resource, client)].count(rule, now, l.longest)
-		v.Counts[i].Stamp = l.stamp(c, now)
+		v.Counts[i], sh.from[i] = sh.found[l.reads[i]].count(rule, now, l.longest)
+		v.Counts[i].Stamp = l.stamp(l.counts[l.reads[i]], now)
 	}
 	return v
 }
@@ -259,24 +347,18 @@ func (l *Counts) stamp(c countSpec, now int64) int64 {
 	return now
 }
 
-// record adds a call of weight n by client at now to count c, made if need
-// be, and moves its scope to the newest end of the list.
-func (sh *shard) record(l *Counts, c countSpec, resource, client string, n int, now int64) {
-	key := c.key(resource, client)
-	s := sh.scopes[key]
+// record adds a call of weight n by client at now to count c, the i-th,
+// in the scope the view found (sh.found), made if need be. The scope
+// stays where it is in the list: a sweep moves it (see sweep).
+func (sh *shard) record(l *Counts, i int, c countSpec, w who, n int, now int64) {
+	s := sh.found[i]
 	if s == nil {
-		s = &scope{key: key}
-		sh.scopes[key] = s
-		sh.peak = max(sh.peak, len(sh.scopes))
-	} else {
-		sh.unlink(s)
+		key, h := l.keyOf(c, w)
+		s = sh.make(key, h, l.merged, now+l.reach)
 	}
 	s.written = now + l.reach // the scope is idle once its newest call left every window
-	sh.link(s)
-	e := limits.Entry{At: l.stamp(c, now), Weight: n}
-	if !l.merged && key.client == "" {
-		e.Client = client // a per-resource count keeps whose call it is, for Flush
-	}
+	// A named scope keeps the client, for Flush.
+	e := limits.Entry{At: l.stamp(c, now), Weight: n, Client: w.client}
 	if !l.capped {
 		s.trim(now, l.longest)
 		s.add(e, l.merged)
@@ -288,6 +370,21 @@ func (sh *shard) record(l *Counts, c countSpec, resource, client string, n int, 
 	s.trim(now, rule.Window)
 	s.add(e, false)
 	s.cap(rule.Requests)
+}
+
+// make returns the scope of key: a new one, listed at written, unless the
+// count of another spec made it since the view (a per-client count of
+// the client "" is the per-resource count). A per-resource scope names
+// the client of each call, unless merged (see scope.clients).
+func (sh *shard) make(key scopeKey, h uint64, merged bool, written int64) *scope {
+	if s := sh.scopes.find(key, h); s != nil {
+		return s
+	}
+	s := &scope{key: key, hash: h, named: !merged && key.client == ""}
+	sh.scopes.add(s)
+	sh.peak = max(sh.peak, len(sh.scopes))
+	sh.list(s, written)
+	return s
 }
 
 // sweepEvery is how many decisions make one sweep of another shard: the
@@ -322,13 +419,36 @@ func (l *Counts) sweepNext(now int64) {
 // window, though no decision comes here any more.
 func (l *Counts) Sweep() { l.sweepNext(l.now()) }
 
-// sweep frees the scopes that no window counts any more at now.
+// sweep frees the scopes that no window counts any more at now. A call
+// does not move its scope in the list: a move writes to the scopes beside
+// it, lines of memory most likely out of cache with many keys in use. The
+// list is by when each scope was listed (made, or moved by a sweep), in
+// order; sweep looks at those listed a window ago or more, frees the ones
+// idle since, and lists the others again, at their newest call's stamp
+// (written) or the newest listed's. So a scope in use moves once a
+// window, not once a call; a scope called once is freed a window after
+// its call, as before, and one called for longer within two windows of
+// its newest call.
 func (sh *shard) sweep(now, longest int64) {
-	for s := sh.oldest; s != nil && s.written+longest <= now; s = sh.oldest {
+	for s := sh.oldest; s != nil && s.listed+longest <= now; s = sh.oldest {
 		sh.unlink(s)
-		delete(sh.scopes, s.key)
+		if s.written+longest > now {
+			sh.list(s, s.written)
+			continue
+		}
+		sh.scopes.remove(s)
 	}
 	sh.shrink()
+}
+
+// list puts s at the newest end of the list, listed at written, or at the
+// newest's time if later, so that the list stays in order.
+func (sh *shard) list(s *scope, written int64) {
+	s.listed = written
+	if sh.newest != nil {
+		s.listed = max(written, sh.newest.listed)
+	}
+	sh.link(s)
 }
 
 // mapFloor is the peak under which a shard's map is kept however few
@@ -345,9 +465,9 @@ func (sh *shard) shrink() {
 	if sh.peak <= mapFloor || len(sh.scopes)*4 >= sh.peak {
 		return
 	}
-	scopes := make(map[scopeKey]*scope, len(sh.scopes))
-	for key, s := range sh.scopes {
-		scopes[key] = s
+	scopes := make(scopeMap, len(sh.scopes))
+	for h, s := range sh.scopes {
+		scopes[h] = s
 	}
 	sh.scopes, sh.peak = scopes, len(scopes)
 }
@@ -376,12 +496,10 @@ func (sh *shard) unlink(s *scope) {
 	s.prev, s.next = nil, nil
 }
 
-// drop deletes the scope of key.
-func (sh *shard) drop(key scopeKey) {
-	if s := sh.scopes[key]; s != nil {
-		sh.unlink(s)
-		delete(sh.scopes, key)
-	}
+// drop deletes s.
+func (sh *shard) drop(s *scope) {
+	sh.unlink(s)
+	sh.scopes.remove(s)
 }
 
 // Flush forgets client's calls at resource: its scopes, and its share of
@@ -389,19 +507,20 @@ func (sh *shard) drop(key scopeKey) {
 // share only from its own counts, which a per-client rule makes: without
 // one, the caller must refuse the Flush.
 func (l *Counts) Flush(resource, client string) {
-	sh := l.shardOf(resource, client)
+	w := l.who(resource, client)
+	sh := l.shardOf(w)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for _, c := range l.counts {
-		if s := sh.scopes[c.key(resource, client)]; s != nil && !c.perClient {
+		if s := sh.scopes.find(l.keyOf(c, w)); s != nil && !c.perClient {
 			// Under a layout, the client's count of the same lane.
-			mine := sh.scopes[countSpec{perClient: true, part: c.part}.key(resource, client)]
+			mine := sh.scopes.find(l.keyOf(countSpec{perClient: true, part: c.part}, w))
 			s.takeShare(client, mine, l.merged)
 		}
 	}
 	for _, c := range l.counts {
-		if c.perClient {
-			sh.drop(c.key(resource, client))
+		if s := sh.scopes.find(l.keyOf(c, w)); s != nil && c.perClient {
+			sh.drop(s)
 		}
 	}
 }
@@ -411,11 +530,11 @@ func (l *Counts) FlushAll(resource string) {
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		for key := range sh.scopes {
-			if key.resource == resource {
-				sh.drop(key)
+		sh.scopes.each(func(s *scope) {
+			if s.key.resource == resource {
+				sh.drop(s)
 			}
-		}
+		})
 		sh.shrink()
 		sh.mu.Unlock()
 	}
@@ -428,9 +547,7 @@ func (l *Counts) Keys() []string {
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		for key := range sh.scopes {
-			out = append(out, strings.TrimSpace(key.resource+" "+key.client))
-		}
+		sh.scopes.each(func(s *scope) { out = append(out, strings.TrimSpace(s.key.resource+" "+s.key.client)) })
 		sh.mu.Unlock()
 	}
 	return out

@@ -2,7 +2,9 @@ package memorystore
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -78,11 +80,42 @@ func randomPeeks(t *testing.T, l *Counts, recordDenied bool, seed uint64) {
 			for r, rule := range l.rules {
 				allowed = allowed && rule.HasRoom(v.Counts[r].Used, n)
 			}
+			if !allowed {
+				compareDenial(t, l, i, client, v, n, recordDenied)
+			}
 			return allowed || recordDenied
 		})
 		comparePeek(t, l, i, client)
 		compareHeavyPeeks(t, l, i, client)
 	}
+}
+
+// compareDenial fails if the view Decide gives a denied call of weight n
+// by client answers otherwise than the whole counts, in how long until each rule
+// has room for it (counted itself if recorded): a denial reads only the
+// oldest calls its Result needs. It runs in evaluate, under the shard's
+// lock, where sh.found and sh.from are the view's.
+func compareDenial(t *testing.T, l *Counts, call int, client string, v limits.View, n int, recorded bool) {
+	t.Helper()
+	sh := l.shardOf(l.who("r", client))
+	for i, rule := range l.rules {
+		whole := v.Counts[i]
+		whole.Oldest = entries(nil, sh.found[l.reads[i]].counted(sh.from[i]))
+		if g, w := untilRoom(rule, v.Now, v.Counts[i], n, recorded), untilRoom(rule, v.Now, whole, n, recorded); g != w {
+			t.Fatalf("call %d, rule %d, weight %d, recorded %v: room in %d ms from the denial's view, in %d ms from the whole count",
+				call, i, n, recorded, g, w)
+		}
+	}
+}
+
+// wholeView is the view of a call by client, with every call each count
+// holds in its Oldest: what Peek and a denial read a part of.
+func wholeView(l *Counts, sh *shard, client string, now int64) limits.View {
+	v := sh.view(l, l.who("r", client), now)
+	for i := range l.rules {
+		v.Counts[i].Oldest = entries(nil, sh.found[l.reads[i]].counted(sh.from[i]))
+	}
+	return v
 }
 
 // comparePeek fails if Peek's copy answers otherwise than the scopes
@@ -93,10 +126,10 @@ func randomPeeks(t *testing.T, l *Counts, recordDenied bool, seed uint64) {
 func comparePeek(t *testing.T, l *Counts, call int, client string) {
 	t.Helper()
 	copied := l.Peek("r", client, 1)
-	sh := l.shardOf("r", client)
+	sh := l.shardOf(l.who("r", client))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	live := sh.view(l, "r", client, l.now())
+	live := wholeView(l, sh, client, l.now())
 	if copied.Now != live.Now {
 		t.Fatalf("after call %d: peek's copy at %d, the scopes at %d", call, copied.Now, live.Now)
 	}
@@ -129,9 +162,9 @@ func compareHeavyPeeks(t *testing.T, l *Counts, call int, client string) {
 	}
 	for n := l.maxN + 1; n <= largest+1; n++ {
 		copied := l.Peek("r", client, n)
-		sh := l.shardOf("r", client)
+		sh := l.shardOf(l.who("r", client))
 		sh.mu.Lock()
-		live := sh.view(l, "r", client, copied.Now)
+		live := wholeView(l, sh, client, copied.Now)
 		for i, rule := range l.rules {
 			if n > rule.Requests {
 				continue
@@ -152,4 +185,63 @@ func untilRoom(rule limits.Rule, now int64, c limits.Count, n int, recorded bool
 		c.Used = limits.AddCapped(c.Used, n)
 	}
 	return rule.UntilRoom(c.Oldest, now, c.Used, n)
+}
+
+// A call does not move its scope in its shard's list; a sweep that finds
+// it still in use moves it, once a window: a scope called all along is
+// kept while a window counts its calls, and freed within two windows of
+// its newest call, and the list stays in order. Here "a" is called every
+// 100 ms for four windows beside a new client each time, then nobody
+// calls, and every shard is swept in turn (Sweep) as time passes.
+func TestSweepKeepsScopesInUse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := New(peekConfig([]limits.Rule{{PerClient: true, Requests: 1000, Window: 1000}}, false, nil))
+		admit := func(limits.View) bool { return true }
+		for i := range 40 {
+			l.Decide("r", "a", 1, admit)
+			l.Decide("r", fmt.Sprint("b", i), 1, admit)
+			checkLists(t, l)
+			time.Sleep(100 * time.Millisecond)
+		}
+		held := func() bool {
+			for range SweepCycle {
+				l.Sweep()
+			}
+			checkLists(t, l)
+			return slices.Contains(l.Keys(), "r a")
+		}
+		// a's newest call was 100 ms ago, and the b's older.
+		time.Sleep(899 * time.Millisecond)
+		if !held() {
+			t.Fatal("a's scope was freed while a window counts its newest call")
+		}
+		time.Sleep(1101 * time.Millisecond)
+		if held() {
+			t.Error("a's scope is held two windows after its newest call")
+		}
+		if keys := l.Keys(); len(keys) > 0 {
+			t.Errorf("scopes held two windows after every call: %v", keys)
+		}
+	})
+}
+
+// checkLists fails unless each shard's list holds its scopes, in the order
+// of when they were listed.
+func checkLists(t *testing.T, l *Counts) {
+	t.Helper()
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		n, last := 0, int64(math.MinInt64)
+		for s := sh.oldest; s != nil; s = s.next {
+			if s.listed < last {
+				t.Errorf("shard %d: %v listed at %d after one at %d", i, s.key, s.listed, last)
+			}
+			n, last = n+1, s.listed
+		}
+		if n != len(sh.scopes) {
+			t.Errorf("shard %d: %d scopes in the list, %d in the map", i, n, len(sh.scopes))
+		}
+		sh.mu.Unlock()
+	}
 }
