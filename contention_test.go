@@ -108,13 +108,7 @@ func (e *env) otherClient(t *testing.T) redis.UniversalClient {
 
 // countTrips counts rdb's round trips in trips: on a cluster, those of
 // every node's client, which is where a Bucket sends its commands.
-func countTrips(rdb redis.UniversalClient, trips *roundTrips) {
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		cc.OnNewNode(func(node *redis.Client) { node.AddHook(trips) })
-		return
-	}
-	rdb.AddHook(trips)
-}
+func countTrips(rdb redis.UniversalClient, trips *roundTrips) { addHookOn(rdb, trips) }
 
 // bucketOn returns a Bucket of e's strategy on rdb, with e's prefix unless
 // opts has one.
