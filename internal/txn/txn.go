@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -138,6 +139,40 @@ func Resent(cmds [][]any) [][]any {
 		}
 	}
 	return out
+}
+
+// A resend (see Again) never takes an interval down: it writes what it
+// would take from each hash's intervals as one pending field of that hash,
+// named after the transaction that first carried the take-backs, which
+// reads subtract from the intervals (Pending). That transaction, if it
+// runs late, deletes the field as it takes the intervals down itself:
+// either way they are taken down once.
+const pendingPrefix = "p:"
+
+// pendingField names the pending field of the shrinks of group (0 for a
+// transaction's commands, i+1 for its guard i's) of the transaction
+// marked mark.
+func pendingField(mark string, group int) string {
+	return pendingPrefix + mark + "." + strconv.Itoa(group)
+}
+
+// IsPending reports whether a hash's field is a pending one: its value
+// is read with Pending.
+func IsPending(field string) bool { return strings.HasPrefix(field, pendingPrefix) }
+
+// Pending reads the value of a pending field: each interval's field and
+// the weight to take from it, more than 0. A pair that is not so is not
+// ours, and skipped.
+func Pending(value string) iter.Seq2[string, int] {
+	return func(yield func(string, int) bool) {
+		for pair := range strings.SplitSeq(value, ",") {
+			field, weight, ok := strings.Cut(pair, ":")
+			n, err := strconv.Atoi(weight)
+			if ok && err == nil && n > 0 && !yield(field, n) {
+				return
+			}
+		}
+	}
 }
 
 // Add queues a command and returns its index among the replies.

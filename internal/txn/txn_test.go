@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,5 +166,106 @@ func TestUndoes(t *testing.T) {
 	later.Add("set", "k", "v")
 	if o, err := later.Exec(context.Background(), rdb); o != Ran || err != nil {
 		t.Errorf("a later transaction: %v, %v", o, err)
+	}
+}
+
+// A take-back sent again, after Resolve found the transaction u that
+// carried it not to have run, takes its intervals down exactly once as a
+// read sees them (the field less the pending fields' weights), whatever
+// the order in which u (its bytes held up, it runs late) and the resends
+// run: in u's own commands and in its guards'.
+func TestResendOnce(t *testing.T) {
+	ks := keys.Of("p", "r")
+	exec := func(t *testing.T, rdb *redis.Client, tx *Txn) {
+		t.Helper()
+		if o, err := tx.Exec(context.Background(), rdb); o != Ran || err != nil {
+			t.Fatalf("Exec = %v, %v", o, err)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		order func(t *testing.T, rdb *redis.Client, u, resend *Txn)
+	}{
+		{"resend alone", func(t *testing.T, rdb *redis.Client, _, r *Txn) { exec(t, rdb, r) }},
+		{"u late, after the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { exec(t, rdb, r); exec(t, rdb, u) }},
+		{"u before the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { exec(t, rdb, u); exec(t, rdb, r) }},
+		{"resend, u, resend again", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
+			exec(t, rdb, r)
+			exec(t, rdb, u)
+			exec(t, rdb, r.Again(ks))
+		}},
+		{"resend twice, then u", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
+			exec(t, rdb, r)
+			exec(t, rdb, r.Again(ks))
+			exec(t, rdb, u)
+		}},
+		{"u between the resend's WATCH and its EXEC", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
+			other := redis.NewClient(rdb.Options())
+			defer other.Close()
+			rdb.AddHook(runFirst{"multi", func() { exec(t, other, u) }, &sync.Once{}})
+			if o, err := r.Exec(context.Background(), rdb); o != NotRun || !errors.Is(err, redis.TxFailedErr) {
+				t.Fatalf("the raced resend: %v, %v; want NotRun, TxFailedErr", o, err)
+			}
+			exec(t, rdb, r.Again(ks))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mr, rdb := clientOf(t, 3)
+			mr.HSet("h", "7", "10")
+			mr.HSet("h", TotalField, "10")
+			mr.HSet("c", "7", "10")
+			mr.HSet("c", "i", "x")
+			u := New(ks, true)
+			u.Add("hincrby", "h", TotalField, -3)
+			u.Add("hincrby", "h", "7", -3)
+			u.Guards = []Guard{{Key: "c", Field: "i", Want: []string{"x"}, Cmds: [][]any{{"hincrby", "c", "7", -2}, {"hincrby", "h", "7", -2}}}}
+			if o := u.Resolve(rdb, false); o != NotRun {
+				t.Fatalf("Resolve of a transaction never sent = %v, want NotRun", o)
+			}
+			c.order(t, rdb, u, u.Again(ks))
+			if h, c := readAs(mr, "h", "7"), readAs(mr, "c", "7"); h != 5 || c != 8 {
+				t.Errorf("h[7] reads %d, c[7] %d: want 5, 8 (10 less 3 and 2, and 2, once)", h, c)
+			}
+			if total := readAs(mr, "h", TotalField); total < readAs(mr, "h", "7") {
+				t.Errorf("h's total %d is less than its interval %d", total, readAs(mr, "h", "7"))
+			}
+		})
+	}
+}
+
+// readAs is what a read counts in field of the hash key: its value less
+// the weights of its pending fields.
+func readAs(mr *miniredis.Miniredis, key, field string) int {
+	n, _ := strconv.Atoi(mr.HGet(key, field))
+	fields, _ := mr.HKeys(key)
+	for _, f := range fields {
+		if !IsPending(f) {
+			continue
+		}
+		for interval, w := range Pending(mr.HGet(key, f)) {
+			if interval == field {
+				n -= w
+			}
+		}
+	}
+	return n
+}
+
+// runFirst runs do once, before the first pipeline that starts with
+// the command first.
+type runFirst struct {
+	first string
+	do    func()
+	once  *sync.Once
+}
+
+func (runFirst) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (runFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h runFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == h.first {
+			h.once.Do(h.do)
+		}
+		return next(ctx, cmds)
 	}
 }
