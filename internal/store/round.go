@@ -181,7 +181,8 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 // recoverLost settles a round whose transaction t lost its reply: once
 // resolve says whether it ran, it takes back every call of r if it did
 // (none of their callers was answered), or sends alone the take-backs t
-// carried if it did not. A take-back that must not run twice is lost when
+// carried if it did not: as a resend of them (txn.Txn.Resend), for t may
+// still run late. A take-back that must not run twice is lost when
 // resolve cannot tell: the calls stay counted, which is safe.
 func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	o := t.Resolve(where.Node, true)
@@ -195,7 +196,10 @@ func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
 		r.takeAll(t, back)
 	}
-	if o == txn.NotRun || o == txn.Unknown && r.idempotent() {
+	switch {
+	case o == txn.NotRun:
+		back = t.Resend(where.Keys, carried)
+	case o == txn.Unknown && r.idempotent():
 		back.Cmds = append(back.Cmds, txn.Resent(carried)...)
 	}
 	takeBack(where, back, r.idempotent())

@@ -187,10 +187,11 @@ func (b *hBatch) hashesOf(i int) []*hash {
 // totalField is the field of an epoch's hash that holds the total of its
 // intervals: every write adds to both, and a take-back takes from both, but
 // takes from the total only the first time it is sent (txn.Resent). So the
-// total is what the intervals hold, unless a take-back sent again had run
-// already, late: then at least that, whatever the take-backs did to the
-// intervals. Written first after the incarnation, it sits at the front of
-// a small hash, where HGET and HINCRBY find it at once.
+// total is what the intervals hold, as a read counts them (less the
+// hash's pending fields: see txn.Txn.Resend), or more when a take-back
+// sent again did not run the first time. Written first after the
+// incarnation, it sits at the front of a small hash, where HGET and
+// HINCRBY find it at once.
 const totalField = txn.TotalField
 
 // nearEnd is how close to the end of an epoch a stamp must be for its

@@ -182,21 +182,46 @@ func (p *part) wholeRead() bool {
 }
 
 // parse reads the fields of p's i-th epoch, of span group g: its total,
-// its incarnation, and its intervals, to lanes but the current one.
-// Fields that are none of these are not ours.
+// its incarnation, and its intervals, to lanes but the current one, less
+// what its pending fields take from them (see txn.Txn.Resend). Fields
+// that are none of these are not ours.
 func (p *part) parse(y intervals.Layout, g, i int, fields iter.Seq2[string, string], lanes [][]limits.Entry, current int64) {
+	var pending []string // rare: only after a lost reply
 	for field, value := range fields {
-		switch field {
-		case intervals.IncarnationField:
+		switch {
+		case field == intervals.IncarnationField:
 			if i == 1 {
 				p.incarnation = value
 			}
-			continue
-		case totalField:
+		case field == totalField:
 			p.totals[i] = atoi(value)
-			continue
+		case txn.IsPending(field):
+			pending = append(pending, value)
+		default:
+			p.readInterval(y, g, i, field, value, lanes, current)
 		}
-		p.readInterval(y, g, i, field, value, lanes, current)
+	}
+	for _, value := range pending {
+		p.unpend(y, g, i, value, lanes, current)
+	}
+}
+
+// unpend takes what the pending field value of p's i-th epoch's hash, of
+// span group g, holds out of the intervals read: out of lanes, or out of
+// p.current for the current one. An interval left with no weight, or
+// less, counts none.
+func (p *part) unpend(y intervals.Layout, g, i int, value string, lanes [][]limits.Entry, current int64) {
+	for field, n := range txn.Pending(value) {
+		index, ok := y.Interval(g, p.epoch-1+int64(i), field)
+		switch {
+		case !ok: // not ours
+		case index == current:
+			p.current -= n
+		default:
+			for _, l := range y.LanesOf[g] {
+				lanes[l] = withWeight(lanes[l], y.Lanes[l].At(index), -n)
+			}
+		}
 	}
 }
 
@@ -374,11 +399,11 @@ func withCurrent(entries []limits.Entry, stamp int64, weight int) []limits.Entry
 	return out
 }
 
-// withWeight adds n to the entry stamped at among entries, oldest first,
-// and drops it if it holds no weight then.
+// withWeight adds n to the entry stamped at among entries, in any order
+// (it is seldom needed: a scan), and drops it if it holds no weight then.
 func withWeight(entries []limits.Entry, at int64, n int) []limits.Entry {
-	i, found := slices.BinarySearchFunc(entries, at, func(e limits.Entry, t int64) int { return cmp.Compare(e.At, t) })
-	if !found {
+	i := slices.IndexFunc(entries, func(e limits.Entry) bool { return e.At == at })
+	if i < 0 {
 		return entries
 	}
 	if entries[i].Weight += n; entries[i].Weight <= 0 {

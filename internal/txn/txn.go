@@ -30,7 +30,8 @@ import (
 //
 // A txn whose effect cannot be undone by repeating an undo (Windows'
 // HINCRBY) is marked: its last command, SET marker done PX
-// fenceDoneGrace, lets resolve learn after a lost reply whether it ran.
+// fenceDoneGrace (shrinkGrace if it takes intervals down), lets resolve
+// learn after a lost reply whether it ran, and a resend whether to apply.
 // Either way, once Redis answers again it has run whatever it had read
 // (a paused server runs the buffered transaction as it resumes), so
 // resolve waits until Redis has answered for resolveQuiet.
@@ -44,8 +45,16 @@ type Txn struct {
 	// holds that transaction's own value, undoMark (see Exec).
 	Undoes   string
 	undoMark string
-	Acks     Acks  // the replicas that must acknowledge t's writes: none if zero
-	Replies  []any // after the EXEC, by command
+	// resends, if not "", is the marker key of the transaction u whose
+	// take-backs t sends again (see Again): t applies only where that key
+	// does not hold u's own value, resendMark, and only if it looks
+	// before lookBy, while the key would still hold it had u run.
+	resends, resendMark string
+	lookBy              time.Time
+	sent                time.Time // when it was last sent
+	foundNotRun         bool      // by Resolve, which can be wrong: see Again
+	Acks                Acks      // the replicas that must acknowledge t's writes: none if zero
+	Replies             []any     // after the EXEC, by command
 	// Urgent: a take-back that must run before the calls it takes back
 	// are decided again, right after: sent ahead of that decision, never
 	// carried by a later batch.
@@ -73,8 +82,19 @@ type Guard struct {
 // polls for at most resolveFor, and decides once Redis has answered for
 // resolveQuiet: long enough for the server to run what it had buffered
 // while it was paused or cut off.
+//
+// The marker of a transaction that takes intervals down lives
+// shrinkGrace instead: the resends of its take-backs (see Again) look for
+// it for as long as they are tried, after Resolve (resolveFor) and a
+// take-back's retries (the store's, 5 s) and the reply's read timeout. A
+// resend does not look later than shrinkGrace less lookMargin after the
+// transaction was sent (the margin is for Redis's clock, which expires
+// the marker, running faster than this process's): it gives up, and the
+// take-back is lost, which errs on the side of denying.
 const (
 	fenceDoneGrace = 500 * time.Millisecond
+	shrinkGrace    = 30 * time.Second
+	lookMargin     = 2 * time.Second
 	resolveFor     = 10 * time.Second
 	resolveQuiet   = 20 * time.Millisecond
 )
@@ -108,15 +128,107 @@ func (t *Txn) Undo(u *Txn) { t.Undoes, t.undoMark = u.Marker, u.mark }
 
 // Again returns t's commands as a new transaction, with a new marker, to
 // send after t did not run, or was found not to have run: but its
-// shrinks (see Resent).
+// shrinks of a total (see Resent). If Resolve found that t did not run,
+// the verdict can be wrong (t's bytes, held up on their way, reach Redis
+// after it, and t runs late), so t's take-backs of intervals are sent
+// again as a resend of them (see Resend). A resend sent again is the same
+// resend.
 func (t *Txn) Again(ks keys.Space) *Txn {
+	if t.foundNotRun && t.Marker != "" && t.resends == "" {
+		return t.resend(ks, t.Cmds, t.Guards)
+	}
 	fresh := New(ks, t.Marker != "")
 	fresh.Cmds, fresh.Guards = Resent(t.Cmds), make([]Guard, len(t.Guards))
 	for i, g := range t.Guards {
 		fresh.Guards[i] = Guard{Key: g.Key, Field: g.Field, Want: g.Want, Cmds: Resent(g.Cmds)}
 	}
 	fresh.Undoes, fresh.undoMark = t.Undoes, t.undoMark
+	fresh.resends, fresh.resendMark, fresh.lookBy = t.resends, t.resendMark, t.lookBy
 	return fresh
+}
+
+// Resend returns cmds, take-backs that t carried, as a transaction to send
+// after Resolve found that t did not run. The verdict can be wrong: t may
+// run late. So the resend never takes an interval down: it writes what
+// it would take from each hash's intervals as a pending field of the hash
+// named after t (pendingField), which reads subtract, and which t, if it
+// runs late, deletes as it takes the intervals down itself (see cancels).
+// It applies only where t's marker does not say t ran, under WATCH of the
+// marker: t running between the read and the EXEC aborts it, and it is
+// sent again, to find the marker. So the intervals are taken down once in
+// any order, and a resend may be sent as often as it takes. Its shrinks
+// of a total are left out (Resent); its other commands (a move's
+// additions) are sent as they are: should t run late too, they count
+// twice, which errs on the side of denying.
+func (t *Txn) Resend(ks keys.Space, cmds [][]any) *Txn { return t.resend(ks, cmds, nil) }
+
+func (t *Txn) resend(ks keys.Space, cmds [][]any, guards []Guard) *Txn {
+	r := New(ks, true)
+	r.Cmds, r.Guards = pending(t.mark, 0, cmds), make([]Guard, len(guards))
+	for i, g := range guards {
+		r.Guards[i] = Guard{Key: g.Key, Field: g.Field, Want: g.Want, Cmds: pending(t.mark, i+1, g.Cmds)}
+	}
+	r.Undoes, r.undoMark = t.Undoes, t.undoMark
+	r.resends, r.resendMark, r.lookBy = t.Marker, t.mark, t.sent.Add(shrinkGrace-lookMargin)
+	return r
+}
+
+// shrink reads cmd as the take-back of weight from an interval: HINCRBY
+// of a hash's field other than its total, by less than 0.
+func shrink(cmd []any) (key any, field string, weight int, ok bool) {
+	n, isInt := cmd[len(cmd)-1].(int)
+	if !isInt || n >= 0 || len(cmd) != 4 || cmd[0] != "hincrby" || cmd[2] == TotalField {
+		return nil, "", 0, false
+	}
+	return cmd[1], ReplyString(cmd[2]), -n, true
+}
+
+// pending returns cmds, the commands of group of the transaction marked
+// mark, as its resend sends them: each hash's shrinks of intervals as one
+// HSET of its pending field, where its first shrink was (a DropIfMade
+// after it drops a hash it makes), and no shrink of a total.
+func pending(mark string, group int, cmds [][]any) [][]any {
+	out := make([][]any, 0, len(cmds))
+	at := map[any]int{} // by hash: its HSET's index in out
+	for _, cmd := range Resent(cmds) {
+		key, field, weight, ok := shrink(cmd)
+		if !ok {
+			out = append(out, cmd)
+			continue
+		}
+		pair := field + ":" + strconv.Itoa(weight)
+		if i, seen := at[key]; seen {
+			out[i][3] = out[i][3].(string) + "," + pair
+			continue
+		}
+		at[key] = len(out)
+		out = append(out, []any{"hset", key, pendingField(mark, group), pair})
+	}
+	return out
+}
+
+// cancels returns the commands that delete the pending fields a resend of
+// cmds, group of t, would write (see Resend): t runs them with cmds, so
+// that, run after its resend, t takes the intervals down in its stead.
+// None for a transaction that is not marked (nothing resends it as such)
+// or takes no interval down.
+func (t *Txn) cancels(group int, cmds [][]any) [][]any {
+	if t.Marker == "" {
+		return nil
+	}
+	var out [][]any
+	var field string
+	for _, cmd := range cmds {
+		key, _, _, ok := shrink(cmd)
+		if !ok || slices.ContainsFunc(out, func(c []any) bool { return c[1] == key }) {
+			continue
+		}
+		if field == "" {
+			field = pendingField(t.mark, group)
+		}
+		out = append(out, []any{"hdel", key, field})
+	}
+	return out
 }
 
 // TotalField is the field of a Windows hash that holds the total of its
@@ -128,9 +240,10 @@ const TotalField = "t"
 // them did not run or was found not to have run, without its shrinks: the
 // commands that take a total (TotalField) down. A verdict that a
 // transaction did not run can be wrong (its bytes reached Redis after the
-// verdict, and it ran late): then the take-backs sent again take their
-// intervals down twice, and a total taken down twice would be less than
-// they hold. Left up, it is more, which only errs on the side of denying.
+// verdict, and it ran late): a total taken down again would then be taken
+// down twice, and be less than its intervals hold (a resend takes those
+// down once, see Resend). Left up, it is more, which only errs on the
+// side of denying.
 func Resent(cmds [][]any) [][]any {
 	out := make([][]any, 0, len(cmds))
 	for _, cmd := range cmds {
@@ -207,23 +320,28 @@ const (
 // The marker is written in the same MULTI/EXEC as the writes, so a server
 // holds both or neither (until the marker expires: then t does nothing,
 // and the writes stay counted, which errs on the side of denying).
+//
+// A resend (see Resend) runs only where the marker of the transaction it
+// stands for does not say that one ran, and only while that marker would
+// still be there: else it does nothing, and says it ran (nothing is left
+// to send).
 func (t *Txn) Exec(ctx context.Context, node *redis.Client) (Outcome, error) {
-	if len(t.Guards) == 0 && t.Undoes == "" {
-		return t.execOn(ctx, node, t.Cmds, node.Options().ReadTimeout)
+	if len(t.Guards) == 0 && t.Undoes == "" && t.resends == "" {
+		return t.execOn(ctx, node, t.Cmds, t.cancels(0, t.Cmds), node.Options().ReadTimeout)
 	}
 	// One connection, WATCH and the reads in one round trip, MULTI/EXEC
 	// in a second; EXEC ends the WATCH whatever it does.
 	conn := node.Conn()
 	defer conn.Close()
-	cmds, err := t.unguarded(ctx, conn)
+	cmds, cancels, err := t.unguarded(ctx, conn)
 	if err != nil || cmds == nil {
 		_ = conn.Do(ctx, "unwatch").Err() // else the pooled connection would abort a later EXEC
 		if err != nil {
 			return NotRun, err
 		}
-		return Ran, nil // nothing of what it undoes is on this server
+		return Ran, nil // nothing of what it undoes is on this server, or nothing to resend
 	}
-	return t.execOn(ctx, conn, cmds, node.Options().ReadTimeout)
+	return t.execOn(ctx, conn, cmds, cancels, node.Options().ReadTimeout)
 }
 
 // ExecOn sends t, which has no guards, on conn, a connection the caller
@@ -231,7 +349,7 @@ func (t *Txn) Exec(ctx context.Context, node *redis.Client) (Outcome, error) {
 // time out after readTimeout (none if not positive: see Acks); it reports
 // as Exec does.
 func (t *Txn) ExecOn(ctx context.Context, conn Pipeliner, readTimeout time.Duration) (Outcome, error) {
-	return t.execOn(ctx, conn, t.Cmds, readTimeout)
+	return t.execOn(ctx, conn, t.Cmds, t.cancels(0, t.Cmds), readTimeout)
 }
 
 func anys(s []string) []any {
@@ -242,54 +360,77 @@ func anys(s []string) []any {
 	return out
 }
 
-// watched returns the keys t WATCHes: its guards', and the marker of
-// what it undoes.
+// watched returns the keys t WATCHes: its guards', the marker of what it
+// undoes, and the marker of the transaction it resends.
 func (t *Txn) watched() []string {
-	ks := make([]string, len(t.Guards), len(t.Guards)+1)
+	ks := make([]string, len(t.Guards), len(t.Guards)+2)
 	for i, g := range t.Guards {
 		ks[i] = g.Key
 	}
-	if t.Undoes != "" {
-		ks = append(ks, t.Undoes)
+	for _, marker := range []string{t.Undoes, t.resends} {
+		if marker != "" {
+			ks = append(ks, marker)
+		}
 	}
 	return ks
 }
 
-// unguarded WATCHes the guarded hashes, and the marker of what t undoes,
-// on conn, and reads the hashes' incarnations and the marker; it returns
-// t's commands with those of the guards that still hold, or nil if the
-// marker is not there (nothing to undo on this server).
-func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) {
+// unguarded WATCHes the guarded hashes, the marker of what t undoes and
+// the one of what it resends, on conn, and reads the hashes'
+// incarnations and the markers; it returns t's commands with those of the
+// guards that still hold, and the cancels of those commands, or nil if
+// the markers say that t has nothing to do on this server (see skips).
+func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) (cmds, cancels [][]any, err error) {
 	reads := make([]*redis.StringCmd, len(t.Guards))
-	var undone *redis.StringCmd
-	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	var undone, resent *redis.StringCmd
+	_, err = conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Do(ctx, append([]any{"watch"}, anys(t.watched())...)...)
 		for i, g := range t.Guards {
 			reads[i] = pipe.HGet(ctx, g.Key, g.Field)
 		}
-		if t.Undoes != "" {
-			undone = pipe.Get(ctx, t.Undoes)
-		}
+		undone, resent = t.getMarker(ctx, pipe, t.Undoes), t.getMarker(ctx, pipe, t.resends)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+		return nil, nil, err
 	}
-	if undone != nil && undone.Val() != t.undoMark {
-		return nil, nil
+	if t.skips(undone, resent) {
+		return nil, nil, nil
 	}
-	cmds := slices.Clip(t.Cmds)
+	cmds, cancels = slices.Clip(t.Cmds), t.cancels(0, t.Cmds)
 	for i, g := range t.Guards {
 		if have, err := reads[i].Result(); err == nil && slices.Contains(g.Want, have) {
 			cmds = append(cmds, g.Cmds...)
+			cancels = append(cancels, t.cancels(i+1, g.Cmds)...)
 		}
 	}
-	return cmds, nil
+	return cmds, cancels, nil
+}
+
+// getMarker queues the read of the marker key, if there is one.
+func (t *Txn) getMarker(ctx context.Context, pipe redis.Pipeliner, key string) *redis.StringCmd {
+	if key == "" {
+		return nil
+	}
+	return pipe.Get(ctx, key)
+}
+
+// skips reports whether t has nothing to do, by the markers read (nil if
+// not read): what it undoes is not on this server, or what it resends ran
+// (its marker holds its value), or might have and its marker might be
+// gone (lookBy passed): then the take-back is lost, which errs on the side
+// of denying.
+func (t *Txn) skips(undone, resent *redis.StringCmd) bool {
+	if undone != nil && undone.Val() != t.undoMark {
+		return true
+	}
+	return resent != nil && (resent.Val() == t.resendMark || time.Now().After(t.lookBy))
 }
 
 // execOn sends cmds as t on conn (under WATCH if conn is a *redis.Tx),
-// and WAIT after the EXEC if t asks for acknowledgements (see Acks).
-func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTimeout time.Duration) (Outcome, error) {
+// then cancels (see cancels), whose replies are not read, and WAIT after
+// the EXEC if t asks for acknowledgements (see Acks).
+func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds, cancels [][]any, readTimeout time.Duration) (Outcome, error) {
 	var exec, wait *redis.Cmd
 	var waitMs int64
 	if t.Acks.Replicas > 0 {
@@ -297,17 +438,18 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTime
 	}
 	// A queued command's own reply is QUEUED, or its error: read as a
 	// status, it is not boxed as a generic reply would be.
-	queued := make([]*redis.StatusCmd, len(cmds))
+	queued := make([]*redis.StatusCmd, len(cmds)+len(cancels))
+	t.sent = time.Now()
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
-		for i, args := range cmds {
+		for i, args := range slices.Concat(cmds, cancels) {
 			queued[i] = redis.NewStatusCmd(ctx, args...)
 			_ = pipe.Process(ctx, queued[i])
 		}
 		if t.Marker != "" {
 			// It outlives the wait too: a take-back of what too few
 			// replicas acknowledged looks for it (see Undo).
-			pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds()+waitMs)
+			pipe.Do(ctx, "set", t.Marker, t.mark, "px", markerLife(cancels).Milliseconds()+waitMs)
 		}
 		exec = pipe.Do(ctx, "exec")
 		if t.Acks.Replicas > 0 {
@@ -330,6 +472,16 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTime
 		return NotRun, queuedError(queued, execErr) // EXECABORT
 	}
 	return Unknown, err
+}
+
+// markerLife is how long the marker of a transaction lives after it
+// ran (but its wait): longer if it takes intervals down (it has cancels),
+// for the resends of its take-backs (see shrinkGrace).
+func markerLife(cancels [][]any) time.Duration {
+	if len(cancels) > 0 {
+		return shrinkGrace
+	}
+	return fenceDoneGrace
 }
 
 // Pipeliner is a connection: a *redis.Client, a *redis.Conn, or the
@@ -453,6 +605,7 @@ func (t *Txn) Resolve(node *redis.Client, refusedIsGone bool) Outcome {
 		verdict, over = r.next(done, err)
 		return over
 	})
+	t.foundNotRun = verdict == NotRun
 	return verdict
 }
 
@@ -479,7 +632,7 @@ func (r *resolution) next(done bool, err error) (Outcome, bool) {
 	case r.answered.IsZero():
 		r.answered = time.Now()
 	case time.Since(r.answered) >= resolveQuiet && r.marked:
-		return NotRun, true
+		return NotRun, true // which can be wrong: see Again
 	case time.Since(r.answered) >= resolveQuiet:
 		return Unknown, true
 	}

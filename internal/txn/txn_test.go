@@ -219,6 +219,7 @@ func TestResendOnce(t *testing.T) {
 			u.Add("hincrby", "h", TotalField, -3)
 			u.Add("hincrby", "h", "7", -3)
 			u.Guards = []Guard{{Key: "c", Field: "i", Want: []string{"x"}, Cmds: [][]any{{"hincrby", "c", "7", -2}, {"hincrby", "h", "7", -2}}}}
+			u.sent = time.Now() // and its bytes held up on their way
 			if o := u.Resolve(rdb, false); o != NotRun {
 				t.Fatalf("Resolve of a transaction never sent = %v, want NotRun", o)
 			}
@@ -267,5 +268,30 @@ func (h runFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 			h.once.Do(h.do)
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// A resend that would look for its transaction's marker after it may have
+// expired does nothing; the marker of a transaction that takes intervals
+// down lives long enough for its resends, others' no longer than before.
+func TestResendLooksInTime(t *testing.T) {
+	mr, rdb := clientOf(t, 3)
+	ks := keys.Of("p", "r")
+	mr.HSet("h", "7", "10")
+	u := New(ks, true)
+	u.Add("hincrby", "h", "7", -3)
+	u.sent = time.Now().Add(-shrinkGrace + lookMargin/2)
+	late := u.Resend(ks, u.Cmds)
+	if o, err := late.Exec(context.Background(), rdb); o != Ran || err != nil || readAs(mr, "h", "7") != 10 {
+		t.Errorf("a resend too late: %v, %v, h[7] reads %d: want nothing done", o, err, readAs(mr, "h", "7"))
+	}
+	if o, err := u.Exec(context.Background(), rdb); o != Ran || err != nil || mr.TTL(u.Marker) != shrinkGrace {
+		t.Errorf("a transaction that takes an interval down: %v, %v, its marker's TTL %v: want %v", o, err, mr.TTL(u.Marker), shrinkGrace)
+	}
+	other := New(ks, true)
+	other.Add("hincrby", "h", "7", 3)
+	other.Add("hincrby", "h", TotalField, -3)
+	if o, err := other.Exec(context.Background(), rdb); o != Ran || err != nil || mr.TTL(other.Marker) != fenceDoneGrace {
+		t.Errorf("a transaction that takes no interval down: %v, %v, its marker's TTL %v: want %v", o, err, mr.TTL(other.Marker), fenceDoneGrace)
 	}
 }
