@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -294,4 +295,31 @@ func TestResendLooksInTime(t *testing.T) {
 	if o, err := other.Exec(context.Background(), rdb); o != Ran || err != nil || mr.TTL(other.Marker) != fenceDoneGrace {
 		t.Errorf("a transaction that takes no interval down: %v, %v, its marker's TTL %v: want %v", o, err, mr.TTL(other.Marker), fenceDoneGrace)
 	}
+}
+
+// Any value of a pending field reads without a panic, as weights above
+// 0 only; what a resend writes reads back as the weights it takes.
+func FuzzPending(f *testing.F) {
+	f.Add("12:3,13:1", "7", 5)
+	f.Add(",:,x:-1,:0", "", 1)
+	f.Fuzz(func(t *testing.T, value, field string, n int) {
+		for _, w := range Pending(value) {
+			if w <= 0 {
+				t.Fatalf("Pending(%q) yields %d", value, w)
+			}
+		}
+		if n <= 0 || n > 1<<30 || field == TotalField || strings.ContainsAny(field, ",:") {
+			return // not a weight, or not an interval's field
+		}
+		cmds := pending("m", 0, [][]any{{"hincrby", "h", field, -n}, {"hincrby", "h", field, -n}})
+		got := 0
+		for f, w := range Pending(cmds[0][3].(string)) {
+			if f == field {
+				got += w
+			}
+		}
+		if len(cmds) != 1 || got != 2*n {
+			t.Errorf("the resend of two shrinks of %q by %d: %v, reads back %d", field, n, cmds, got)
+		}
+	})
 }
