@@ -144,7 +144,7 @@ func (e *env) countKeys(t *testing.T) []string {
 }
 
 // heldFields reads a Windows hash's fields as a read counts them: each
-// number less what the hash's pending fields take from it (written by a
+// number with what the hash's pending fields add to it (written by a
 // take-back sent again after a lost reply: see txn.Txn.Resend).
 func heldFields(fields map[string]string) map[string]int {
 	out := map[string]int{}
@@ -153,7 +153,7 @@ func heldFields(fields map[string]string) map[string]int {
 			out[field] += n
 		} else if txn.IsPending(field) {
 			for interval, w := range txn.Pending(value) {
-				out[interval] -= w
+				out[interval] += w
 			}
 		}
 	}

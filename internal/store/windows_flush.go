@@ -183,8 +183,8 @@ func (s windowsStore) takeShare(where Site, scopes []string, mine *hash, replies
 // share is the marked transaction that takes what mine's hashes held, as
 // replies show it (every interval, and the total), out of the resource's
 // hashes of the same epochs, whose names start with resource. An interval
-// held what a read counts in it: its field less what the hash's pending
-// fields take from it (see txn.Txn.Resend). The resource's hash holds the
+// held what a read counts in it: its field with what the hash's pending
+// fields add to it (see txn.Txn.Resend). The resource's hash holds the
 // same pending weights, written by the same resends (a client's take-back
 // takes from both hashes), which keep counting there: so the resource's
 // intervals, as a read counts them, lose exactly what the client's held.
@@ -211,9 +211,8 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, replies 
 }
 
 // held reads the reply of HGETALL of a hash as the numbers its fields
-// hold, each less what the hash's pending fields take from it. A pending
-// weight of a field the hash does not hold is not ours: a resend takes
-// from an interval that a decision made, in the same hash.
+// hold, each with what the hash's pending fields add to it. A pending
+// weight of a field that is not a number's name is not ours.
 func held(reply any) map[string]int {
 	out := map[string]int{}
 	var pending []string
@@ -226,8 +225,8 @@ func held(reply any) map[string]int {
 	}
 	for _, value := range pending {
 		for field, n := range txn.Pending(value) {
-			if _, ok := out[field]; ok { // else not ours: see share
-				out[field] -= n
+			if _, err := strconv.ParseUint(field, 10, 63); err == nil {
+				out[field] += n
 			}
 		}
 	}

@@ -182,9 +182,9 @@ func (p *part) wholeRead() bool {
 }
 
 // parse reads the fields of p's i-th epoch, of span group g: its total,
-// its incarnation, and its intervals, to lanes but the current one, less
-// what its pending fields take from them (see txn.Txn.Resend). Fields
-// that are none of these are not ours.
+// its incarnation, and its intervals, to lanes but the current one, with
+// what its pending fields add to them (see txn.Txn.Resend). Fields that
+// are none of these are not ours.
 func (p *part) parse(y intervals.Layout, g, i int, fields iter.Seq2[string, string], lanes [][]limits.Entry, current int64) {
 	var pending []string // rare: only after a lost reply
 	for field, value := range fields {
@@ -206,20 +206,20 @@ func (p *part) parse(y intervals.Layout, g, i int, fields iter.Seq2[string, stri
 	}
 }
 
-// unpend takes what the pending field value of p's i-th epoch's hash, of
-// span group g, holds out of the intervals read: out of lanes, or out of
-// p.current for the current one. An interval left with no weight, or
-// less, counts none.
+// unpend adds what the pending field value of p's i-th epoch's hash, of
+// span group g, holds to the intervals read: to lanes, or to p.current
+// for the current one. An interval left with no weight, or less, counts
+// none.
 func (p *part) unpend(y intervals.Layout, g, i int, value string, lanes [][]limits.Entry, current int64) {
 	for field, n := range txn.Pending(value) {
 		index, ok := y.Interval(g, p.epoch-1+int64(i), field)
 		switch {
 		case !ok: // not ours
 		case index == current:
-			p.current -= n
+			p.current += n
 		default:
 			for _, l := range y.LanesOf[g] {
-				lanes[l] = withWeight(lanes[l], y.Lanes[l].At(index), -n)
+				lanes[l] = withWeight(lanes[l], limits.Entry{ID: field, At: y.Lanes[l].At(index), Weight: n})
 			}
 		}
 	}
@@ -252,7 +252,7 @@ func (b *hBatch) unbatch(h *hash, g int, now int64) {
 	}
 	span := b.Spans[g]
 	for _, l := range b.LanesOf[g] {
-		h.lanes[l] = withWeight(h.lanes[l], b.Lanes[l].At(b.now/span), -h.added)
+		h.lanes[l] = withWeight(h.lanes[l], limits.Entry{At: b.Lanes[l].At(b.now / span), Weight: -h.added})
 	}
 }
 
@@ -399,14 +399,19 @@ func withCurrent(entries []limits.Entry, stamp int64, weight int) []limits.Entry
 	return out
 }
 
-// withWeight adds n to the entry stamped at among entries, in any order
-// (it is seldom needed: a scan), and drops it if it holds no weight then.
-func withWeight(entries []limits.Entry, at int64, n int) []limits.Entry {
-	i := slices.IndexFunc(entries, func(e limits.Entry) bool { return e.At == at })
+// withWeight adds e's weight to the entry stamped as e among entries, in
+// any order (it is seldom needed: a scan), and drops it if it holds no
+// weight then; it adds e if there is none and e holds weight (an interval
+// that held none, or less, is counted as holding none).
+func withWeight(entries []limits.Entry, e limits.Entry) []limits.Entry {
+	i := slices.IndexFunc(entries, func(x limits.Entry) bool { return x.At == e.At })
+	if i < 0 && e.Weight > 0 {
+		return append(entries, e)
+	}
 	if i < 0 {
 		return entries
 	}
-	if entries[i].Weight += n; entries[i].Weight <= 0 {
+	if entries[i].Weight += e.Weight; entries[i].Weight <= 0 {
 		return slices.Delete(entries, i, i+1)
 	}
 	return entries

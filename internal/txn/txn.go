@@ -130,7 +130,7 @@ func (t *Txn) Undo(u *Txn) { t.Undoes, t.undoMark = u.Marker, u.mark }
 // send after t did not run, or was found not to have run: but its
 // shrinks of a total (see Resent). If Resolve found that t did not run,
 // the verdict can be wrong (t's bytes, held up on their way, reach Redis
-// after it, and t runs late), so t's take-backs of intervals are sent
+// after it, and t runs late), so t's changes of intervals are sent
 // again as a resend of them (see Resend). A resend sent again is the same
 // resend.
 func (t *Txn) Again(ks keys.Space) *Txn {
@@ -149,17 +149,18 @@ func (t *Txn) Again(ks keys.Space) *Txn {
 
 // Resend returns cmds, take-backs that t carried, as a transaction to send
 // after Resolve found that t did not run. The verdict can be wrong: t may
-// run late. So the resend never takes an interval down: it writes what
-// it would take from each hash's intervals as a pending field of the hash
-// named after t (pendingField), which reads subtract, and which t, if it
-// runs late, deletes as it takes the intervals down itself (see cancels).
-// It applies only where t's marker does not say t ran, under WATCH of the
-// marker: t running between the read and the EXEC aborts it, and it is
-// sent again, to find the marker. So the intervals are taken down once in
-// any order, and a resend may be sent as often as it takes. Its shrinks
-// of a total are left out (Resent); its other commands (a move's
-// additions) are sent as they are: should t run late too, they count
-// twice, which errs on the side of denying.
+// run late. So where cmds take intervals down, the resend changes none:
+// it writes what cmds add to each hash's intervals (a take-back's less
+// than 0, a move's more) as a pending field of the hash named after t
+// (pendingField), which reads add, and which t, if it runs late, deletes
+// as it changes the intervals itself (see cancels). It applies only where
+// t's marker does not say t ran, under WATCH of the marker: t running
+// between the read and the EXEC aborts it, and it is sent again, to find
+// the marker. So the intervals are changed once in any order, and a
+// resend may be sent as often as it takes. Its shrinks of a total are
+// left out (Resent); its other commands (a move's addition to a total)
+// are sent as they are: should t run late too, they count twice, which
+// errs on the side of denying.
 func (t *Txn) Resend(ks keys.Space, cmds [][]any) *Txn { return t.resend(ks, cmds, nil) }
 
 func (t *Txn) resend(ks keys.Space, cmds [][]any, guards []Guard) *Txn {
@@ -173,30 +174,43 @@ func (t *Txn) resend(ks keys.Space, cmds [][]any, guards []Guard) *Txn {
 	return r
 }
 
-// shrink reads cmd as the take-back of weight from an interval: HINCRBY
-// of a hash's field other than its total, by less than 0.
-func shrink(cmd []any) (key any, field string, weight int, ok bool) {
+// change reads cmd as a change of an interval: HINCRBY of a hash's field
+// other than its total, by n, not 0.
+func change(cmd []any) (key any, field string, n int, ok bool) {
 	n, isInt := cmd[len(cmd)-1].(int)
-	if !isInt || n >= 0 || len(cmd) != 4 || cmd[0] != "hincrby" || cmd[2] == TotalField {
+	if !isInt || n == 0 || len(cmd) != 4 || cmd[0] != "hincrby" || cmd[2] == TotalField {
 		return nil, "", 0, false
 	}
-	return cmd[1], ReplyString(cmd[2]), -n, true
+	return cmd[1], ReplyString(cmd[2]), n, true
+}
+
+// takesDown reports whether cmds take an interval down: then their
+// changes of intervals are resent as pending (see Resend).
+func takesDown(cmds [][]any) bool {
+	return slices.ContainsFunc(cmds, func(cmd []any) bool {
+		_, _, n, ok := change(cmd)
+		return ok && n < 0
+	})
 }
 
 // pending returns cmds, the commands of group of the transaction marked
-// mark, as its resend sends them: each hash's shrinks of intervals as one
-// HSET of its pending field, where its first shrink was (a DropIfMade
-// after it drops a hash it makes), and no shrink of a total.
+// mark, as its resend sends them: if they take an interval down, each
+// hash's changes of intervals as one HSET of its pending field, where its
+// first change was (a DropIfMade after it drops a hash it makes); and no
+// shrink of a total.
 func pending(mark string, group int, cmds [][]any) [][]any {
+	if !takesDown(cmds) {
+		return Resent(cmds)
+	}
 	out := make([][]any, 0, len(cmds))
 	at := map[any]int{} // by hash: its HSET's index in out
 	for _, cmd := range Resent(cmds) {
-		key, field, weight, ok := shrink(cmd)
+		key, field, n, ok := change(cmd)
 		if !ok {
 			out = append(out, cmd)
 			continue
 		}
-		pair := field + ":" + strconv.Itoa(weight)
+		pair := field + ":" + strconv.Itoa(n)
 		if i, seen := at[key]; seen {
 			out[i][3] = out[i][3].(string) + "," + pair
 			continue
@@ -209,17 +223,19 @@ func pending(mark string, group int, cmds [][]any) [][]any {
 
 // cancels returns the commands that delete the pending fields a resend of
 // cmds, group of t, would write (see Resend): t runs them with cmds, so
-// that, run after its resend, t takes the intervals down in its stead.
-// None for a transaction that is not marked (nothing resends it as such)
-// or takes no interval down.
+// that, run after its resend, t changes the intervals in its stead. None
+// for a transaction that is not marked (nothing resends it as such) or
+// takes no interval down; else one per hash whose intervals cmds change
+// (a decision's own writes included: a resend carries only the
+// take-backs, but deleting a field it never wrote does nothing).
 func (t *Txn) cancels(group int, cmds [][]any) [][]any {
-	if t.Marker == "" {
+	if t.Marker == "" || !takesDown(cmds) {
 		return nil
 	}
 	var out [][]any
 	var field string
 	for _, cmd := range cmds {
-		key, _, _, ok := shrink(cmd)
+		key, _, _, ok := change(cmd)
 		if !ok || slices.ContainsFunc(out, func(c []any) bool { return c[1] == key }) {
 			continue
 		}
@@ -254,12 +270,12 @@ func Resent(cmds [][]any) [][]any {
 	return out
 }
 
-// A resend (see Again) never takes an interval down: it writes what it
-// would take from each hash's intervals as one pending field of that hash,
-// named after the transaction that first carried the take-backs, which
-// reads subtract from the intervals (Pending). That transaction, if it
-// runs late, deletes the field as it takes the intervals down itself:
-// either way they are taken down once.
+// A resend (see Again) never changes an interval: it writes what it would
+// add to each hash's intervals (less than 0 for a take-back) as one
+// pending field of that hash, named after the transaction that first
+// carried the take-backs, which reads add to the intervals (Pending). That
+// transaction, if it runs late, deletes the field as it changes the
+// intervals itself: either way they are changed once.
 const pendingPrefix = "p:"
 
 // pendingField names the pending field of the shrinks of group (0 for a
@@ -274,14 +290,14 @@ func pendingField(mark string, group int) string {
 func IsPending(field string) bool { return strings.HasPrefix(field, pendingPrefix) }
 
 // Pending reads the value of a pending field: each interval's field and
-// the weight to take from it, more than 0. A pair that is not so is not
-// ours, and skipped.
+// the weight to add to it (less than 0 to take some away), never 0. A
+// pair that is not so is not ours, and skipped.
 func Pending(value string) iter.Seq2[string, int] {
 	return func(yield func(string, int) bool) {
 		for pair := range strings.SplitSeq(value, ",") {
 			field, weight, ok := strings.Cut(pair, ":")
 			n, err := strconv.Atoi(weight)
-			if ok && err == nil && n > 0 && !yield(field, n) {
+			if ok && err == nil && n != 0 && !yield(field, n) {
 				return
 			}
 		}
