@@ -187,7 +187,7 @@ func (b *hBatch) hashesOf(i int) []*hash {
 // totalField is the field of an epoch's hash that holds the total of its
 // intervals: every write adds to both, and a take-back takes from both, but
 // takes from the total only the first time it is sent (txn.Resent). So the
-// total is what the intervals hold, as a read counts them (less the
+// total is what the intervals hold, as a read counts them (with the
 // hash's pending fields: see txn.Txn.Resend), or more when a take-back
 // sent again did not run the first time. Written first after the
 // incarnation, it sits at the front of a small hash, where HGET and
