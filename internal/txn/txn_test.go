@@ -325,3 +325,56 @@ func FuzzPending(f *testing.F) {
 		}
 	})
 }
+
+// A Flush of a client's hash, which takes what the hash holds as a read
+// counts it out of the resource's and deletes it, beside a guarded
+// take-back u of the client's weight (from both hashes) whose resend ran:
+// the resource's interval reads what the other clients hold, whatever the
+// order of the resend, the Flush and u running late (its guard fails once
+// the client's hash is gone).
+func TestResendBesideFlush(t *testing.T) {
+	ks := keys.Of("p", "r")
+	exec := func(t *testing.T, rdb *redis.Client, tx *Txn) {
+		t.Helper()
+		if o, err := tx.Exec(context.Background(), rdb); o != Ran || err != nil {
+			t.Fatalf("Exec = %v, %v", o, err)
+		}
+	}
+	flush := func(t *testing.T, mr *miniredis.Miniredis) {
+		fields, _ := mr.HKeys("c")
+		for _, f := range fields {
+			if _, err := strconv.Atoi(f); err == nil {
+				mr.HIncr("h", f, -readAs(mr, "c", f))
+			}
+		}
+		mr.Del("c")
+	}
+	for _, order := range []string{"resend flush u", "flush resend u", "resend u flush", "u resend flush", "flush u resend"} {
+		t.Run(order, func(t *testing.T) {
+			mr, rdb := clientOf(t, 3)
+			mr.HSet("c", "7", "5") // 2 of it denied
+			mr.HSet("c", "i", "x")
+			mr.HSet("h", "7", "8") // the client's 5, and 3 of others
+			u := New(ks, true)
+			u.Guards = []Guard{{Key: "c", Field: "i", Want: []string{"x"}, Cmds: [][]any{{"hincrby", "c", "7", -2}, {"hincrby", "h", "7", -2}}}}
+			u.sent = time.Now()
+			if o := u.Resolve(rdb, false); o != NotRun {
+				t.Fatalf("Resolve = %v", o)
+			}
+			resend := u.Again(ks)
+			for _, step := range strings.Fields(order) {
+				switch step {
+				case "resend":
+					exec(t, rdb, resend)
+				case "u":
+					exec(t, rdb, u)
+				case "flush":
+					flush(t, mr)
+				}
+			}
+			if got := readAs(mr, "h", "7"); got != 3 {
+				t.Errorf("h[7] reads %d, want 3: the other clients'", got)
+			}
+		})
+	}
+}
