@@ -177,37 +177,31 @@ func TestUndoes(t *testing.T) {
 // run: in u's own commands and in its guards'.
 func TestResendOnce(t *testing.T) {
 	ks := keys.Of("p", "r")
-	exec := func(t *testing.T, rdb *redis.Client, tx *Txn) {
-		t.Helper()
-		if o, err := tx.Exec(context.Background(), rdb); o != Ran || err != nil {
-			t.Fatalf("Exec = %v, %v", o, err)
-		}
-	}
 	for _, c := range []struct {
 		name  string
 		order func(t *testing.T, rdb *redis.Client, u, resend *Txn)
 	}{
-		{"resend alone", func(t *testing.T, rdb *redis.Client, _, r *Txn) { exec(t, rdb, r) }},
-		{"u late, after the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { exec(t, rdb, r); exec(t, rdb, u) }},
-		{"u before the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { exec(t, rdb, u); exec(t, rdb, r) }},
+		{"resend alone", func(t *testing.T, rdb *redis.Client, _, r *Txn) { mustRun(t, rdb, r) }},
+		{"u late, after the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { mustRun(t, rdb, r); mustRun(t, rdb, u) }},
+		{"u before the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { mustRun(t, rdb, u); mustRun(t, rdb, r) }},
 		{"resend, u, resend again", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
-			exec(t, rdb, r)
-			exec(t, rdb, u)
-			exec(t, rdb, r.Again(ks))
+			mustRun(t, rdb, r)
+			mustRun(t, rdb, u)
+			mustRun(t, rdb, r.Again(ks))
 		}},
 		{"resend twice, then u", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
-			exec(t, rdb, r)
-			exec(t, rdb, r.Again(ks))
-			exec(t, rdb, u)
+			mustRun(t, rdb, r)
+			mustRun(t, rdb, r.Again(ks))
+			mustRun(t, rdb, u)
 		}},
 		{"u between the resend's WATCH and its EXEC", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
 			other := redis.NewClient(rdb.Options())
 			defer other.Close()
-			rdb.AddHook(runFirst{"multi", func() { exec(t, other, u) }, &sync.Once{}})
+			rdb.AddHook(runFirst{"multi", func() { mustRun(t, other, u) }, &sync.Once{}})
 			if o, err := r.Exec(context.Background(), rdb); o != NotRun || !errors.Is(err, redis.TxFailedErr) {
 				t.Fatalf("the raced resend: %v, %v; want NotRun, TxFailedErr", o, err)
 			}
-			exec(t, rdb, r.Again(ks))
+			mustRun(t, rdb, r.Again(ks))
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -234,6 +228,14 @@ func TestResendOnce(t *testing.T) {
 				t.Errorf("h's total %d is less than its intervals hold", total)
 			}
 		})
+	}
+}
+
+// mustRun runs tx on rdb, and fails t unless it ran.
+func mustRun(t *testing.T, rdb *redis.Client, tx *Txn) {
+	t.Helper()
+	if o, err := tx.Exec(context.Background(), rdb); o != Ran || err != nil {
+		t.Fatalf("Exec = %v, %v", o, err)
 	}
 }
 
@@ -334,12 +336,6 @@ func FuzzPending(f *testing.F) {
 // the client's hash is gone).
 func TestResendBesideFlush(t *testing.T) {
 	ks := keys.Of("p", "r")
-	exec := func(t *testing.T, rdb *redis.Client, tx *Txn) {
-		t.Helper()
-		if o, err := tx.Exec(context.Background(), rdb); o != Ran || err != nil {
-			t.Fatalf("Exec = %v, %v", o, err)
-		}
-	}
 	flush := func(t *testing.T, mr *miniredis.Miniredis) {
 		fields, _ := mr.HKeys("c")
 		for _, f := range fields {
@@ -365,9 +361,9 @@ func TestResendBesideFlush(t *testing.T) {
 			for _, step := range strings.Fields(order) {
 				switch step {
 				case "resend":
-					exec(t, rdb, resend)
+					mustRun(t, rdb, resend)
 				case "u":
-					exec(t, rdb, u)
+					mustRun(t, rdb, u)
 				case "flush":
 					flush(t, mr)
 				}
