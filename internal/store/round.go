@@ -86,7 +86,10 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	t := txn.New(where.Keys, !r.idempotent())
 	where.Carry.markIn(t)
 	t.Acks = where.Acks
-	carried := append(where.Carry.take(), where.Ahead.take()...)
+	carried, keep := where.Carry.take()
+	ahead, aheadKeep := where.Ahead.take()
+	carried = append(carried, ahead...)
+	t.Keep(max(keep, aheadKeep))
 	for _, cmd := range carried {
 		t.Add(cmd...)
 	}
@@ -146,15 +149,16 @@ func forsake(where Site, r round, t *txn.Txn) {
 // their calls again right after.
 func handOn(where Site, back *txn.Txn, idempotent bool) {
 	if back.Urgent && where.Ahead != nil && len(back.Guards) == 0 {
-		where.Ahead.hand(where, back.Cmds, idempotent)
+		where.Ahead.hand(where, back, idempotent)
 		return
 	}
 	if where.Busy != nil && where.Busy() && len(back.Guards) == 0 && !back.Urgent {
-		where.Carry.hand(where, back.Cmds, idempotent)
+		where.Carry.hand(where, back, idempotent)
 		return
 	}
 	send := txn.New(where.Keys, !idempotent)
 	send.Cmds, send.Guards = back.Cmds, back.Guards
+	send.Keep(back.Kept())
 	takeBack(where, send, idempotent)
 }
 
@@ -215,6 +219,7 @@ type Carried struct {
 	where      Site     // where to send them alone
 	idempotent bool     // as the round's take-backs (round.idempotent)
 	markers    []string // the keys no transaction whose outcome is yet to be learned sets
+	keep       int64    // the latest deadline of the hashes cmds change (txn.Txn.Keep)
 }
 
 // maxMarkers bounds the marker keys a line keeps for its next decisions:
@@ -248,26 +253,29 @@ func (c *Carried) freeMarker(t *txn.Txn) {
 	}
 }
 
-// hand adds cmds, the take-backs of a batch at where, for the next one.
-func (c *Carried) hand(where Site, cmds [][]any, idempotent bool) {
-	if c == nil || len(cmds) == 0 {
+// hand adds back's commands, the take-backs of a batch at where, for the
+// next one.
+func (c *Carried) hand(where Site, back *txn.Txn, idempotent bool) {
+	if c == nil || len(back.Cmds) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.cmds, c.where, c.idempotent = append(c.cmds, cmds...), where, idempotent
+	c.cmds, c.where, c.idempotent = append(c.cmds, back.Cmds...), where, idempotent
+	c.keep = max(c.keep, back.Kept())
 }
 
-// take returns the commands to carry, and forgets them.
-func (c *Carried) take() [][]any {
+// take returns the commands to carry and the latest deadline of the
+// hashes they change, and forgets them.
+func (c *Carried) take() ([][]any, int64) {
 	if c == nil {
-		return nil
+		return nil, 0
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cmds := c.cmds
-	c.cmds = nil
-	return cmds
+	cmds, keep := c.cmds, c.keep
+	c.cmds, c.keep = nil, 0
+	return cmds, keep
 }
 
 // Flush sends what is left to carry alone: the line has no batch left.
@@ -275,9 +283,10 @@ func (c *Carried) Flush() {
 	c.mu.Lock()
 	where, idempotent := c.where, c.idempotent
 	c.mu.Unlock()
-	if cmds := c.take(); len(cmds) > 0 {
+	if cmds, keep := c.take(); len(cmds) > 0 {
 		back := txn.New(where.Keys, !idempotent)
 		back.Cmds = cmds
+		back.Keep(keep)
 		takeBack(where, back, idempotent)
 	}
 }

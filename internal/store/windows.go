@@ -430,6 +430,7 @@ func (b *hBatch) queueMoves(back *txn.Txn, now int64) {
 	if latest > 0 && b.gen != "" {
 		back.Add("pexpireat", b.keys.Generation(), latest, "gt")
 	}
+	back.Keep(latest)
 }
 
 // queueMove queues the move of h's recorded weight in span group g, and
@@ -479,10 +480,12 @@ func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 		case h.client:
 			for g := range h.parts {
 				back.Guards = append(back.Guards, b.guardOf(h, resource, g, n))
+				back.Keep(b.EpochExpireAt(g, h.parts[g].epoch))
 			}
 		case !b.HasClientRule:
 			for g := range h.parts {
 				back.Cmds = b.subtract(back.Cmds, h, g, n)
+				back.Keep(b.EpochExpireAt(g, h.parts[g].epoch))
 			}
 		}
 	}

@@ -204,6 +204,7 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, replies 
 			}
 			if len(t.Cmds) > from {
 				t.Add(txn.DropIfMade(key)...)
+				t.Keep(s.EpochExpireAt(g, p.epoch-1+int64(i)))
 			}
 		}
 	}

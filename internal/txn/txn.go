@@ -30,7 +30,7 @@ import (
 //
 // A txn whose effect cannot be undone by repeating an undo (Windows'
 // HINCRBY) is marked: its last command, SET marker done PX
-// fenceDoneGrace (shrinkGrace if it takes intervals down), lets resolve
+// fenceDoneGrace (or until Keep if it takes intervals down), lets resolve
 // learn after a lost reply whether it ran, and a resend whether to apply.
 // Either way, once Redis answers again it has run whatever it had read
 // (a paused server runs the buffered transaction as it resumes), so
@@ -47,14 +47,15 @@ type Txn struct {
 	undoMark string
 	// resends, if not "", is the marker key of the transaction u whose
 	// take-backs t sends again (see Again): t applies only where that key
-	// does not hold u's own value, resendMark, and only if it looks
-	// before lookBy, while the key would still hold it had u run.
+	// does not hold u's own value, resendMark.
 	resends, resendMark string
-	lookBy              time.Time
-	sent                time.Time // when it was last sent
-	foundNotRun         bool      // by Resolve, which can be wrong: see Again
-	Acks                Acks      // the replicas that must acknowledge t's writes: none if zero
-	Replies             []any     // after the EXEC, by command
+	foundNotRun         bool // by Resolve, which can be wrong: see Again
+	// keep is the latest deadline (absolute Redis ms) of the hashes whose
+	// intervals t's commands change: a marker of t's lives until then, for
+	// t's resends to find (see Keep).
+	keep    int64
+	Acks    Acks  // the replicas that must acknowledge t's writes: none if zero
+	Replies []any // after the EXEC, by command
 	// Urgent: a take-back that must run before the calls it takes back
 	// are decided again, right after: sent ahead of that decision, never
 	// carried by a later batch.
@@ -82,19 +83,8 @@ type Guard struct {
 // polls for at most resolveFor, and decides once Redis has answered for
 // resolveQuiet: long enough for the server to run what it had buffered
 // while it was paused or cut off.
-//
-// The marker of a transaction that takes intervals down lives
-// shrinkGrace instead: the resends of its take-backs (see Again) look for
-// it for as long as they are tried, after Resolve (resolveFor) and a
-// take-back's retries (the store's, 5 s) and the reply's read timeout. A
-// resend does not look later than shrinkGrace less lookMargin after the
-// transaction was sent (the margin is for Redis's clock, which expires
-// the marker, running faster than this process's): it gives up, and the
-// take-back is lost, which errs on the side of denying.
 const (
 	fenceDoneGrace = 500 * time.Millisecond
-	shrinkGrace    = 30 * time.Second
-	lookMargin     = 2 * time.Second
 	resolveFor     = 10 * time.Second
 	resolveQuiet   = 20 * time.Millisecond
 )
@@ -117,6 +107,18 @@ func (t *Txn) MarkIn(key string) {
 		t.Marker = key
 	}
 }
+
+// Keep says that t's commands change intervals of a hash whose deadline
+// is at (absolute Redis ms). A marked t that takes intervals down keeps
+// its marker until the latest such deadline (PEXPIREAT GT, after the SET
+// of fenceDoneGrace), on the clock that expires the hashes: its resends
+// (see Resend) find the marker as long as a hash it changed is there; after
+// that, a resend, or t running late, changes a hash that is gone, and
+// makes none (txn.DropIfMade).
+func (t *Txn) Keep(at int64) { t.keep = max(t.keep, at) }
+
+// Kept is the latest deadline Keep was told of, 0 if none.
+func (t *Txn) Kept() int64 { return t.keep }
 
 // Undo makes t take back what u wrote: t applies only on a server that
 // holds u's marker, set to u's own value, for u's writes may be on the
@@ -142,8 +144,8 @@ func (t *Txn) Again(ks keys.Space) *Txn {
 	for i, g := range t.Guards {
 		fresh.Guards[i] = Guard{Key: g.Key, Field: g.Field, Want: g.Want, Cmds: Resent(g.Cmds)}
 	}
-	fresh.Undoes, fresh.undoMark = t.Undoes, t.undoMark
-	fresh.resends, fresh.resendMark, fresh.lookBy = t.resends, t.resendMark, t.lookBy
+	fresh.Undoes, fresh.undoMark, fresh.keep = t.Undoes, t.undoMark, t.keep
+	fresh.resends, fresh.resendMark = t.resends, t.resendMark
 	return fresh
 }
 
@@ -170,7 +172,7 @@ func (t *Txn) resend(ks keys.Space, cmds [][]any, guards []Guard) *Txn {
 		r.Guards[i] = Guard{Key: g.Key, Field: g.Field, Want: g.Want, Cmds: pending(t.mark, i+1, g.Cmds)}
 	}
 	r.Undoes, r.undoMark = t.Undoes, t.undoMark
-	r.resends, r.resendMark, r.lookBy = t.Marker, t.mark, t.sent.Add(shrinkGrace-lookMargin)
+	r.resends, r.resendMark = t.Marker, t.mark
 	return r
 }
 
@@ -433,14 +435,12 @@ func (t *Txn) getMarker(ctx context.Context, pipe redis.Pipeliner, key string) *
 
 // skips reports whether t has nothing to do, by the markers read (nil if
 // not read): what it undoes is not on this server, or what it resends ran
-// (its marker holds its value), or might have and its marker might be
-// gone (lookBy passed): then the take-back is lost, which errs on the side
-// of denying.
+// (its marker holds its value).
 func (t *Txn) skips(undone, resent *redis.StringCmd) bool {
 	if undone != nil && undone.Val() != t.undoMark {
 		return true
 	}
-	return resent != nil && (resent.Val() == t.resendMark || time.Now().After(t.lookBy))
+	return resent != nil && resent.Val() == t.resendMark
 }
 
 // execOn sends cmds as t on conn (under WATCH if conn is a *redis.Tx),
@@ -455,18 +455,13 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds, cancels [][]any,
 	// A queued command's own reply is QUEUED, or its error: read as a
 	// status, it is not boxed as a generic reply would be.
 	queued := make([]*redis.StatusCmd, len(cmds)+len(cancels))
-	t.sent = time.Now()
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
 		for i, args := range slices.Concat(cmds, cancels) {
 			queued[i] = redis.NewStatusCmd(ctx, args...)
 			_ = pipe.Process(ctx, queued[i])
 		}
-		if t.Marker != "" {
-			// It outlives the wait too: a take-back of what too few
-			// replicas acknowledged looks for it (see Undo).
-			pipe.Do(ctx, "set", t.Marker, t.mark, "px", markerLife(cancels).Milliseconds()+waitMs)
-		}
+		t.queueMarker(ctx, pipe, len(cancels) > 0, waitMs)
 		exec = pipe.Do(ctx, "exec")
 		if t.Acks.Replicas > 0 {
 			wait = pipe.Do(ctx, "wait", t.Acks.Replicas, waitMs)
@@ -490,14 +485,18 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds, cancels [][]any,
 	return Unknown, err
 }
 
-// markerLife is how long the marker of a transaction lives after it
-// ran (but its wait): longer if it takes intervals down (it has cancels),
-// for the resends of its take-backs (see shrinkGrace).
-func markerLife(cancels [][]any) time.Duration {
-	if len(cancels) > 0 {
-		return shrinkGrace
+// queueMarker queues the SET of a marked t's marker, which outlives the
+// wait too (a take-back of what too few replicas acknowledged looks for
+// it, see Undo), and, if t takes intervals down (shrinks), lives until the
+// hashes it changes expire (see Keep).
+func (t *Txn) queueMarker(ctx context.Context, pipe redis.Pipeliner, shrinks bool, waitMs int64) {
+	if t.Marker == "" {
+		return
 	}
-	return fenceDoneGrace
+	pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds()+waitMs)
+	if shrinks && t.keep > 0 {
+		pipe.Do(ctx, "pexpireat", t.Marker, t.keep, "gt")
+	}
 }
 
 // Pipeliner is a connection: a *redis.Client, a *redis.Conn, or the

@@ -216,7 +216,6 @@ func TestResendOnce(t *testing.T) {
 			u.Add("hincrby", "h", "7", -1) // a move of 1 from 7 to 8
 			u.Add("hincrby", "h", "8", 1)
 			u.Guards = []Guard{{Key: "c", Field: "i", Want: []string{"x"}, Cmds: [][]any{{"hincrby", "c", "7", -2}, {"hincrby", "h", "7", -2}}}}
-			u.sent = time.Now() // and its bytes held up on their way
 			if o := u.Resolve(rdb, false); o != NotRun {
 				t.Fatalf("Resolve of a transaction never sent = %v, want NotRun", o)
 			}
@@ -276,28 +275,32 @@ func (h runFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-// A resend that would look for its transaction's marker after it may have
-// expired does nothing; the marker of a transaction that takes intervals
-// down lives long enough for its resends, others' no longer than before.
-func TestResendLooksInTime(t *testing.T) {
+// The marker of a transaction that takes intervals down lives until the
+// latest deadline of the hashes it changes (Keep), for its resends to
+// find; others' no longer than before.
+func TestMarkerKept(t *testing.T) {
 	mr, rdb := clientOf(t, 3)
 	ks := keys.Of("p", "r")
+	now := time.UnixMilli(1_700_000_000_000)
+	mr.SetTime(now)
 	mr.HSet("h", "7", "10")
-	u := New(ks, true)
-	u.Add("hincrby", "h", "7", -3)
-	u.sent = time.Now().Add(-shrinkGrace + lookMargin/2)
-	late := u.Resend(ks, u.Cmds)
-	if o, err := late.Exec(context.Background(), rdb); o != Ran || err != nil || readAs(mr, "h", "7") != 10 || len(mr.Keys()) != 1 {
-		t.Errorf("a resend too late: %v, %v, h[7] reads %d: want nothing done", o, err, readAs(mr, "h", "7"))
-	}
-	if o, err := u.Exec(context.Background(), rdb); o != Ran || err != nil || mr.TTL(u.Marker) != shrinkGrace {
-		t.Errorf("a transaction that takes an interval down: %v, %v, its marker's TTL %v: want %v", o, err, mr.TTL(u.Marker), shrinkGrace)
-	}
-	other := New(ks, true)
-	other.Add("hincrby", "h", "7", 3)
-	other.Add("hincrby", "h", TotalField, -3)
-	if o, err := other.Exec(context.Background(), rdb); o != Ran || err != nil || mr.TTL(other.Marker) != fenceDoneGrace {
-		t.Errorf("a transaction that takes no interval down: %v, %v, its marker's TTL %v: want %v", o, err, mr.TTL(other.Marker), fenceDoneGrace)
+	for _, c := range []struct {
+		name string
+		n    int
+		keep time.Duration
+		want time.Duration
+	}{
+		{"a take-back", -3, 5 * time.Second, 5 * time.Second},
+		{"a take-back of hashes that expire sooner", -3, 100 * time.Millisecond, fenceDoneGrace},
+		{"an addition", 3, 5 * time.Second, fenceDoneGrace},
+	} {
+		u := New(ks, true)
+		u.Add("hincrby", "h", "7", c.n)
+		u.Keep(now.Add(c.keep).UnixMilli())
+		mustRun(t, rdb, u)
+		if got := mr.TTL(u.Marker); got != c.want {
+			t.Errorf("%s: the marker's TTL %v, want %v", c.name, got, c.want)
+		}
 	}
 }
 
@@ -353,7 +356,6 @@ func TestResendBesideFlush(t *testing.T) {
 			mr.HSet("h", "7", "8") // the client's 5, and 3 of others
 			u := New(ks, true)
 			u.Guards = []Guard{{Key: "c", Field: "i", Want: []string{"x"}, Cmds: [][]any{{"hincrby", "c", "7", -2}, {"hincrby", "h", "7", -2}}}}
-			u.sent = time.Now()
 			if o := u.Resolve(rdb, false); o != NotRun {
 				t.Fatalf("Resolve = %v", o)
 			}
