@@ -107,7 +107,7 @@ func (c *confirmation) read(h *hash, replies []any) {
 	b.readAt(read, replies, func(int) int64 { return math.MinInt64 }) // no interval is current: each is a lane's
 	for g, span := range b.Spans {
 		for _, l := range b.LanesOf[g] {
-			read.lanes[l] = withWeight(read.lanes[l], limits.Entry{At: b.Lanes[l].At(b.now / span), Weight: -h.pending})
+			read.lanes[l] = withWeight(read.lanes[l], b.Lanes[l].At(b.now/span), -h.pending)
 		}
 	}
 }

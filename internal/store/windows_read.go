@@ -219,7 +219,7 @@ func (p *part) unpend(y intervals.Layout, g, i int, value string, lanes [][]limi
 			p.current += n
 		default:
 			for _, l := range y.LanesOf[g] {
-				lanes[l] = withWeight(lanes[l], limits.Entry{ID: field, At: y.Lanes[l].At(index), Weight: n})
+				lanes[l] = withPending(lanes[l], limits.Entry{ID: field, At: y.Lanes[l].At(index), Weight: n})
 			}
 		}
 	}
@@ -252,7 +252,7 @@ func (b *hBatch) unbatch(h *hash, g int, now int64) {
 	}
 	span := b.Spans[g]
 	for _, l := range b.LanesOf[g] {
-		h.lanes[l] = withWeight(h.lanes[l], limits.Entry{At: b.Lanes[l].At(b.now / span), Weight: -h.added})
+		h.lanes[l] = withWeight(h.lanes[l], b.Lanes[l].At(b.now/span), -h.added)
 	}
 }
 
@@ -399,16 +399,30 @@ func withCurrent(entries []limits.Entry, stamp int64, weight int) []limits.Entry
 	return out
 }
 
-// withWeight adds e's weight to the entry stamped as e among entries, in
-// any order (it is seldom needed: a scan), and drops it if it holds no
-// weight then; it adds e if there is none and e holds weight (an interval
-// that held none, or less, is counted as holding none).
-func withWeight(entries []limits.Entry, e limits.Entry) []limits.Entry {
-	i := slices.IndexFunc(entries, func(x limits.Entry) bool { return x.At == e.At })
-	if i < 0 && e.Weight > 0 {
-		return append(entries, e)
+// withWeight adds n to the entry stamped at among entries, oldest first,
+// and drops it if it holds no weight then.
+func withWeight(entries []limits.Entry, at int64, n int) []limits.Entry {
+	i, found := slices.BinarySearchFunc(entries, at, func(e limits.Entry, t int64) int { return cmp.Compare(e.At, t) })
+	if !found {
+		return entries
 	}
-	if i < 0 {
+	if entries[i].Weight += n; entries[i].Weight <= 0 {
+		return slices.Delete(entries, i, i+1)
+	}
+	return entries
+}
+
+// withPending adds e's weight, a pending one, to the entry stamped as e
+// among entries as parse reads them, in no order yet (pending fields are
+// rare: a scan), and drops it if it holds no weight then; it adds e if
+// there is none and e holds weight (an interval that held none, or less,
+// is counted as holding none).
+func withPending(entries []limits.Entry, e limits.Entry) []limits.Entry {
+	i := slices.IndexFunc(entries, func(x limits.Entry) bool { return x.At == e.At })
+	switch {
+	case i < 0 && e.Weight > 0:
+		return append(entries, e)
+	case i < 0:
 		return entries
 	}
 	if entries[i].Weight += e.Weight; entries[i].Weight <= 0 {
