@@ -84,7 +84,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	}
 	r := newRound(now)
 	t := txn.New(where.Keys, !r.idempotent())
-	where.Carry.markIn(t)
+	where.Markers.Mark(t, where.Keys)
 	t.Acks = where.Acks
 	carried, keep := where.Carry.take()
 	ahead, aheadKeep := where.Ahead.take()
@@ -98,7 +98,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	sent := time.Now()
 	switch o, err := t.Exec(ctx, where.Node); o {
 	case txn.NotRun:
-		where.Carry.freeMarker(t)
+		where.Markers.Free(t)
 		handOn(where, &txn.Txn{Cmds: txn.Resent(carried)}, r.idempotent())
 		return err
 	case txn.Unknown:
@@ -109,7 +109,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 		forsake(where, r, t)
 		return err
 	}
-	where.Carry.freeMarker(t)
+	where.Markers.Free(t)
 	back := txn.New(where.Keys, !r.idempotent())
 	server, ok := txn.ReplyTime(t.Replies[clock])
 	if !ok || stampOff(server, now, time.Since(sent), where.Clock.Pace()) {
@@ -194,7 +194,7 @@ func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 		// Only then is t's marker key free for another: a transaction
 		// found not to have run, or not found, may still run late, and set
 		// it over the marker of the one that took it.
-		where.Carry.freeMarker(t)
+		where.Markers.Free(t)
 	}
 	back := txn.New(where.Keys, !r.idempotent())
 	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
@@ -210,47 +210,13 @@ func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 }
 
 // Carried is what a line's decisions hand on to the next ones: the
-// take-backs that the next carries, and the keys of the markers of the
-// settled ones (txn.Txn.MarkIn), which the next ones set again, so that a
-// busy line keeps a few marker keys rather than one per transaction.
+// take-backs that the next carries.
 type Carried struct {
 	mu         sync.Mutex
 	cmds       [][]any
-	where      Site     // where to send them alone
-	idempotent bool     // as the round's take-backs (round.idempotent)
-	markers    []string // the keys no transaction whose outcome is yet to be learned sets
-	keep       int64    // the latest deadline of the hashes cmds change (txn.Txn.Keep)
-}
-
-// maxMarkers bounds the marker keys a line keeps for its next decisions:
-// about as many as it has decisions under way at once.
-const maxMarkers = 8
-
-// markIn marks t, if it is marked, in a marker key of the line's that no
-// unsettled transaction sets.
-func (c *Carried) markIn(t *txn.Txn) {
-	if c == nil || t.Marker == "" {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n := len(c.markers); n > 0 {
-		t.MarkIn(c.markers[n-1])
-		c.markers = c.markers[:n-1]
-	}
-}
-
-// settled gives t's marker key back to the line, once t's outcome is
-// known: no one reads t's marker any more.
-func (c *Carried) freeMarker(t *txn.Txn) {
-	if c == nil || t.Marker == "" {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.markers) < maxMarkers {
-		c.markers = append(c.markers, t.Marker)
-	}
+	where      Site  // where to send them alone
+	idempotent bool  // as the round's take-backs (round.idempotent)
+	keep       int64 // the latest deadline of the hashes cmds change (txn.Txn.Keep)
 }
 
 // hand adds back's commands, the take-backs of a batch at where, for the
@@ -310,7 +276,11 @@ func takeBack(where Site, back *txn.Txn, idempotent bool) {
 	defer cancel()
 	node := where.Node
 	backoff.New(txn.ResolveFirstBackoff, txn.ResolveMaxBackoff).Retry(ctx, func() bool {
-		over, err := tryTakeBack(ctx, node, back, idempotent)
+		where.Markers.Mark(back, where.Keys)
+		over, ran, err := tryTakeBack(ctx, node, back, idempotent)
+		if ran {
+			where.Markers.Free(back) // no resend of a take-back that ran looks for its marker
+		}
 		if over {
 			return true
 		}
@@ -325,13 +295,13 @@ func takeBack(where Site, back *txn.Txn, idempotent bool) {
 }
 
 // tryTakeBack makes one attempt of takeBack, and reports whether it is
-// over: it ran, it may have run and must not run twice, or the client was
-// closed.
-func tryTakeBack(ctx context.Context, node *redis.Client, back *txn.Txn, idempotent bool) (bool, error) {
+// over (it ran, it may have run and must not run twice, or the client was
+// closed) and whether it is known to have run.
+func tryTakeBack(ctx context.Context, node *redis.Client, back *txn.Txn, idempotent bool) (over, ran bool, err error) {
 	o, err := back.Exec(ctx, node)
 	if o == txn.Unknown && !idempotent {
 		o = back.Resolve(node, false)
 	}
-	over := o == txn.Ran || o == txn.Unknown && !idempotent || errors.Is(err, redis.ErrClosed)
-	return over, err
+	over = o == txn.Ran || o == txn.Unknown && !idempotent || errors.Is(err, redis.ErrClosed)
+	return over, o == txn.Ran, err
 }

@@ -376,3 +376,35 @@ func TestResendBesideFlush(t *testing.T) {
 		})
 	}
 }
+
+// A Markers gives a name to one transaction at a time, gives it again once
+// freed, and never again a name whose transaction was not freed (its
+// outcome unknown: it may still set its marker late).
+func TestMarkersNameOneAtATime(t *testing.T) {
+	ks := keys.Of("p", "r")
+	m := NewMarkers()
+	a, b, unmarked := New(ks, true), New(ks, true), New(ks, false)
+	m.Mark(a, ks)
+	m.Mark(b, ks)
+	m.Mark(unmarked, ks)
+	if a.Marker == b.Marker || unmarked.Marker != "" {
+		t.Fatalf("two transactions under way share %q, or an unmarked one got %q", a.Marker, unmarked.Marker)
+	}
+	m.Free(a)
+	m.Free(a) // a second Free gives nothing
+	c, d := New(ks, true), New(ks, true)
+	m.Mark(c, ks)
+	m.Mark(d, ks)
+	if c.Marker != a.Marker {
+		t.Errorf("the freed name %q was not given again: %q", a.Marker, c.Marker)
+	}
+	if d.Marker == a.Marker || d.Marker == b.Marker {
+		t.Errorf("a name given twice: %q (a freed once, b never freed)", d.Marker)
+	}
+	other := keys.Of("p", "s")
+	e := New(other, true)
+	m.Mark(e, other)
+	if e.Marker == d.Marker || !strings.HasPrefix(e.Marker, other.Fence("")) {
+		t.Errorf("another resource's marker %q: not in its keys, or shared with %q", e.Marker, d.Marker)
+	}
+}
