@@ -24,6 +24,7 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // The behaviour suite runs every test against two servers:
@@ -140,6 +141,23 @@ func keysUnder(t testing.TB, admin redis.UniversalClient, prefix string) []strin
 func (e *env) countKeys(t *testing.T) []string {
 	t.Helper()
 	return countsOnly(e.keys(t))
+}
+
+// heldFields reads a Windows hash's fields as a read counts them: each
+// number with what the hash's pending fields add to it (written by a
+// take-back sent again after a lost reply: see txn.Txn.Resend).
+func heldFields(fields map[string]string) map[string]int {
+	out := map[string]int{}
+	for field, value := range fields {
+		if n, err := strconv.Atoi(value); err == nil {
+			out[field] += n
+		} else if txn.IsPending(field) {
+			for interval, w := range txn.Pending(value) {
+				out[interval] += w
+			}
+		}
+	}
+	return out
 }
 
 // countsOnly leaves out of keys the fences and generations: see countKeys.

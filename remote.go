@@ -37,11 +37,12 @@ type remote struct {
 	foresight *foresight.Foresight
 	breakers  *breaker.Breakers // shared by the Buckets of a Tiers
 	holders   lock.Holders
+	markers   *txn.Markers
 }
 
 func newRemote(cfg config, p plan, st store.Store, node func(context.Context, string) (*redis.Client, error), route *store.ClusterRoute) *remote {
 	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.Tag(),
-		foresight: foresight.New(p.Rules, p.Longest), breakers: cfg.breakers}
+		foresight: foresight.New(p.Rules, p.Longest), breakers: cfg.breakers, markers: txn.NewMarkers()}
 	if r.breakers == nil {
 		r.breakers = &breaker.Breakers{}
 	}
@@ -386,7 +387,7 @@ func (r *remote) siteOf(ctx context.Context, resource string, view *lock.View) (
 		return store.Site{}, err // the breaker is open: see breaker.go
 	}
 	refind := func(ctx context.Context) (*redis.Client, error) { return r.node(ctx, ks.Slot()) }
-	return store.Site{Node: node, Keys: ks, Clock: r.clocks.Of(node.Options().Addr), Route: r.route, Lock: view, Holders: &r.holders, Refind: refind}, nil
+	return store.Site{Node: node, Keys: ks, Clock: r.clocks.Of(node.Options().Addr), Route: r.route, Lock: view, Holders: &r.holders, Markers: r.markers, Refind: refind}, nil
 }
 
 // keysOf names the keys of resource.

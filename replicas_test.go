@@ -255,8 +255,8 @@ func weightUnder(t testing.TB, admin redis.UniversalClient, prefix string) int {
 			if err != nil {
 				t.Fatalf("HGETALL %s: %v", key, err)
 			}
-			for field, v := range fields {
-				if n, err := strconv.Atoi(v); err == nil && field != "i" {
+			for field, n := range heldFields(fields) {
+				if field != "i" {
 					total += n
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,4 +337,48 @@ func (h *cancelAfterExec) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 		}
 		return err
 	}
+}
+
+// A take-back sent alone, of the call of a caller gone once its
+// transaction ran, sets a marker key of its line's (and gives it back once
+// it ran), not one of its own: under Windows, the marker of a take-back
+// lives as long as the hashes it changed (an hour here), so one key per
+// take-back would pile up with them.
+func TestTakeBacksAloneKeepFewMarkers(t *testing.T) {
+	eachOf(t, []Strategy{Windows(50 * time.Millisecond), SortedSet}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "a hook ends the caller's context after the transaction")
+		hook := &cancelAfterExec{}
+		e.addHook(hook)
+		b := e.bucket(t, PerClient(Per(1000, time.Hour)))
+		const gone = 40
+		for range gone {
+			ctx, cancel := context.WithCancel(context.Background())
+			hook.arm(cancel)
+			if res, err := b.Allow(ctx, "r", "c"); err == nil && res.Allowed {
+				t.Fatalf("the gone caller's call: %+v, admitted", res)
+			}
+		}
+		// A gone caller's call is taken back, if not before it returns,
+		// soon after: then the window holds none of them, and few marker
+		// keys.
+		var res Result
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if res, err = b.Peek(context.Background(), "r", "c"); err == nil && res.Remaining == 999 {
+				break
+			}
+		}
+		if err != nil || res.Remaining != 999 {
+			t.Fatalf("5 s after %d gone callers, a call would leave %+v, %v; want 999 remaining", gone, res, err)
+		}
+		var markers []string
+		for _, key := range e.keys(t) {
+			if strings.Contains(key, "}:fence:") {
+				markers = append(markers, key)
+			}
+		}
+		if len(markers) > 10 {
+			t.Errorf("%d take-backs sent alone left %d marker keys: %v", gone, len(markers), markers)
+		}
+	})
 }

@@ -236,10 +236,9 @@ func modelUsed(t *testing.T, e *env, b *Bucket, rule Rule, client string) int {
 			continue // another scope's, a client's under the resource's, or another span's
 		}
 		perEpoch := layout.Epochs[gi] / span
-		for field, value := range e.admin.HGetAll(ctx, key).Val() {
-			offset, err1 := strconv.ParseInt(field, 10, 64)
-			weight, err2 := strconv.Atoi(value)
-			if err1 != nil || err2 != nil || weight <= 0 || offset < 0 || offset >= perEpoch {
+		for field, weight := range heldFields(e.admin.HGetAll(ctx, key).Val()) {
+			offset, err := strconv.ParseInt(field, 10, 64)
+			if err != nil || weight <= 0 || offset < 0 || offset >= perEpoch {
 				continue // the incarnation, the total, or an empty interval
 			}
 			index := ei*perEpoch + offset

@@ -70,9 +70,9 @@ var Strategies = map[string]map[Method]Sends{
 	},
 	"windows": {
 		Allow: {false, append(slices.Clone(Txn), "set", "time", "get", "hincrby", "hsetnx", "hget", "hgetall", "pexpireat",
-			"watch"), []string{"unwatch"}},
+			"hdel", "watch"), []string{"unwatch", "hset"}},
 		Peek:     {false, []string{"time", "get", "hgetall"}, nil},
-		Flush:    {false, []string{"time", "multi", "hgetall", "del", "get", "exec", "hincrby", "pexpireat", "set"}, nil},
+		Flush:    {false, []string{"time", "multi", "hgetall", "del", "get", "exec", "hincrby", "pexpireat", "set", "hdel"}, []string{"watch", "unwatch", "hset"}},
 		FlushAll: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},
 	},
 }

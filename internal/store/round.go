@@ -84,9 +84,12 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	}
 	r := newRound(now)
 	t := txn.New(where.Keys, !r.idempotent())
-	where.Carry.markIn(t)
+	where.Markers.Mark(t, where.Keys)
 	t.Acks = where.Acks
-	carried := append(where.Carry.take(), where.Ahead.take()...)
+	carried, keep := where.Carry.take()
+	ahead, aheadKeep := where.Ahead.take()
+	carried = append(carried, ahead...)
+	t.Keep(max(keep, aheadKeep))
 	for _, cmd := range carried {
 		t.Add(cmd...)
 	}
@@ -95,7 +98,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 	sent := time.Now()
 	switch o, err := t.Exec(ctx, where.Node); o {
 	case txn.NotRun:
-		where.Carry.freeMarker(t)
+		where.Markers.Free(t)
 		handOn(where, &txn.Txn{Cmds: txn.Resent(carried)}, r.idempotent())
 		return err
 	case txn.Unknown:
@@ -106,7 +109,7 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 		forsake(where, r, t)
 		return err
 	}
-	where.Carry.freeMarker(t)
+	where.Markers.Free(t)
 	back := txn.New(where.Keys, !r.idempotent())
 	server, ok := txn.ReplyTime(t.Replies[clock])
 	if !ok || stampOff(server, now, time.Since(sent), where.Clock.Pace()) {
@@ -146,15 +149,16 @@ func forsake(where Site, r round, t *txn.Txn) {
 // their calls again right after.
 func handOn(where Site, back *txn.Txn, idempotent bool) {
 	if back.Urgent && where.Ahead != nil && len(back.Guards) == 0 {
-		where.Ahead.hand(where, back.Cmds, idempotent)
+		where.Ahead.hand(where, back, idempotent)
 		return
 	}
 	if where.Busy != nil && where.Busy() && len(back.Guards) == 0 && !back.Urgent {
-		where.Carry.hand(where, back.Cmds, idempotent)
+		where.Carry.hand(where, back, idempotent)
 		return
 	}
 	send := txn.New(where.Keys, !idempotent)
 	send.Cmds, send.Guards = back.Cmds, back.Guards
+	send.Keep(back.Kept())
 	takeBack(where, send, idempotent)
 }
 
@@ -181,7 +185,8 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 // recoverLost settles a round whose transaction t lost its reply: once
 // resolve says whether it ran, it takes back every call of r if it did
 // (none of their callers was answered), or sends alone the take-backs t
-// carried if it did not. A take-back that must not run twice is lost when
+// carried if it did not: as a resend of them (txn.Txn.Resend), for t may
+// still run late. A take-back that must not run twice is lost when
 // resolve cannot tell: the calls stay counted, which is safe.
 func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	o := t.Resolve(where.Node, true)
@@ -189,81 +194,54 @@ func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 		// Only then is t's marker key free for another: a transaction
 		// found not to have run, or not found, may still run late, and set
 		// it over the marker of the one that took it.
-		where.Carry.freeMarker(t)
+		where.Markers.Free(t)
 	}
 	back := txn.New(where.Keys, !r.idempotent())
 	if o == txn.Ran || o == txn.Unknown && r.idempotent() {
 		r.takeAll(t, back)
 	}
-	if o == txn.NotRun || o == txn.Unknown && r.idempotent() {
+	switch {
+	case o == txn.NotRun:
+		back = t.Resend(where.Keys, carried)
+	case o == txn.Unknown && r.idempotent():
 		back.Cmds = append(back.Cmds, txn.Resent(carried)...)
 	}
 	takeBack(where, back, r.idempotent())
 }
 
 // Carried is what a line's decisions hand on to the next ones: the
-// take-backs that the next carries, and the keys of the markers of the
-// settled ones (txn.Txn.MarkIn), which the next ones set again, so that a
-// busy line keeps a few marker keys rather than one per transaction.
+// take-backs that the next carries.
 type Carried struct {
 	mu         sync.Mutex
 	cmds       [][]any
-	where      Site     // where to send them alone
-	idempotent bool     // as the round's take-backs (round.idempotent)
-	markers    []string // the keys no transaction whose outcome is yet to be learned sets
+	where      Site  // where to send them alone
+	idempotent bool  // as the round's take-backs (round.idempotent)
+	keep       int64 // the latest deadline of the hashes cmds change (txn.Txn.Keep)
 }
 
-// maxMarkers bounds the marker keys a line keeps for its next decisions:
-// about as many as it has decisions under way at once.
-const maxMarkers = 8
-
-// markIn marks t, if it is marked, in a marker key of the line's that no
-// unsettled transaction sets.
-func (c *Carried) markIn(t *txn.Txn) {
-	if c == nil || t.Marker == "" {
+// hand adds back's commands, the take-backs of a batch at where, for the
+// next one.
+func (c *Carried) hand(where Site, back *txn.Txn, idempotent bool) {
+	if c == nil || len(back.Cmds) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n := len(c.markers); n > 0 {
-		t.MarkIn(c.markers[n-1])
-		c.markers = c.markers[:n-1]
-	}
+	c.cmds, c.where, c.idempotent = append(c.cmds, back.Cmds...), where, idempotent
+	c.keep = max(c.keep, back.Kept())
 }
 
-// settled gives t's marker key back to the line, once t's outcome is
-// known: no one reads t's marker any more.
-func (c *Carried) freeMarker(t *txn.Txn) {
-	if c == nil || t.Marker == "" {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.markers) < maxMarkers {
-		c.markers = append(c.markers, t.Marker)
-	}
-}
-
-// hand adds cmds, the take-backs of a batch at where, for the next one.
-func (c *Carried) hand(where Site, cmds [][]any, idempotent bool) {
-	if c == nil || len(cmds) == 0 {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.cmds, c.where, c.idempotent = append(c.cmds, cmds...), where, idempotent
-}
-
-// take returns the commands to carry, and forgets them.
-func (c *Carried) take() [][]any {
+// take returns the commands to carry and the latest deadline of the
+// hashes they change, and forgets them.
+func (c *Carried) take() ([][]any, int64) {
 	if c == nil {
-		return nil
+		return nil, 0
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cmds := c.cmds
-	c.cmds = nil
-	return cmds
+	cmds, keep := c.cmds, c.keep
+	c.cmds, c.keep = nil, 0
+	return cmds, keep
 }
 
 // Flush sends what is left to carry alone: the line has no batch left.
@@ -271,9 +249,10 @@ func (c *Carried) Flush() {
 	c.mu.Lock()
 	where, idempotent := c.where, c.idempotent
 	c.mu.Unlock()
-	if cmds := c.take(); len(cmds) > 0 {
+	if cmds, keep := c.take(); len(cmds) > 0 {
 		back := txn.New(where.Keys, !idempotent)
 		back.Cmds = cmds
+		back.Keep(keep)
 		takeBack(where, back, idempotent)
 	}
 }
@@ -297,7 +276,11 @@ func takeBack(where Site, back *txn.Txn, idempotent bool) {
 	defer cancel()
 	node := where.Node
 	backoff.New(txn.ResolveFirstBackoff, txn.ResolveMaxBackoff).Retry(ctx, func() bool {
-		over, err := tryTakeBack(ctx, node, back, idempotent)
+		where.Markers.Mark(back, where.Keys)
+		over, ran, err := tryTakeBack(ctx, node, back, idempotent)
+		if ran {
+			where.Markers.Free(back) // no resend of a take-back that ran looks for its marker
+		}
 		if over {
 			return true
 		}
@@ -312,13 +295,13 @@ func takeBack(where Site, back *txn.Txn, idempotent bool) {
 }
 
 // tryTakeBack makes one attempt of takeBack, and reports whether it is
-// over: it ran, it may have run and must not run twice, or the client was
-// closed.
-func tryTakeBack(ctx context.Context, node *redis.Client, back *txn.Txn, idempotent bool) (bool, error) {
+// over (it ran, it may have run and must not run twice, or the client was
+// closed) and whether it is known to have run.
+func tryTakeBack(ctx context.Context, node *redis.Client, back *txn.Txn, idempotent bool) (over, ran bool, err error) {
 	o, err := back.Exec(ctx, node)
 	if o == txn.Unknown && !idempotent {
 		o = back.Resolve(node, false)
 	}
-	over := o == txn.Ran || o == txn.Unknown && !idempotent || errors.Is(err, redis.ErrClosed)
-	return over, err
+	over = o == txn.Ran || o == txn.Unknown && !idempotent || errors.Is(err, redis.ErrClosed)
+	return over, o == txn.Ran, err
 }

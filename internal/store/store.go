@@ -85,6 +85,9 @@ type Site struct {
 	Lock  *lock.View // what this process knows of the resource's lock (Logs)
 	// Holders give the turns to take locks on the node (Logs).
 	Holders *lock.Holders
+	// Markers names the markers of the Bucket's transactions (see
+	// txn.Markers); nil names each its own.
+	Markers *txn.Markers
 	// Carry holds take-backs for the next transaction of the batch's
 	// line, while busy says calls wait in it; nil outside a batch.
 	Carry *Carried

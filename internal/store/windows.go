@@ -187,10 +187,11 @@ func (b *hBatch) hashesOf(i int) []*hash {
 // totalField is the field of an epoch's hash that holds the total of its
 // intervals: every write adds to both, and a take-back takes from both, but
 // takes from the total only the first time it is sent (txn.Resent). So the
-// total is what the intervals hold, unless a take-back sent again had run
-// already, late: then at least that, whatever the take-backs did to the
-// intervals. Written first after the incarnation, it sits at the front of
-// a small hash, where HGET and HINCRBY find it at once.
+// total is what the intervals hold, as a read counts them (with the
+// hash's pending fields: see txn.Txn.Resend), or more when a take-back
+// sent again did not run the first time. Written first after the
+// incarnation, it sits at the front of a small hash, where HGET and
+// HINCRBY find it at once.
 const totalField = txn.TotalField
 
 // nearEnd is how close to the end of an epoch a stamp must be for its
@@ -429,6 +430,7 @@ func (b *hBatch) queueMoves(back *txn.Txn, now int64) {
 	if latest > 0 && b.gen != "" {
 		back.Add("pexpireat", b.keys.Generation(), latest, "gt")
 	}
+	back.Keep(latest)
 }
 
 // queueMove queues the move of h's recorded weight in span group g, and
@@ -478,10 +480,12 @@ func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 		case h.client:
 			for g := range h.parts {
 				back.Guards = append(back.Guards, b.guardOf(h, resource, g, n))
+				back.Keep(b.EpochExpireAt(g, h.parts[g].epoch))
 			}
 		case !b.HasClientRule:
 			for g := range h.parts {
 				back.Cmds = b.subtract(back.Cmds, h, g, n)
+				back.Keep(b.EpochExpireAt(g, h.parts[g].epoch))
 			}
 		}
 	}

@@ -182,7 +182,12 @@ func (s windowsStore) takeShare(where Site, scopes []string, mine *hash, replies
 
 // share is the marked transaction that takes what mine's hashes held, as
 // replies show it (every interval, and the total), out of the resource's
-// hashes of the same epochs, whose names start with resource.
+// hashes of the same epochs, whose names start with resource. An interval
+// held what a read counts in it: its field with what the hash's pending
+// fields add to it (see txn.Txn.Resend). The resource's hash holds the
+// same pending weights, written by the same resends (a client's take-back
+// takes from both hashes), which keep counting there: so the resource's
+// intervals, as a read counts them, lose exactly what the client's held.
 func (s windowsStore) share(ks keys.Space, resource string, mine *hash, replies []any) *txn.Txn {
 	t := txn.New(ks, true)
 	for g := range mine.parts {
@@ -192,17 +197,41 @@ func (s windowsStore) share(ks keys.Space, resource string, mine *hash, replies 
 				continue
 			}
 			key, from := keys.Epoch(resource, g, p.epoch-1+int64(i)), len(t.Cmds)
-			for field, value := range txn.ReplyFields(replies[read]) {
-				if n, err := strconv.Atoi(value); err == nil && n != 0 {
+			for field, n := range held(replies[read]) {
+				if n != 0 {
 					t.Add("hincrby", key, field, -n)
 				}
 			}
 			if len(t.Cmds) > from {
 				t.Add(txn.DropIfMade(key)...)
+				t.Keep(s.EpochExpireAt(g, p.epoch-1+int64(i)))
 			}
 		}
 	}
 	return t
+}
+
+// held reads the reply of HGETALL of a hash as the numbers its fields
+// hold, each with what the hash's pending fields add to it. A pending
+// weight of a field that is not a number's name is not ours.
+func held(reply any) map[string]int {
+	out := map[string]int{}
+	var pending []string
+	for field, value := range txn.ReplyFields(reply) {
+		if txn.IsPending(field) {
+			pending = append(pending, value)
+		} else if n, err := strconv.Atoi(value); err == nil {
+			out[field] = n
+		}
+	}
+	for _, value := range pending {
+		for field, n := range txn.Pending(value) {
+			if _, err := strconv.ParseUint(field, 10, 63); err == nil {
+				out[field] += n
+			}
+		}
+	}
+	return out
 }
 
 // FlushAll starts a new generation, and deletes the hashes of the resource

@@ -182,21 +182,46 @@ func (p *part) wholeRead() bool {
 }
 
 // parse reads the fields of p's i-th epoch, of span group g: its total,
-// its incarnation, and its intervals, to lanes but the current one.
-// Fields that are none of these are not ours.
+// its incarnation, and its intervals, to lanes but the current one, with
+// what its pending fields add to them (see txn.Txn.Resend). Fields that
+// are none of these are not ours.
 func (p *part) parse(y intervals.Layout, g, i int, fields iter.Seq2[string, string], lanes [][]limits.Entry, current int64) {
+	var pending []string // rare: only after a lost reply
 	for field, value := range fields {
-		switch field {
-		case intervals.IncarnationField:
+		switch {
+		case field == intervals.IncarnationField:
 			if i == 1 {
 				p.incarnation = value
 			}
-			continue
-		case totalField:
+		case field == totalField:
 			p.totals[i] = atoi(value)
-			continue
+		case txn.IsPending(field):
+			pending = append(pending, value)
+		default:
+			p.readInterval(y, g, i, field, value, lanes, current)
 		}
-		p.readInterval(y, g, i, field, value, lanes, current)
+	}
+	for _, value := range pending {
+		p.unpend(y, g, i, value, lanes, current)
+	}
+}
+
+// unpend adds what the pending field value of p's i-th epoch's hash, of
+// span group g, holds to the intervals read: to lanes, or to p.current
+// for the current one. An interval left with no weight, or less, counts
+// none.
+func (p *part) unpend(y intervals.Layout, g, i int, value string, lanes [][]limits.Entry, current int64) {
+	for field, n := range txn.Pending(value) {
+		index, ok := y.Interval(g, p.epoch-1+int64(i), field)
+		switch {
+		case !ok: // not ours
+		case index == current:
+			p.current += n
+		default:
+			for _, l := range y.LanesOf[g] {
+				lanes[l] = withPending(lanes[l], limits.Entry{ID: field, At: y.Lanes[l].At(index), Weight: n})
+			}
+		}
 	}
 }
 
@@ -382,6 +407,25 @@ func withWeight(entries []limits.Entry, at int64, n int) []limits.Entry {
 		return entries
 	}
 	if entries[i].Weight += n; entries[i].Weight <= 0 {
+		return slices.Delete(entries, i, i+1)
+	}
+	return entries
+}
+
+// withPending adds e's weight, a pending one, to the entry stamped as e
+// among entries as parse reads them, in no order yet (pending fields are
+// rare: a scan), and drops it if it holds no weight then; it adds e if
+// there is none and e holds weight (an interval that held none, or less,
+// is counted as holding none).
+func withPending(entries []limits.Entry, e limits.Entry) []limits.Entry {
+	i := slices.IndexFunc(entries, func(x limits.Entry) bool { return x.At == e.At })
+	switch {
+	case i < 0 && e.Weight > 0:
+		return append(entries, e)
+	case i < 0:
+		return entries
+	}
+	if entries[i].Weight += e.Weight; entries[i].Weight <= 0 {
 		return slices.Delete(entries, i, i+1)
 	}
 	return entries

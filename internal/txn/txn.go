@@ -29,13 +29,15 @@ import (
 //
 // A txn whose effect cannot be undone by repeating an undo (Windows'
 // HINCRBY) is marked: its last command, SET marker done PX
-// fenceDoneGrace, lets resolve learn after a lost reply whether it ran.
+// fenceDoneGrace (or until Keep if it takes intervals down), lets resolve
+// learn after a lost reply whether it ran, and a resend whether to apply.
 // Either way, once Redis answers again it has run whatever it had read
 // (a paused server runs the buffered transaction as it resumes), so
 // resolve waits until Redis has answered for resolveQuiet.
 type Txn struct {
 	Marker string // the marker's key, "" if not marked
 	mark   string // what the marker is set to: this transaction's own
+	named  int    // 1 + the name of Marker among a Markers', 0 if none
 	Cmds   [][]any
 	Guards []Guard // commands that apply only while a hash is what it was
 	// Undoes, if not "", is the marker key of the transaction that t
@@ -43,8 +45,17 @@ type Txn struct {
 	// holds that transaction's own value, undoMark (see Exec).
 	Undoes   string
 	undoMark string
-	Acks     Acks  // the replicas that must acknowledge t's writes: none if zero
-	Replies  []any // after the EXEC, by command
+	// resends, if not "", is the marker key of the transaction u whose
+	// take-backs t sends again (see Again): t applies only where that key
+	// does not hold u's own value, resendMark.
+	resends, resendMark string
+	foundNotRun         bool // by Resolve, which can be wrong: see Again
+	// keep is the latest deadline (absolute Redis ms) of the hashes whose
+	// intervals t's commands change: a marker of t's lives until then, for
+	// t's resends to find (see Keep).
+	keep    int64
+	Acks    Acks  // the replicas that must acknowledge t's writes: none if zero
+	Replies []any // after the EXEC, by command
 	// Urgent: a take-back that must run before the calls it takes back
 	// are decided again, right after: sent ahead of that decision, never
 	// carried by a later batch.
@@ -87,15 +98,17 @@ func New(ks keys.Space, marked bool) *Txn {
 	return t
 }
 
-// MarkIn makes a marked t set the marker key instead of one of its own:
-// one that no transaction whose outcome is still to be learned uses, so
-// that a busy line of decisions keeps a few marker keys, not one per
-// transaction. t sets it to a value of its own, which resolve looks for.
-func (t *Txn) MarkIn(key string) {
-	if t.Marker != "" {
-		t.Marker = key
-	}
-}
+// Keep says that t's commands change intervals of a hash whose deadline
+// is at (absolute Redis ms). A marked t that takes intervals down keeps
+// its marker until the latest such deadline (PEXPIREAT GT, after the SET
+// of fenceDoneGrace), on the clock that expires the hashes: its resends
+// (see Resend) find the marker as long as a hash it changed is there; after
+// that, a resend, or t running late, changes a hash that is gone, and
+// makes none (txn.DropIfMade).
+func (t *Txn) Keep(at int64) { t.keep = max(t.keep, at) }
+
+// Kept is the latest deadline Keep was told of, 0 if none.
+func (t *Txn) Kept() int64 { return t.keep }
 
 // Undo makes t take back what u wrote: t applies only on a server that
 // holds u's marker, set to u's own value, for u's writes may be on the
@@ -107,37 +120,23 @@ func (t *Txn) Undo(u *Txn) { t.Undoes, t.undoMark = u.Marker, u.mark }
 
 // Again returns t's commands as a new transaction, with a new marker, to
 // send after t did not run, or was found not to have run: but its
-// shrinks (see Resent).
+// shrinks of a total (see Resent). If Resolve found that t did not run,
+// the verdict can be wrong (t's bytes, held up on their way, reach Redis
+// after it, and t runs late), so t's changes of intervals are sent
+// again as a resend of them (see Resend). A resend sent again is the same
+// resend.
 func (t *Txn) Again(ks keys.Space) *Txn {
+	if t.foundNotRun && t.Marker != "" && t.resends == "" {
+		return t.resend(ks, t.Cmds, t.Guards)
+	}
 	fresh := New(ks, t.Marker != "")
 	fresh.Cmds, fresh.Guards = Resent(t.Cmds), make([]Guard, len(t.Guards))
 	for i, g := range t.Guards {
 		fresh.Guards[i] = Guard{Key: g.Key, Field: g.Field, Want: g.Want, Cmds: Resent(g.Cmds)}
 	}
-	fresh.Undoes, fresh.undoMark = t.Undoes, t.undoMark
+	fresh.Undoes, fresh.undoMark, fresh.keep = t.Undoes, t.undoMark, t.keep
+	fresh.resends, fresh.resendMark = t.resends, t.resendMark
 	return fresh
-}
-
-// TotalField is the field of a Windows hash that holds the total of its
-// epoch's intervals, which a decision far from its limits is judged on:
-// it must never be less than what the intervals hold.
-const TotalField = "t"
-
-// Resent returns cmds, to send again after the transaction that carried
-// them did not run or was found not to have run, without its shrinks: the
-// commands that take a total (TotalField) down. A verdict that a
-// transaction did not run can be wrong (its bytes reached Redis after the
-// verdict, and it ran late): then the take-backs sent again take their
-// intervals down twice, and a total taken down twice would be less than
-// they hold. Left up, it is more, which only errs on the side of denying.
-func Resent(cmds [][]any) [][]any {
-	out := make([][]any, 0, len(cmds))
-	for _, cmd := range cmds {
-		if n, ok := cmd[len(cmd)-1].(int); !ok || n >= 0 || len(cmd) != 4 || cmd[0] != "hincrby" || cmd[2] != TotalField {
-			out = append(out, cmd)
-		}
-	}
-	return out
 }
 
 // Add queues a command and returns its index among the replies.
@@ -172,23 +171,28 @@ const (
 // The marker is written in the same MULTI/EXEC as the writes, so a server
 // holds both or neither (until the marker expires: then t does nothing,
 // and the writes stay counted, which errs on the side of denying).
+//
+// A resend (see Resend) runs only where the marker of the transaction it
+// stands for does not say that one ran, and only while that marker would
+// still be there: else it does nothing, and says it ran (nothing is left
+// to send).
 func (t *Txn) Exec(ctx context.Context, node *redis.Client) (Outcome, error) {
-	if len(t.Guards) == 0 && t.Undoes == "" {
-		return t.execOn(ctx, node, t.Cmds, node.Options().ReadTimeout)
+	if len(t.Guards) == 0 && t.Undoes == "" && t.resends == "" {
+		return t.execOn(ctx, node, t.Cmds, t.cancels(0, t.Cmds), node.Options().ReadTimeout)
 	}
 	// One connection, WATCH and the reads in one round trip, MULTI/EXEC
 	// in a second; EXEC ends the WATCH whatever it does.
 	conn := node.Conn()
 	defer conn.Close()
-	cmds, err := t.unguarded(ctx, conn)
+	cmds, cancels, err := t.unguarded(ctx, conn)
 	if err != nil || cmds == nil {
 		_ = conn.Do(ctx, "unwatch").Err() // else the pooled connection would abort a later EXEC
 		if err != nil {
 			return NotRun, err
 		}
-		return Ran, nil // nothing of what it undoes is on this server
+		return Ran, nil // nothing of what it undoes is on this server, or nothing to resend
 	}
-	return t.execOn(ctx, conn, cmds, node.Options().ReadTimeout)
+	return t.execOn(ctx, conn, cmds, cancels, node.Options().ReadTimeout)
 }
 
 // ExecOn sends t, which has no guards, on conn, a connection the caller
@@ -196,7 +200,7 @@ func (t *Txn) Exec(ctx context.Context, node *redis.Client) (Outcome, error) {
 // time out after readTimeout (none if not positive: see Acks); it reports
 // as Exec does.
 func (t *Txn) ExecOn(ctx context.Context, conn Pipeliner, readTimeout time.Duration) (Outcome, error) {
-	return t.execOn(ctx, conn, t.Cmds, readTimeout)
+	return t.execOn(ctx, conn, t.Cmds, t.cancels(0, t.Cmds), readTimeout)
 }
 
 func anys(s []string) []any {
@@ -207,54 +211,75 @@ func anys(s []string) []any {
 	return out
 }
 
-// watched returns the keys t WATCHes: its guards', and the marker of
-// what it undoes.
+// watched returns the keys t WATCHes: its guards', the marker of what it
+// undoes, and the marker of the transaction it resends.
 func (t *Txn) watched() []string {
-	ks := make([]string, len(t.Guards), len(t.Guards)+1)
+	ks := make([]string, len(t.Guards), len(t.Guards)+2)
 	for i, g := range t.Guards {
 		ks[i] = g.Key
 	}
-	if t.Undoes != "" {
-		ks = append(ks, t.Undoes)
+	for _, marker := range []string{t.Undoes, t.resends} {
+		if marker != "" {
+			ks = append(ks, marker)
+		}
 	}
 	return ks
 }
 
-// unguarded WATCHes the guarded hashes, and the marker of what t undoes,
-// on conn, and reads the hashes' incarnations and the marker; it returns
-// t's commands with those of the guards that still hold, or nil if the
-// marker is not there (nothing to undo on this server).
-func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) ([][]any, error) {
+// unguarded WATCHes the guarded hashes, the marker of what t undoes and
+// the one of what it resends, on conn, and reads the hashes'
+// incarnations and the markers; it returns t's commands with those of the
+// guards that still hold, and the cancels of those commands, or nil if
+// the markers say that t has nothing to do on this server (see skips).
+func (t *Txn) unguarded(ctx context.Context, conn *redis.Conn) (cmds, cancels [][]any, err error) {
 	reads := make([]*redis.StringCmd, len(t.Guards))
-	var undone *redis.StringCmd
-	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	var undone, resent *redis.StringCmd
+	_, err = conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		pipe.Do(ctx, append([]any{"watch"}, anys(t.watched())...)...)
 		for i, g := range t.Guards {
 			reads[i] = pipe.HGet(ctx, g.Key, g.Field)
 		}
-		if t.Undoes != "" {
-			undone = pipe.Get(ctx, t.Undoes)
-		}
+		undone, resent = t.getMarker(ctx, pipe, t.Undoes), t.getMarker(ctx, pipe, t.resends)
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, err
+		return nil, nil, err
 	}
-	if undone != nil && undone.Val() != t.undoMark {
-		return nil, nil
+	if t.skips(undone, resent) {
+		return nil, nil, nil
 	}
-	cmds := slices.Clip(t.Cmds)
+	cmds, cancels = slices.Clip(t.Cmds), t.cancels(0, t.Cmds)
 	for i, g := range t.Guards {
 		if have, err := reads[i].Result(); err == nil && slices.Contains(g.Want, have) {
 			cmds = append(cmds, g.Cmds...)
+			cancels = append(cancels, t.cancels(i+1, g.Cmds)...)
 		}
 	}
-	return cmds, nil
+	return cmds, cancels, nil
+}
+
+// getMarker queues the read of the marker key, if there is one.
+func (t *Txn) getMarker(ctx context.Context, pipe redis.Pipeliner, key string) *redis.StringCmd {
+	if key == "" {
+		return nil
+	}
+	return pipe.Get(ctx, key)
+}
+
+// skips reports whether t has nothing to do, by the markers read (nil if
+// not read): what it undoes is not on this server, or what it resends ran
+// (its marker holds its value).
+func (t *Txn) skips(undone, resent *redis.StringCmd) bool {
+	if undone != nil && undone.Val() != t.undoMark {
+		return true
+	}
+	return resent != nil && resent.Val() == t.resendMark
 }
 
 // execOn sends cmds as t on conn (under WATCH if conn is a *redis.Tx),
-// and WAIT after the EXEC if t asks for acknowledgements (see Acks).
-func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTimeout time.Duration) (Outcome, error) {
+// then cancels (see cancels), whose replies are not read, and WAIT after
+// the EXEC if t asks for acknowledgements (see Acks).
+func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds, cancels [][]any, readTimeout time.Duration) (Outcome, error) {
 	var exec, wait *redis.Cmd
 	var waitMs int64
 	if t.Acks.Replicas > 0 {
@@ -262,18 +287,14 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTime
 	}
 	// A queued command's own reply is QUEUED, or its error: read as a
 	// status, it is not boxed as a generic reply would be.
-	queued := make([]*redis.StatusCmd, len(cmds))
+	queued := make([]*redis.StatusCmd, len(cmds)+len(cancels))
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
-		for i, args := range cmds {
+		for i, args := range slices.Concat(cmds, cancels) {
 			queued[i] = redis.NewStatusCmd(ctx, args...)
 			_ = pipe.Process(ctx, queued[i])
 		}
-		if t.Marker != "" {
-			// It outlives the wait too: a take-back of what too few
-			// replicas acknowledged looks for it (see Undo).
-			pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds()+waitMs)
-		}
+		t.queueMarker(ctx, pipe, len(cancels) > 0, waitMs)
 		exec = pipe.Do(ctx, "exec")
 		if t.Acks.Replicas > 0 {
 			wait = pipe.Do(ctx, "wait", t.Acks.Replicas, waitMs)
@@ -295,6 +316,20 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds [][]any, readTime
 		return NotRun, queuedError(queued, execErr) // EXECABORT
 	}
 	return Unknown, err
+}
+
+// queueMarker queues the SET of a marked t's marker, which outlives the
+// wait too (a take-back of what too few replicas acknowledged looks for
+// it, see Undo), and, if t takes intervals down (shrinks), lives until the
+// hashes it changes expire (see Keep).
+func (t *Txn) queueMarker(ctx context.Context, pipe redis.Pipeliner, shrinks bool, waitMs int64) {
+	if t.Marker == "" {
+		return
+	}
+	pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds()+waitMs)
+	if shrinks && t.keep > 0 {
+		pipe.Do(ctx, "pexpireat", t.Marker, t.keep, "gt")
+	}
 }
 
 // Pipeliner is a connection: a *redis.Client, a *redis.Conn, or the
@@ -418,6 +453,7 @@ func (t *Txn) Resolve(node *redis.Client, refusedIsGone bool) Outcome {
 		verdict, over = r.next(done, err)
 		return over
 	})
+	t.foundNotRun = verdict == NotRun
 	return verdict
 }
 
@@ -444,7 +480,7 @@ func (r *resolution) next(done bool, err error) (Outcome, bool) {
 	case r.answered.IsZero():
 		r.answered = time.Now()
 	case time.Since(r.answered) >= resolveQuiet && r.marked:
-		return NotRun, true
+		return NotRun, true // which can be wrong: see Again
 	case time.Since(r.answered) >= resolveQuiet:
 		return Unknown, true
 	}

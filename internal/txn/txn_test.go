@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,5 +167,244 @@ func TestUndoes(t *testing.T) {
 	later.Add("set", "k", "v")
 	if o, err := later.Exec(context.Background(), rdb); o != Ran || err != nil {
 		t.Errorf("a later transaction: %v, %v", o, err)
+	}
+}
+
+// A take-back sent again, after Resolve found the transaction u that
+// carried it not to have run, takes its intervals down exactly once as a
+// read sees them (the field less the pending fields' weights), whatever
+// the order in which u (its bytes held up, it runs late) and the resends
+// run: in u's own commands and in its guards'.
+func TestResendOnce(t *testing.T) {
+	ks := keys.Of("p", "r")
+	for _, c := range []struct {
+		name  string
+		order func(t *testing.T, rdb *redis.Client, u, resend *Txn)
+	}{
+		{"resend alone", func(t *testing.T, rdb *redis.Client, _, r *Txn) { mustRun(t, rdb, r) }},
+		{"u late, after the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { mustRun(t, rdb, r); mustRun(t, rdb, u) }},
+		{"u before the resend", func(t *testing.T, rdb *redis.Client, u, r *Txn) { mustRun(t, rdb, u); mustRun(t, rdb, r) }},
+		{"resend, u, resend again", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
+			mustRun(t, rdb, r)
+			mustRun(t, rdb, u)
+			mustRun(t, rdb, r.Again(ks))
+		}},
+		{"resend twice, then u", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
+			mustRun(t, rdb, r)
+			mustRun(t, rdb, r.Again(ks))
+			mustRun(t, rdb, u)
+		}},
+		{"u between the resend's WATCH and its EXEC", func(t *testing.T, rdb *redis.Client, u, r *Txn) {
+			other := redis.NewClient(rdb.Options())
+			defer other.Close()
+			rdb.AddHook(runFirst{"multi", func() { mustRun(t, other, u) }, &sync.Once{}})
+			if o, err := r.Exec(context.Background(), rdb); o != NotRun || !errors.Is(err, redis.TxFailedErr) {
+				t.Fatalf("the raced resend: %v, %v; want NotRun, TxFailedErr", o, err)
+			}
+			mustRun(t, rdb, r.Again(ks))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mr, rdb := clientOf(t, 3)
+			mr.HSet("h", "7", "10")
+			mr.HSet("h", TotalField, "10")
+			mr.HSet("c", "7", "10")
+			mr.HSet("c", "i", "x")
+			u := New(ks, true)
+			u.Add("hincrby", "h", TotalField, -3)
+			u.Add("hincrby", "h", "7", -3)
+			u.Add("hincrby", "h", "7", -1) // a move of 1 from 7 to 8
+			u.Add("hincrby", "h", "8", 1)
+			u.Guards = []Guard{{Key: "c", Field: "i", Want: []string{"x"}, Cmds: [][]any{{"hincrby", "c", "7", -2}, {"hincrby", "h", "7", -2}}}}
+			if o := u.Resolve(rdb, false); o != NotRun {
+				t.Fatalf("Resolve of a transaction never sent = %v, want NotRun", o)
+			}
+			c.order(t, rdb, u, u.Again(ks))
+			if h, h8, c := readAs(mr, "h", "7"), readAs(mr, "h", "8"), readAs(mr, "c", "7"); h != 4 || h8 != 1 || c != 8 {
+				t.Errorf("h[7] reads %d, h[8] %d, c[7] %d: want 4, 1, 8 (10 less 3, 1 and 2, 1 moved, 10 less 2: once)", h, h8, c)
+			}
+			if total := readAs(mr, "h", TotalField); total < readAs(mr, "h", "7")+readAs(mr, "h", "8") {
+				t.Errorf("h's total %d is less than its intervals hold", total)
+			}
+		})
+	}
+}
+
+// mustRun runs tx on rdb, and fails t unless it ran.
+func mustRun(t *testing.T, rdb *redis.Client, tx *Txn) {
+	t.Helper()
+	if o, err := tx.Exec(context.Background(), rdb); o != Ran || err != nil {
+		t.Fatalf("Exec = %v, %v", o, err)
+	}
+}
+
+// readAs is what a read counts in field of the hash key: its value with
+// the weights of its pending fields.
+func readAs(mr *miniredis.Miniredis, key, field string) int {
+	n, _ := strconv.Atoi(mr.HGet(key, field))
+	fields, _ := mr.HKeys(key)
+	for _, f := range fields {
+		if !IsPending(f) {
+			continue
+		}
+		for interval, w := range Pending(mr.HGet(key, f)) {
+			if interval == field {
+				n += w
+			}
+		}
+	}
+	return n
+}
+
+// runFirst runs do once, before the first pipeline that starts with
+// the command first.
+type runFirst struct {
+	first string
+	do    func()
+	once  *sync.Once
+}
+
+func (runFirst) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (runFirst) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h runFirst) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == h.first {
+			h.once.Do(h.do)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The marker of a transaction that takes intervals down lives until the
+// latest deadline of the hashes it changes (Keep), for its resends to
+// find; others' no longer than before.
+func TestMarkerKept(t *testing.T) {
+	mr, rdb := clientOf(t, 3)
+	ks := keys.Of("p", "r")
+	now := time.UnixMilli(1_700_000_000_000)
+	mr.SetTime(now)
+	mr.HSet("h", "7", "10")
+	for _, c := range []struct {
+		name string
+		n    int
+		keep time.Duration
+		want time.Duration
+	}{
+		{"a take-back", -3, 5 * time.Second, 5 * time.Second},
+		{"a take-back of hashes that expire sooner", -3, 100 * time.Millisecond, fenceDoneGrace},
+		{"an addition", 3, 5 * time.Second, fenceDoneGrace},
+	} {
+		u := New(ks, true)
+		u.Add("hincrby", "h", "7", c.n)
+		u.Keep(now.Add(c.keep).UnixMilli())
+		mustRun(t, rdb, u)
+		if got := mr.TTL(u.Marker); got != c.want {
+			t.Errorf("%s: the marker's TTL %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// Any value of a pending field reads without a panic, as weights other
+// than 0 only; what a resend writes reads back as the weights it adds.
+func FuzzPending(f *testing.F) {
+	f.Add("12:3,13:1", "7", 5)
+	f.Add(",:,x:-1,:0", "", 1)
+	f.Fuzz(func(t *testing.T, value, field string, n int) {
+		for _, w := range Pending(value) {
+			if w == 0 {
+				t.Fatalf("Pending(%q) yields %d", value, w)
+			}
+		}
+		if n <= 0 || n > 1<<30 || field == TotalField || strings.ContainsAny(field, ",:") {
+			return // not a weight, or not an interval's field
+		}
+		cmds := pending("m", 0, [][]any{{"hincrby", "h", field, -n}, {"hincrby", "h", field, -n}})
+		got := 0
+		for f, w := range Pending(cmds[0][3].(string)) {
+			if f == field {
+				got += w
+			}
+		}
+		if len(cmds) != 1 || got != -2*n {
+			t.Errorf("the resend of two shrinks of %q by %d: %v, reads back %d", field, n, cmds, got)
+		}
+	})
+}
+
+// A Flush of a client's hash, which takes what the hash holds as a read
+// counts it out of the resource's and deletes it, beside a guarded
+// take-back u of the client's weight (from both hashes) whose resend ran:
+// the resource's interval reads what the other clients hold, whatever the
+// order of the resend, the Flush and u running late (its guard fails once
+// the client's hash is gone).
+func TestResendBesideFlush(t *testing.T) {
+	ks := keys.Of("p", "r")
+	flush := func(t *testing.T, mr *miniredis.Miniredis) {
+		fields, _ := mr.HKeys("c")
+		for _, f := range fields {
+			if _, err := strconv.Atoi(f); err == nil {
+				mr.HIncr("h", f, -readAs(mr, "c", f))
+			}
+		}
+		mr.Del("c")
+	}
+	for _, order := range []string{"resend flush u", "flush resend u", "resend u flush", "u resend flush", "flush u resend"} {
+		t.Run(order, func(t *testing.T) {
+			mr, rdb := clientOf(t, 3)
+			mr.HSet("c", "7", "5") // 2 of it denied
+			mr.HSet("c", "i", "x")
+			mr.HSet("h", "7", "8") // the client's 5, and 3 of others
+			u := New(ks, true)
+			u.Guards = []Guard{{Key: "c", Field: "i", Want: []string{"x"}, Cmds: [][]any{{"hincrby", "c", "7", -2}, {"hincrby", "h", "7", -2}}}}
+			if o := u.Resolve(rdb, false); o != NotRun {
+				t.Fatalf("Resolve = %v", o)
+			}
+			resend := u.Again(ks)
+			for _, step := range strings.Fields(order) {
+				switch step {
+				case "resend":
+					mustRun(t, rdb, resend)
+				case "u":
+					mustRun(t, rdb, u)
+				case "flush":
+					flush(t, mr)
+				}
+			}
+			if got := readAs(mr, "h", "7"); got != 3 {
+				t.Errorf("h[7] reads %d, want 3: the other clients'", got)
+			}
+		})
+	}
+}
+
+// A Markers gives a name to one transaction at a time, gives it again once
+// freed, and never again a name whose transaction was not freed (its
+// outcome unknown: it may still set its marker late).
+func TestMarkersNameOneAtATime(t *testing.T) {
+	ks := keys.Of("p", "r")
+	m := NewMarkers()
+	a, b, unmarked := New(ks, true), New(ks, true), New(ks, false)
+	m.Mark(a, ks)
+	m.Mark(b, ks)
+	m.Mark(unmarked, ks)
+	if a.Marker == b.Marker || unmarked.Marker != "" {
+		t.Fatalf("two transactions under way share %q, or an unmarked one got %q", a.Marker, unmarked.Marker)
+	}
+	m.Free(a)
+	m.Free(a) // a second Free gives nothing
+	c, d := New(ks, true), New(ks, true)
+	m.Mark(c, ks)
+	m.Mark(d, ks)
+	if c.Marker != a.Marker {
+		t.Errorf("the freed name %q was not given again: %q", a.Marker, c.Marker)
+	}
+	if d.Marker == a.Marker || d.Marker == b.Marker {
+		t.Errorf("a name given twice: %q (a freed once, b never freed)", d.Marker)
+	}
+	other := keys.Of("p", "s")
+	e := New(other, true)
+	m.Mark(e, other)
+	if e.Marker == d.Marker || !strings.HasPrefix(e.Marker, other.Fence("")) {
+		t.Errorf("another resource's marker %q: not in its keys, or shared with %q", e.Marker, d.Marker)
 	}
 }
