@@ -467,14 +467,16 @@ func restampOnly(cmds []redis.Cmder) bool {
 
 // moveOnly reports whether a pipeline is a transaction that only moves
 // weight between intervals: HINCRBYs that add up to nothing, with the
-// expiry (PEXPIREAT) and incarnation (HSETNX) of the keys they touch and
-// its marker's SET. A take-back's add up to less, a decision's to more.
+// expiry (PEXPIREAT) and incarnation (HSETNX) of the keys they touch, its
+// marker's SET (and PEXPIREAT), and the HDEL of the pending field a resend
+// of it would write (txn.Txn.Resend). A take-back's add up to less, a
+// decision's to more.
 func moveOnly(cmds []redis.Cmder) bool {
 	moves, sum := 0, int64(0)
 	for _, c := range cmds {
 		args := c.Args()
 		switch commandName(c) {
-		case "multi", "exec", "set", "pexpireat", "hsetnx":
+		case "multi", "exec", "set", "pexpireat", "hsetnx", "hdel":
 		case "hincrby":
 			n, err := strconv.ParseInt(fmt.Sprint(args[len(args)-1]), 10, 64)
 			if err != nil {
