@@ -82,11 +82,15 @@ type Guard struct {
 // after the wait for its replicas, see Acks), for Resolve to see. Resolve
 // polls for at most resolveFor, and decides once Redis has answered for
 // resolveQuiet: long enough for the server to run what it had buffered
-// while it was paused or cut off.
+// while it was paused or cut off, and for bytes of the transaction held
+// up on their way to arrive: longer than TCP's shortest retransmission
+// timeout (200 ms on Linux), and than the lag of a proxy on a starved
+// host (seen up to 150 ms). A verdict that it did not run is still wrong
+// if they arrive later (see Again and Resend).
 const (
 	fenceDoneGrace = 500 * time.Millisecond
 	resolveFor     = 10 * time.Second
-	resolveQuiet   = 20 * time.Millisecond
+	resolveQuiet   = 250 * time.Millisecond
 )
 
 // New returns an empty transaction, marked in keys' slot if marked.
