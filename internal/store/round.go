@@ -185,9 +185,12 @@ func stampOff(server time.Time, now int64, rtt time.Duration, p clock.Pace) bool
 // recoverLost settles a round whose transaction t lost its reply: once
 // resolve says whether it ran, it takes back every call of r if it did
 // (none of their callers was answered), or sends alone the take-backs t
-// carried if it did not: as a resend of them (txn.Txn.Resend), for t may
-// still run late. A take-back that must not run twice is lost when
-// resolve cannot tell: the calls stay counted, which is safe.
+// carried if it did not: as they were when they may run twice (t may
+// still run late), else as a resend of them (txn.Txn.Resend), which
+// changes a count once whatever t does. A resend sets a marker, which a
+// SortedSet user may not (it has no SET). A take-back that must not run
+// twice is lost when resolve cannot tell: the calls stay counted, which
+// is safe.
 func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 	o := t.Resolve(where.Node, true)
 	if o == txn.Ran {
@@ -201,10 +204,11 @@ func recoverLost(where Site, r round, t *txn.Txn, carried [][]any) {
 		r.takeAll(t, back)
 	}
 	switch {
+	case o == txn.Ran:
+	case r.idempotent():
+		back.Cmds = append(back.Cmds, txn.Resent(carried)...)
 	case o == txn.NotRun:
 		back = t.Resend(where.Keys, carried)
-	case o == txn.Unknown && r.idempotent():
-		back.Cmds = append(back.Cmds, txn.Resent(carried)...)
 	}
 	takeBack(where, back, r.idempotent())
 }
