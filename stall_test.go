@@ -49,11 +49,11 @@ func TestStallBeforeSend(t *testing.T) {
 }
 
 // Under FixedWindows a call counts in the window of its stamp, unless
-// Redis ran it more than 1 ms into the next: then the decision is made
-// again, in the next. So a stall across a window's start never has two
-// calls of Per(1, 250ms) admitted in one fixed window of Redis's time,
-// but for a call that ran in its first millisecond (1 ms more for Redis's
-// clock, read in whole milliseconds).
+// Redis ran it in the next: then the decision is made again, in the next.
+// So a stall across a window's start never has two calls of Per(1,
+// 250ms) admitted in one fixed window of Redis's time, but for a call
+// that ran in its first millisecond (1 ms for Redis's clock, read in whole
+// milliseconds).
 func TestStallBeforeSendFixed(t *testing.T) {
 	eachOf(t, []Strategy{FixedWindows}, func(t *testing.T, e *env) {
 		e.needsRedis(t, "the stall is a Redis client's hook")
@@ -103,12 +103,38 @@ func admitTwice(t *testing.T, b *Bucket, hook *stallHook, resource string) (firs
 	return
 }
 
-// stallHook sleeps for stall before each transaction it sends, and keeps
-// the latest Redis time any reply of TIME carried.
+// stallHook sleeps for stall before each transaction it sends, or until
+// Redis's estimated time is until, and keeps the latest Redis time any
+// reply of TIME carried.
 type stallHook struct {
 	stall atomic.Int64 // a time.Duration
+	until atomic.Int64 // Redis's time, in Unix ns, or 0
 	mu    sync.Mutex
 	last  time.Time
+	at    time.Time // when last arrived, by this host's clock
+}
+
+// wait sleeps until Redis's estimated time is until, if it is set: to
+// within a fraction of a millisecond, spinning at the end, as a sleep may
+// wake a millisecond late. On fake time, which moves only when every
+// goroutine waits, the spin gives up and the sleep lands on time.
+func (h *stallHook) wait() {
+	until := h.until.Load()
+	if until == 0 {
+		return
+	}
+	left := func() time.Duration { return time.Unix(0, until).Sub(h.redisNow()) }
+	time.Sleep(left() - ms)
+	for spins := 0; spins < 1e6 && left() > 0; spins++ {
+	}
+	time.Sleep(left())
+}
+
+// redisNow estimates Redis's time now from the latest TIME seen.
+func (h *stallHook) redisNow() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last.Add(time.Since(h.at))
 }
 
 func (h *stallHook) latest() time.Time {
@@ -124,7 +150,7 @@ func (h *stallHook) saw(v any) {
 	}
 	if ok {
 		h.mu.Lock()
-		h.last = at
+		h.last, h.at = at, time.Now()
 		h.mu.Unlock()
 	}
 }
@@ -146,6 +172,7 @@ func (h *stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		inTxn := len(cmds) > 1 && commandName(cmds[0]) == "multi"
 		if inTxn {
 			time.Sleep(time.Duration(h.stall.Load()))
+			h.wait()
 		}
 		err := next(ctx, cmds)
 		for i, cmd := range cmds {
@@ -176,4 +203,78 @@ func (h *stallHook) sawReply(cmd redis.Cmder) {
 			h.saw(c.Val())
 		}
 	}
+}
+
+// A stall that ends just past the end of the stamp's interval, so that
+// Redis runs the transaction in the first millisecond of the next one,
+// still counts the call from no earlier than the millisecond Redis ran it
+// in: a call of Per(1, time.Second) that Redis runs 999 ms after it, in
+// Redis's clock in whole milliseconds (as the strategies read it), is
+// denied, and none is admitted until 1000 ms after it.
+func TestStallToTheNextInterval(t *testing.T) {
+	eachOf(t, []Strategy{Windows(50 * ms), Windows(10 * ms)}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the stall is a Redis client's hook")
+		hook := &stallHook{}
+		e.addHook(hook)
+		precision := e.strategy.(windowsStrategy).precision
+		for round := range stallRounds {
+			b := e.bucket(t, PerClient(Per(1, time.Second)))
+			resource := fmt.Sprint("boundary", round)
+			if _, err := b.Peek(context.Background(), resource, "c"); err != nil { // the first estimate of Redis's clock
+				t.Fatal(err)
+			}
+			// Stall until just after the next interval starts, as Redis's
+			// clock is estimated from its latest TIME (the transaction
+			// then takes its way to Redis, a fraction of a millisecond).
+			next := hook.redisNow().Truncate(precision).Add(precision)
+			first := allowAt(t, b, hook, resource, next.Add(300*time.Microsecond))
+			if !first.Allowed {
+				t.Fatalf("round %d: the first call = %+v; want it admitted", round, first)
+			}
+			at := hook.latest()
+			// Then a call that Redis runs in the millisecond 999 ms after the
+			// first one's, and calls until one is admitted.
+			probe := allowAt(t, b, hook, resource, at.Truncate(ms).Add(time.Second-ms))
+			second := hook.latest()
+			if !probe.Allowed {
+				second = admitFrom(t, b, hook, resource)
+			}
+			if apart := second.UnixMilli() - at.UnixMilli(); apart < 1000 {
+				t.Errorf("round %d: two calls admitted %d ms apart in Redis's clock (the first %v into its interval), want at least 1000",
+					round, apart, at.Sub(at.Truncate(precision)))
+			}
+		}
+	})
+}
+
+// allowAt calls b once, its transaction sent once Redis's estimated time
+// is at.
+func allowAt(t *testing.T, b *Bucket, hook *stallHook, resource string, at time.Time) Result {
+	t.Helper()
+	hook.until.Store(at.UnixNano())
+	defer hook.until.Store(0)
+	res, err := b.Allow(context.Background(), resource, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// admitFrom calls b, with short pauses, until a call of resource is
+// admitted, and returns the Redis time of its decision.
+func admitFrom(t *testing.T, b *Bucket, hook *stallHook, resource string) time.Time {
+	t.Helper()
+	for range 2000 {
+		res, err := b.Allow(context.Background(), resource, "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Allowed {
+			return hook.latest()
+		}
+		// A short pause, so that on fake time too the clock moves.
+		time.Sleep(max(res.RetryAfter-ms, 100*time.Microsecond))
+	}
+	t.Fatal("no call admitted in 2000")
+	return time.Time{}
 }

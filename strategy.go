@@ -109,10 +109,9 @@ func Windows(precision time.Duration) Strategy { return windowsStrategy{precisio
 //
 // A call counts in the window of its stamp: this host's estimate of Redis's
 // time, never later than Redis's own and normally less than a millisecond
-// earlier (a decision Redis ran more than a millisecond into the next
-// window is made again). So no fixed window ever holds more than its
-// limit, and a call that Redis ran in the first millisecond of a window
-// may count in the one before.
+// earlier; a decision Redis ran in the next window is made again, stamped
+// in it. So no fixed window ever holds more than its limit, and every call
+// counts in the window Redis ran it in.
 var FixedWindows Strategy = windowsStrategy{fixed: true}
 
 // plan is what the stores need to know of the rules and options, and the

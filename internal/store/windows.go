@@ -347,8 +347,7 @@ func (b *hBatch) evaluateCall(i int, evaluate Evaluate, now int64) {
 }
 
 // errCrossed: Redis ran the transaction in a later interval than its
-// stamp's, and too late to count its calls in the stamp's (see late), in
-// a span that is a fixed window: its calls, evaluated with the window of the
+// stamp's (see late), in a span that is a fixed window: its calls, evaluated with the window of the
 // stamp, would count in a window that ended before Redis ran them, and
 // cannot be moved to the next, whose room they were not evaluated by. So the
 // decision is taken back and made again, stamped in the next window.
@@ -378,14 +377,15 @@ func (b *hBatch) unread(now int64) error {
 }
 
 // late reports whether Redis ran the transaction (at now) in a later
-// interval of span group g than the batch's stamp's, and more than
-// maxEarly after the end of the stamp's: a sliding interval counts its
-// calls as made at its last millisecond, so that such a call, left there,
-// would count as made that much before Redis ran it, and leave its
-// windows as early (a process that stalled between stamping and sending).
+// interval of span group g than the batch's stamp's. A sliding interval
+// counts its calls as made at its last millisecond, so that such a call,
+// left there, would count as made before the millisecond Redis ran it in,
+// and leave its windows as early (a process that stalled between stamping
+// and sending: even a millisecond early, a window of Per(1, time.Second)
+// admitted twice within 999 ms of Redis's clock).
 func (b *hBatch) late(g int, now int64) bool {
 	span := b.Spans[g]
-	return now/span > b.now/span && now-((b.now/span+1)*span-1) > maxEarly
+	return now/span > b.now/span
 }
 
 // moves reports whether the batch's calls of span group g, written to the
