@@ -347,10 +347,11 @@ func (b *hBatch) evaluateCall(i int, evaluate Evaluate, now int64) {
 }
 
 // errCrossed: Redis ran the transaction in a later interval than its
-// stamp's (see late), in a span that is a fixed window: its calls, evaluated with the window of the
-// stamp, would count in a window that ended before Redis ran them, and
-// cannot be moved to the next, whose room they were not evaluated by. So the
-// decision is taken back and made again, stamped in the next window.
+// stamp's (see late), in a span that is a fixed window: its calls,
+// evaluated with the window of the stamp, would count in a window that
+// ended before Redis ran them, and cannot be moved to the next, whose room
+// they were not evaluated by. So the decision is taken back and made
+// again, stamped in the next window.
 var errCrossed = fmt.Errorf("%w: Redis ran it in a later window than its stamp's", errRedo)
 
 // errUnread: Redis ran the transaction in an epoch whose windows reach
