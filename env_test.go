@@ -416,7 +416,7 @@ func uniquePrefix(t testing.TB) string {
 // is not counted.
 // roundTrips counts round trips. A transaction that only scores again
 // the members of a SortedSet decision that ran late (a loaded host, see
-// maxEarly), or only moves a Windows decision's calls to the later
+// lateStamp), or only moves a Windows decision's calls to the later
 // interval it ran in (the same), is counted apart, in late: it comes with
 // the machine's load, not with the call, and would make exact counts
 // flaky.

@@ -205,18 +205,22 @@ func (h *stallHook) sawReply(cmd redis.Cmder) {
 	}
 }
 
-// A stall that ends just past the end of the stamp's interval, so that
-// Redis runs the transaction in the first millisecond of the next one,
+// A stall that ends just past the end of the stamp's interval (under
+// SortedSet, its millisecond), so that Redis runs the transaction in the
+// first millisecond of the next one,
 // still counts the call from no earlier than the millisecond Redis ran it
 // in: a call of Per(1, time.Second) that Redis runs 999 ms after it, in
 // Redis's clock in whole milliseconds (as the strategies read it), is
 // denied, and none is admitted until 1000 ms after it.
 func TestStallToTheNextInterval(t *testing.T) {
-	eachOf(t, []Strategy{Windows(50 * ms), Windows(10 * ms)}, func(t *testing.T, e *env) {
+	eachOf(t, []Strategy{Windows(50 * ms), Windows(10 * ms), SortedSet}, func(t *testing.T, e *env) {
 		e.needsRedis(t, "the stall is a Redis client's hook")
 		hook := &stallHook{}
 		e.addHook(hook)
-		precision := e.strategy.(windowsStrategy).precision
+		precision := ms // SortedSet scores a call by the millisecond
+		if w, ok := e.strategy.(windowsStrategy); ok {
+			precision = w.precision
+		}
 		for round := range stallRounds {
 			b := e.bucket(t, PerClient(Per(1, time.Second)))
 			resource := fmt.Sprint("boundary", round)

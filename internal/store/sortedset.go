@@ -369,9 +369,9 @@ func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 	// most its error: the Results count them from Redis's own time when it
 	// is earlier, so that a stopped clock (a test's) gives the same Results
 	// every run; and from the transaction's TIME when they are scored
-	// again with it (see maxEarly), as Redis will then hold them.
+	// again with it (see lateStamp), as Redis will then hold them.
 	stamp := min(b.now, now)
-	restamp := now-b.now > maxEarly
+	restamp := lateStamp(b.now, now)
 	if restamp {
 		stamp = now
 	}
@@ -427,16 +427,18 @@ func (b *zBatch) view(i int, now, stamp int64) limits.View {
 	return v
 }
 
-// maxEarly bounds, in ms, how much earlier than Redis's time a recorded
-// call's members may stay scored. The stamp is the estimate of Redis's
+// lateStamp reports whether a transaction stamped stamp ran in a later
+// millisecond of Redis's clock (now). The stamp is the estimate of Redis's
 // time less its error, so it is never late, but the transaction runs a
 // round trip after it, later still on a loaded host: members scored that
 // early would leave their window as early, and let it admit past its
-// limit by what it admitted meanwhile. Those of a transaction that ran
-// more than maxEarly after its stamp are scored again with its TIME, by
-// the take-back's transaction (ZADD XX GT: never earlier, and only members
-// still there), long before their window ends.
-const maxEarly = 1
+// limit by what it admitted meanwhile, even by one millisecond
+// (Per(1, time.Second) admitting twice 999 ms apart). The recorded
+// members of such a transaction are scored again with its TIME, by the
+// take-back's transaction (ZADD XX GT: never earlier, and only members
+// still there), before the callers are answered, long before their window
+// ends.
+func lateStamp(stamp, now int64) bool { return now > stamp }
 
 // zBacklog is what a batch leaves to do after its transaction: by set,
 // the members to take back, and those to score again. Most batches leave
