@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -326,6 +327,43 @@ func TestBurstAdmitsExactlyTheLimit(t *testing.T) {
 		}
 		if short > 0 {
 			t.Errorf("%d of %d bursts admitted less than the limit", short, bursts)
+		}
+	})
+}
+
+// TestBurstAdmitsEachClientsLimit: where every rule is per-client, the
+// clients of a resource queue in more than one line (store.lockFree.Line),
+// whose batches are under way at once. A client's calls must still share
+// one line: two batches of one client's calls under way at once would
+// each count what the other then takes back, and the burst would admit
+// less than the client's limit; and none may admit more.
+func TestBurstAdmitsEachClientsLimit(t *testing.T) {
+	const clients = 5
+	each(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerClient(PerMinute(burstLimit)))
+		for i := range bursts {
+			resource := fmt.Sprintf("burst-%d", i)
+			var calls sync.WaitGroup
+			var admitted [clients]atomic.Int64
+			for c := range burstCalls * 2 {
+				calls.Go(func() {
+					time.Sleep(time.Duration(c%20) * 100 * time.Microsecond) // as in TestBurstAdmitsExactlyTheLimit
+					res, err := b.Allow(context.Background(), resource, fmt.Sprintf("c%d", c%clients))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res.Allowed {
+						admitted[c%clients].Add(1)
+					}
+				})
+			}
+			calls.Wait()
+			for c := range admitted {
+				if n := admitted[c].Load(); n != burstLimit {
+					t.Errorf("burst %d: client c%d admitted %d of %d calls at once, limit %d", i, c, n, burstCalls*2/clients, burstLimit)
+				}
+			}
 		}
 	})
 }

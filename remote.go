@@ -155,7 +155,8 @@ func (r *remote) clockRuns(ctx context.Context, resource string) bool {
 // batchKey names the line of a call: calls that can be decided in one
 // round. Under Logs that is a lock's: the resource's when a rule is
 // per-resource, else the (resource, client)'s. The other strategies decide
-// a whole resource's calls in one MULTI/EXEC.
+// a resource's calls in one MULTI/EXEC, or, where every rule is
+// per-client, those of the clients that share a line (store.lockFree.Line).
 func (r *remote) batchKey(resource, client string) string {
 	return r.store.Line(r.keysOf(resource), client)
 }

@@ -1,6 +1,7 @@
 // Package batch decides concurrent calls together, as singleflight shares
 // one call among its callers. Calls that go to the same place (a key: the
-// same lock under Logs, the same resource otherwise) queue in one line.
+// same lock under Logs, the same resource, or the same share of its
+// clients, otherwise) queue in one line.
 // A line's worker goroutine, started as calls arrive and gone once the
 // line is empty, takes the waiting calls in batches and hands each batch
 // to the function that Do was given, which decides its calls in arrival

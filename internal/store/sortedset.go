@@ -19,7 +19,7 @@ import (
 
 // NewSortedSet returns the store of SortedSet for p.
 func NewSortedSet(p Plan) Store {
-	s := sortedSetStore{Plan: p, setOf: make([]int, len(p.Rules))}
+	s := sortedSetStore{Plan: p, lockFree: lockFree{clientScoped: p.ClientScoped}, setOf: make([]int, len(p.Rules))}
 	for i, r := range p.Rules {
 		spec := setSpec{perClient: r.PerClient, window: r.Window, limit: r.Requests}
 		s.setOf[i] = slices.Index(s.sets, spec)

@@ -8,6 +8,7 @@ package store
 
 import (
 	"context"
+	"hash/maphash"
 
 	"github.com/redis/go-redis/v9"
 
@@ -60,12 +61,40 @@ type Store interface {
 	Locked() bool
 }
 
-// lockFree is what SortedSet and Windows share: every batch of a resource
-// is one transaction of its keys, without a lock.
-type lockFree struct{}
+// lockFree is what SortedSet and Windows share: every batch of a line is
+// one transaction of its resource's keys, without a lock. clientScoped is
+// Plan.ClientScoped.
+type lockFree struct{ clientScoped bool }
 
-func (lockFree) Line(ks keys.Space, _ string) string { return ks.Slot() }
-func (lockFree) Locked() bool                        { return false }
+// clientLines is how many lines the calls to one resource queue in when
+// every rule is per-client.
+const clientLines = 2
+
+// lineSeed hashes clients to their lines: any seed will do, as long as
+// a process keeps it.
+var lineSeed = maphash.MakeSeed()
+
+// Line is where a call queues: a line decides one batch at a time, as two
+// batches under way at once would each count weight that the other then
+// takes back, and deny calls on it (package batch). So the calls to a
+// resource share one line; but where every rule is per-client, no call
+// counts what another client's call writes, and a resource's clients are
+// split among clientLines lines by a hash of the client. Then one line's
+// batch runs in Redis while another's is built and judged here, where one
+// line leaves Redis idle while its batch is judged, and this process idle
+// while Redis runs it (the bench's steady table, 10 000 clients of one
+// resource: 1.29-1.33x redis_rate's decisions/s with two lines, 1.02-1.08x
+// with one; four made each batch a quarter as large, Redis's CPU per
+// decision higher and p99 1.5x redis_rate's). A client's calls always
+// share a line.
+func (l lockFree) Line(ks keys.Space, client string) string {
+	if !l.clientScoped || maphash.String(lineSeed, client)%clientLines == 0 {
+		return ks.Slot()
+	}
+	return ks.Slot() + "1" // no Slot ends so: each ends with "}:"
+}
+
+func (lockFree) Locked() bool { return false }
 
 // Evaluate says whether call i of a batch is to be recorded, given v,
 // what every rule counted before it: admitted (or denied, with

@@ -18,7 +18,7 @@ import (
 // NewWindows returns the store of Windows(precision) for p: of
 // FixedWindows if precision is 0.
 func NewWindows(p Plan, precision time.Duration) Store {
-	return windowsStore{Plan: p, Layout: intervals.New(precision, p.Rules), gens: &sync.Map{}}
+	return windowsStore{Plan: p, lockFree: lockFree{clientScoped: p.ClientScoped}, Layout: intervals.New(precision, p.Rules), gens: &sync.Map{}}
 }
 
 // windowsStore is the Windows strategy: precision-bucket sliding windows,
