@@ -194,10 +194,11 @@ func (a *fallbackAdversary) call(rng *rand.Rand, res *Result) error {
 	case err == nil:
 		return nil
 	case r == len(advResources)-1 && strings.Contains(err.Error(), "decision to be made again"):
-		// Under Windows, a decision that keeps meeting a FlushAll of its
-		// resource gives up after a few tries, with or without the
-		// fallback, on Redis as on miniredis: the store's own limit
-		// (TestFallbackRaceFree counts them), not the fallback's.
+		// Under Windows, a read (PeekN, Usage) or a Flush that keeps
+		// meeting a FlushAll of its resource gives up after a few tries,
+		// with or without the fallback, on Redis as on miniredis: the
+		// store's own limit (TestFallbackRaceFree counts them), not the
+		// fallback's. (A decision is made again until its context ends.)
 		a.redone.Add(1)
 		return nil
 	}

@@ -2,14 +2,19 @@ package leakybucket
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/leakybucket/leakybucket/internal/clock"
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
@@ -281,4 +286,73 @@ func admitFrom(t *testing.T, b *Bucket, hook *stallHook, resource string) time.T
 	}
 	t.Fatal("no call admitted in 2000")
 	return time.Time{}
+}
+
+// jumpBeforeDecisions moves miniredis's clock 2*clock.Jump further ahead before
+// each of the next decisions (transactions that carry TIME) is sent: left
+// of them, or every one if left is negative. Redis then runs each too
+// long after its stamp, as after a stall between stamping and sending.
+type jumpBeforeDecisions struct {
+	mini *miniredis.Miniredis
+	left atomic.Int64
+	mu   sync.Mutex
+	at   time.Time // where the clock was moved to last
+}
+
+func (h *jumpBeforeDecisions) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *jumpBeforeDecisions) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *jumpBeforeDecisions) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		decision := len(cmds) > 1 && commandName(cmds[0]) == "multi" &&
+			slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return commandName(c) == "time" })
+		if decision && (h.left.Load() < 0 || h.left.Add(-1) >= 0) {
+			h.mu.Lock()
+			if now := time.Now(); h.at.Before(now) {
+				h.at = now
+			}
+			h.at = h.at.Add(2 * clock.Jump)
+			h.mini.SetTime(h.at)
+			h.mu.Unlock()
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A decision that Redis keeps running too long after its stamp is made
+// again until it is not: four in a row still end in a Result, where the
+// decision used to fail after three with an error that matched no
+// sentinel; and a call whose decisions never stop running late gets its
+// context's error once it ends, with nothing of it counted.
+// The clock is miniredis's to move, so the test runs there alone; on real
+// Redis, TestStallBeforeSend stalls decisions under the redo threshold.
+func TestMadeAgainUntilOnTime(t *testing.T) {
+	for _, s := range []Strategy{Windows(50 * ms), FixedWindows, SortedSet} {
+		t.Run(s.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { madeAgainUntilOnTime(t, newMiniEnv(t, s)) })
+		})
+	}
+}
+
+func madeAgainUntilOnTime(t *testing.T, e *env) {
+	hook := &jumpBeforeDecisions{mini: e.mini}
+	e.addHook(hook)
+	b := e.bucket(t, PerClient(Per(5, time.Minute)))
+	if _, err := b.Peek(context.Background(), "r", "c"); err != nil { // the first estimate of Redis's clock
+		t.Fatal(err)
+	}
+	hook.left.Store(4)
+	if res, err := b.Allow(context.Background(), "r", "c"); err != nil || !res.Allowed {
+		t.Errorf("after four decisions in a row ran late: %+v, %v; want admitted", res, err)
+	}
+	hook.left.Store(-1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if res, err := b.Allow(ctx, "r", "c"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("while every decision runs late: %+v, %v; want the context's deadline", res, err)
+	}
+	hook.left.Store(0)
+	if used := usedNow(t, b, "r", "c", 0); used != 1 {
+		t.Errorf("the rule counts %d, want the one admitted call", used)
+	}
 }

@@ -42,31 +42,41 @@ type round interface {
 // back or gone to keys nothing reads.
 var errRedo = errors.New("leakybucket: decision to be made again")
 
-// redoAttempts bounds how often a batch is decided again, but after a
-// FlushAll (errStaleGeneration).
-const redoAttempts = 3
+// redoAttempts is how many times a batch is decided again at once; after
+// that it waits between attempts, from redoFirstPause up to redoMaxPause,
+// so that a process that keeps stalling, or a server clock that keeps
+// jumping, does not spin.
+const (
+	redoAttempts   = 3
+	redoFirstPause = time.Millisecond
+	redoMaxPause   = 50 * time.Millisecond
+)
 
 // decideRound decides the calls with rounds made by newRound for the
-// estimated Redis time, again if one says so (errRedo): up to
-// redoAttempts times, and after a FlushAll made the round stale, until
-// one is not or ctx ends. Each stale round means a FlushAll ran between
-// its transaction and the one before, so only a storm of them, racing
-// one decision, makes it wait, for as long as the storm lasts, and never
-// fails its callers (a bound of 3 stale rounds, then 15, failed calls
-// during a loop of FlushAll calls).
+// estimated Redis time, again if one says so (errRedo), until one does
+// not or ctx ends: a round made again is no answer for a caller, who
+// gets a Result or an error that says what happened (ctx's, once it
+// ends: package batch). A round is made again when a FlushAll made it
+// stale, so that only a storm of them, racing one decision, makes it
+// wait, for as long as the storm lasts, and never fails its callers (a
+// bound of 3 stale rounds, then 15, failed calls during a loop of
+// FlushAll calls); or when Redis ran it too far from its stamp (this
+// process stalled, or the server's clock jumped: the next round is
+// stamped anew), or in a later fixed window, or an epoch it did not read.
 func decideRound(ctx context.Context, where Site, newRound func(now int64) round, evaluate Evaluate) error {
-	var err error
-	for redos := 0; redos < redoAttempts; {
-		err = decideOnce(ctx, where, newRound, evaluate)
-		switch {
-		case errors.Is(err, errStaleGeneration) && ctx.Err() == nil:
-		case errors.Is(err, errRedo):
-			redos++
-		default:
+	pause := backoff.New(redoFirstPause, redoMaxPause)
+	for redos := 1; ; redos++ {
+		err := decideOnce(ctx, where, newRound, evaluate)
+		if !errors.Is(err, errRedo) {
 			return err
 		}
+		if redos >= redoAttempts && !errors.Is(err, errStaleGeneration) {
+			_ = backoff.Sleep(ctx, pause.NextBackoff())
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("leakybucket: %w while a decision was made again: %w", context.Cause(ctx), err)
+		}
 	}
-	return err
 }
 
 // decideOnce runs one round. When the transaction's reply is lost, it
