@@ -64,19 +64,40 @@ const (
 // process stalled, or the server's clock jumped: the next round is
 // stamped anew), or in a later fixed window, or an epoch it did not read.
 func decideRound(ctx context.Context, where Site, newRound func(now int64) round, evaluate Evaluate) error {
-	pause := backoff.New(redoFirstPause, redoMaxPause)
-	for redos := 1; ; redos++ {
+	again := newRedoPace()
+	for {
 		err := decideOnce(ctx, where, newRound, evaluate)
 		if !errors.Is(err, errRedo) {
 			return err
 		}
-		if redos >= redoAttempts && !errors.Is(err, errStaleGeneration) {
-			_ = backoff.Sleep(ctx, pause.NextBackoff())
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("leakybucket: %w while a decision was made again: %w", context.Cause(ctx), err)
+		if err := again.wait(ctx, err); err != nil {
+			return err
 		}
 	}
+}
+
+// A redoPace paces what is made again (errRedo): a decision, or a Windows
+// read or Flush that met a FlushAll or read the wrong epoch.
+type redoPace struct {
+	attempts int
+	pause    *backoff.Backoff
+}
+
+func newRedoPace() *redoPace { return &redoPace{pause: backoff.New(redoFirstPause, redoMaxPause)} }
+
+// wait is called before what err says to make again is made again. After
+// redoAttempts it pauses first, but for a round a FlushAll made stale:
+// only a storm of them makes one wait, for as long as it lasts. Once ctx
+// has ended it returns ctx's error, with err: a caller is never told
+// only that something was to be made again.
+func (r *redoPace) wait(ctx context.Context, err error) error {
+	if r.attempts++; r.attempts >= redoAttempts && !errors.Is(err, errStaleGeneration) {
+		_ = backoff.Sleep(ctx, r.pause.NextBackoff())
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("leakybucket: %w while it was made again: %w", context.Cause(ctx), err)
+	}
+	return nil
 }
 
 // decideOnce runs one round. When the transaction's reply is lost, it

@@ -115,9 +115,6 @@ func (s windowsStore) hashOf(rule limits.Rule) int {
 // a FlushAll had ended, which nothing reads: it is made again.
 var errStaleGeneration = fmt.Errorf("%w: the counts were flushed meanwhile", errRedo)
 
-// staleRetries bounds how often a read is made again after a flush.
-const staleRetries = 3
-
 // Decide decides calls in a round of their hashes (hBatch), made again
 // after a FlushAll as often as it takes (decideRound), then the calls the
 // round left undecided (confirm).

@@ -22,12 +22,13 @@ import (
 func around(int) int64 { return 1 }
 
 // read reads the generation, the whole hashes of client around the
-// estimate of Redis's time, and TIME, on conn in one round trip; once
-// more if the generation was not the one expected, or if Redis's time was
-// in an epoch whose windows reach one it did not read.
+// estimate of Redis's time, and TIME, on conn in one round trip; again
+// (paced by a redoPace, until ctx ends) if the generation was not the
+// one expected, or if Redis's time was in an epoch whose windows reach
+// one it did not read.
 func (s windowsStore) read(ctx context.Context, conn pipeliner, where Site, client string) (int64, []*hash, error) {
 	ks := where.Keys
-	for range staleRetries {
+	for again := newRedoPace(); ; {
 		estimate, err := where.Clock.Estimate(ctx, where.Node)
 		if err != nil {
 			return 0, nil, err
@@ -48,7 +49,10 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, where Site, clie
 			return 0, nil, err
 		}
 		server, _ := txn.ReplyTime(replies[timeAt])
-		if !s.saw(ks, gen, replies[seen]) || !s.covers(hashes[0], server.UnixMilli()) {
+		if stale := s.stale(where, gen, replies[seen], hashes[0], server); stale != nil {
+			if err := again.wait(ctx, stale); err != nil {
+				return 0, nil, err
+			}
 			continue
 		}
 		where.Clock.Sample(server, sent)
@@ -58,7 +62,22 @@ func (s windowsStore) read(ctx context.Context, conn pipeliner, where Site, clie
 		}
 		return now, hashes, nil
 	}
-	return 0, nil, errStaleGeneration
+}
+
+// stale says why a read of the hashes of generation gen, around h, which
+// Redis ran at server, must be made again, if it must: a FlushAll ended
+// the generation (errStaleGeneration, seen in the generation's reply), or
+// Redis's time was in an epoch whose windows reach one it did not read
+// (errUnread: the estimate was off, and is made anew).
+func (s windowsStore) stale(where Site, gen string, seen any, h *hash, server time.Time) error {
+	switch {
+	case !s.saw(where.Keys, gen, seen):
+		return errStaleGeneration
+	case !s.covers(h, server.UnixMilli()):
+		where.Clock.Reset()
+		return errUnread
+	}
+	return nil
 }
 
 // queueWhole queues the read of every epoch of h, whole.
@@ -135,7 +154,7 @@ func (s windowsStore) Flush(ctx context.Context, where Site, client string) erro
 	if !s.HasClientRule {
 		return ErrNoClientShare
 	}
-	for range staleRetries {
+	for again := newRedoPace(); ; {
 		estimate, err := where.Clock.Estimate(ctx, where.Node)
 		if err != nil {
 			return err
@@ -156,20 +175,21 @@ func (s windowsStore) Flush(ctx context.Context, where Site, client string) erro
 		if _, err := take.Exec(ctx, where.Node); err != nil {
 			return err
 		}
-		if !s.saw(where.Keys, gen, take.Replies[seen]) {
-			continue // a FlushAll came first: the client's hashes are other ones
-		}
-		if server, _ := txn.ReplyTime(take.Replies[timeAt]); !s.covers(mine, server.UnixMilli()) {
-			// The estimate was off by an epoch: what was taken is
-			// taken, and its share with it; the rest next time.
-			where.Clock.Reset()
+		server, _ := txn.ReplyTime(take.Replies[timeAt])
+		stale := s.stale(where, gen, take.Replies[seen], mine, server)
+		if !errors.Is(stale, errStaleGeneration) {
+			// Taken, and its share with it; if the estimate was off by an
+			// epoch (errUnread), the rest next time. After a FlushAll the
+			// client's hashes are other ones.
 			s.takeShare(where, scopes, mine, take.Replies)
-			continue
 		}
-		s.takeShare(where, scopes, mine, take.Replies)
-		return nil
+		if stale == nil {
+			return nil
+		}
+		if err := again.wait(ctx, stale); err != nil {
+			return err
+		}
 	}
-	return errStaleGeneration
 }
 
 // takeShare takes what mine's hashes held, as replies show it, out of the
