@@ -83,10 +83,10 @@ var lineSeed = maphash.MakeSeed()
 // batch runs in Redis while another's is built and judged here, where one
 // line leaves Redis idle while its batch is judged, and this process idle
 // while Redis runs it (the bench's steady table, 10 000 clients of one
-// resource: 1.29-1.33x redis_rate's decisions/s with two lines, 1.02-1.08x
-// with one; four made each batch a quarter as large, Redis's CPU per
-// decision higher and p99 1.5x redis_rate's). A client's calls always
-// share a line.
+// resource, Windows(50ms): 1.18-1.33x redis_rate's decisions/s with two
+// lines, 1.00-1.08x with one; four made each batch a quarter as large,
+// Redis's CPU per decision higher and p99 1.5x redis_rate's). A client's
+// calls always share a line.
 func (l lockFree) Line(ks keys.Space, client string) string {
 	if !l.clientScoped || maphash.String(lineSeed, client)%clientLines == 0 {
 		return ks.Slot()
