@@ -42,9 +42,10 @@ type round interface {
 // back or gone to keys nothing reads.
 var errRedo = errors.New("leakybucket: decision to be made again")
 
-// redoAttempts is how many times a batch is decided again at once; after
-// that it waits between attempts, from redoFirstPause up to redoMaxPause,
-// so that a process that keeps stalling, or a server clock that keeps
+// redoAttempts is the attempt from which a batch decided again waits
+// first: the second and third attempts follow at once, the third redo
+// and every later one wait, from redoFirstPause up to redoMaxPause, so
+// that a process that keeps stalling, or a server clock that keeps
 // jumping, does not spin.
 const (
 	redoAttempts   = 3
@@ -85,8 +86,9 @@ type redoPace struct {
 
 func newRedoPace() *redoPace { return &redoPace{pause: backoff.New(redoFirstPause, redoMaxPause)} }
 
-// wait is called before what err says to make again is made again. After
-// redoAttempts it pauses first, but for a round a FlushAll made stale:
+// wait is called before what err says to make again is made again. From
+// its redoAttempts-th call on it pauses first, but for a round a FlushAll
+// made stale:
 // only a storm of them makes one wait, for as long as it lasts. Once ctx
 // has ended it returns ctx's error, with err: a caller is never told
 // only that something was to be made again.
