@@ -155,41 +155,49 @@ func (s windowsStore) Flush(ctx context.Context, where Site, client string) erro
 		return ErrNoClientShare
 	}
 	for again := newRedoPace(); ; {
-		estimate, err := where.Clock.Estimate(ctx, where.Node)
-		if err != nil {
+		stale, err := s.flushOnce(ctx, where, client)
+		if err != nil || stale == nil {
 			return err
-		}
-		gen := s.gen(where.Keys)
-		scopes := s.scopes(where.Keys, gen, client)
-		mine := s.newHash(scopes[len(scopes)-1], true, estimate, around)
-		take := txn.New(where.Keys, false)
-		s.queueWhole(take, mine)
-		for g := range mine.parts {
-			for _, key := range mine.parts[g].keys {
-				if key != "" {
-					take.Add("del", key)
-				}
-			}
-		}
-		seen, timeAt := take.Add("get", where.Keys.Generation()), take.Add("time")
-		if _, err := take.Exec(ctx, where.Node); err != nil {
-			return err
-		}
-		server, _ := txn.ReplyTime(take.Replies[timeAt])
-		stale := s.stale(where, gen, take.Replies[seen], mine, server)
-		if !errors.Is(stale, errStaleGeneration) {
-			// Taken, and its share with it; if the estimate was off by an
-			// epoch (errUnread), the rest next time. After a FlushAll the
-			// client's hashes are other ones.
-			s.takeShare(where, scopes, mine, take.Replies)
-		}
-		if stale == nil {
-			return nil
 		}
 		if err := again.wait(ctx, stale); err != nil {
 			return err
 		}
 	}
+}
+
+// flushOnce is one attempt of Flush. stale, if not nil, says why it is to
+// be made again: a FlushAll came first (errStaleGeneration), or the
+// estimate was off by an epoch (errUnread).
+func (s windowsStore) flushOnce(ctx context.Context, where Site, client string) (stale, err error) {
+	estimate, err := where.Clock.Estimate(ctx, where.Node)
+	if err != nil {
+		return nil, err
+	}
+	gen := s.gen(where.Keys)
+	scopes := s.scopes(where.Keys, gen, client)
+	mine := s.newHash(scopes[len(scopes)-1], true, estimate, around)
+	take := txn.New(where.Keys, false)
+	s.queueWhole(take, mine)
+	for g := range mine.parts {
+		for _, key := range mine.parts[g].keys {
+			if key != "" {
+				take.Add("del", key)
+			}
+		}
+	}
+	seen, timeAt := take.Add("get", where.Keys.Generation()), take.Add("time")
+	if _, err := take.Exec(ctx, where.Node); err != nil {
+		return nil, err
+	}
+	server, _ := txn.ReplyTime(take.Replies[timeAt])
+	stale = s.stale(where, gen, take.Replies[seen], mine, server)
+	if !errors.Is(stale, errStaleGeneration) {
+		// Taken, and its share with it; if the estimate was off by an
+		// epoch (errUnread), the rest next time. After a FlushAll the
+		// client's hashes are other ones.
+		s.takeShare(where, scopes, mine, take.Replies)
+	}
+	return stale, nil
 }
 
 // takeShare takes what mine's hashes held, as replies show it, out of the
