@@ -12,7 +12,7 @@ import (
 // would, and returns a function that frees it.
 func (e *env) holdLock(t *testing.T, b *Bucket, resource, client string) func() {
 	t.Helper()
-	key := remoteOf(b).store.Line(remoteOf(b).keysOf(resource), client) // under Logs, the lock's key
+	key := remoteOf(b).strategy.Line(remoteOf(b).keysOf(resource), client) // under Logs, the lock's key
 	if err := e.admin.Set(context.Background(), key, "another process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -21,18 +21,18 @@ import (
 )
 
 // remote is the backend of New: the counts in Redis, kept by a strategy's
-// store. A call goes from allow to its line (package batch),
-// whose worker decides the waiting calls together in decideBatch.
+// store. A call goes from allow to its line (package batch), whose worker
+// (work) decides the waiting calls together in decideBatch.
 type remote struct {
 	cfg       config
 	plan      plan
-	store     store.Store
+	strategy  store.Store // the store that cfg.strategy made: its Redis commands
 	node      func(ctx context.Context, key string) (*redis.Client, error)
 	route     *store.ClusterRoute // nil unless a *redis.ClusterClient
 	keyPrefix string              // the prefix and the tag of the strategy's key layout
 
 	clocks    clock.Set
-	batches   *batch.Group[ask, Result, store.Carried]
+	batches   *batch.Group
 	denials   denials.Cache[Result]
 	foresight *foresight.Foresight
 	breakers  *breaker.Breakers // shared by the Buckets of a Tiers
@@ -41,27 +41,22 @@ type remote struct {
 }
 
 func newRemote(cfg config, p plan, st store.Store, node func(context.Context, string) (*redis.Client, error), route *store.ClusterRoute) *remote {
-	r := &remote{cfg: cfg, plan: p, store: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.Tag(),
-		foresight: foresight.New(p.Rules, p.Longest), breakers: cfg.breakers, markers: txn.NewMarkers()}
+	r := &remote{cfg: cfg, plan: p, strategy: st, node: node, route: route, keyPrefix: cfg.prefix + ":" + st.Tag(),
+		batches: batch.NewGroup(), foresight: foresight.New(p.Rules, p.Longest), breakers: cfg.breakers, markers: txn.NewMarkers()}
 	if r.breakers == nil {
 		r.breakers = &breaker.Breakers{}
 	}
-	r.batches = batch.NewGroup(func(l *line) { l.State.Flush() })
 	return r
 }
 
-// ask is what AllowN asks: a call of weight n by client to resource.
-type ask struct {
+// A queued call is what AllowN asks, a call of weight n by client to
+// resource, waiting in its line for a batch to decide it.
+type queued struct {
+	batch.Call
 	resource, client string
 	n                int
+	res              Result // written by its batch's worker once Answer says the caller waits
 }
-
-// A queued call waits in its line for a batch; a line is the calls that
-// go to one place, and the take-backs its batches hand on (store.Carried).
-type (
-	queued = batch.Call[ask, Result]
-	line   = batch.Line[ask, Result, store.Carried]
-)
 
 // allow answers from the denial cache when it may, and else queues the
 // call in its line.
@@ -136,12 +131,40 @@ func (r *remote) decide(ctx context.Context, resource, client string, n int) (Re
 	if err != nil {
 		return Result{}, err
 	}
-	call := &queued{Ctx: ctx, Req: ask{resource: resource, client: client, n: n}, Cut: cut}
-	res, err := r.batches.Do(r.batchKey(resource, client), call, r.decideBatch)
-	if errors.Is(err, batch.ErrCut) {
-		return Result{}, br.Refusal()
+	call := &queued{Call: batch.Call{Ctx: ctx, Cut: cut}, resource: resource, client: client, n: n}
+	l, first, err := r.batches.Join(r.batchKey(resource, client), call)
+	if err != nil {
+		return Result{}, err
 	}
-	return res, err
+	if first {
+		go r.work(l)
+	}
+	switch err := r.batches.Wait(l, call); {
+	case errors.Is(err, batch.ErrCut):
+		return Result{}, br.Refusal()
+	case err != nil:
+		return Result{}, err
+	}
+	return call.res, nil
+}
+
+// work is the worker of line l: it decides l's batches, one at a time,
+// until no call waits (package batch). Then no batch is left to carry
+// what the last one handed on, which is sent alone.
+func (r *remote) work(l *batch.Line) {
+	for b := r.batches.Next(l); b != nil; b = r.batches.Next(l) {
+		r.batches.Finish(l, b, r.decideBatch(b.Ctx, queuedOf(b.Calls), l))
+	}
+	l.Carried.Flush()
+}
+
+// queuedOf returns the calls of a batch as AllowN queued them.
+func queuedOf(calls []batch.Caller) []*queued {
+	out := make([]*queued, len(calls))
+	for i, c := range calls {
+		out[i] = c.(*queued)
+	}
+	return out
 }
 
 // clockRuns reports whether the clock of the server that holds resource
@@ -158,7 +181,7 @@ func (r *remote) clockRuns(ctx context.Context, resource string) bool {
 // a resource's calls in one MULTI/EXEC, or, where every rule is
 // per-client, those of the clients that share a line (store.lockFree.Line).
 func (r *remote) batchKey(resource, client string) string {
-	return r.store.Line(r.keysOf(resource), client)
+	return r.strategy.Line(r.keysOf(resource), client)
 }
 
 // decideBatch decides a batch of calls, all to one resource: the store
@@ -168,11 +191,11 @@ func (r *remote) batchKey(resource, client string) string {
 // So are the calls sent Far that what was read cannot decide: denied by
 // counts read too little for a denial's Result (limits.View.Short), or
 // left too little room by a bound of the counts (limits.Count.Bounded).
-func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) error {
-	resource := calls[0].Req.resource
+func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *batch.Line) error {
+	resource := calls[0].resource
 	where, err := r.siteOf(ctx, resource, &l.Lock)
 	var ahead store.Carried
-	where.Carry, where.Busy, where.Ahead, where.Acks = &l.State, l.Busy, &ahead, r.acks(calls)
+	where.Carry, where.Busy, where.Ahead, where.Acks = &l.Carried, l.Busy, &ahead, r.acks(calls)
 	if err != nil {
 		return err
 	}
@@ -182,19 +205,26 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *line) erro
 		// whether the server is gone: see breaker.go.
 		defer r.breakers.Of(where.Node).Suspecting()()
 	}
-	requests := make([]limits.Call, len(calls))
-	for i, c := range calls {
-		requests[i] = limits.Call{Client: c.Req.client, N: c.Req.n}
-	}
+	requests := requestsOf(calls)
 	if now, ok := where.Clock.Now(); ok && r.foresees() {
 		r.foresight.Foresee(resource, requests, now)
 	}
-	again, err := r.decideRequests(ctx, where, calls, requests)
+	again, err := r.decideRequests(ctx, where, requests, calls)
 	if err != nil {
 		return err
 	}
 	r.decideAgain(ctx, where, calls, requests, again)
 	return nil
+}
+
+// requestsOf returns what the store is asked of each call: its client and
+// weight.
+func requestsOf(calls []*queued) []limits.Call {
+	requests := make([]limits.Call, len(calls))
+	for i, c := range calls {
+		requests[i] = limits.Call{Client: c.client, N: c.n}
+	}
+	return requests
 }
 
 // acks is what a batch's decision asks of the replicas (WithReplicas):
@@ -231,12 +261,14 @@ func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*que
 		retry := make([]*queued, len(again))
 		for i, a := range again {
 			retry[i] = calls[a.i]
-			requests[i] = limits.Call{Client: calls[a.i].Req.client, N: calls[a.i].Req.n, Look: a.look}
+			requests[i] = limits.Call{Client: calls[a.i].client, N: calls[a.i].n, Look: a.look}
 		}
 		calls, requests = retry, requests[:len(again)]
 		var err error
-		if again, err = r.decideRequests(ctx, where, calls, requests); err != nil {
-			r.batches.Fail(calls, classify(err))
+		if again, err = r.decideRequests(ctx, where, requests, calls); err != nil {
+			for _, c := range calls {
+				r.batches.Fail(c, classify(err))
+			}
 			return
 		}
 	}
@@ -246,16 +278,16 @@ func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*que
 // whose lock lets no other decision count a call before it is judged, nor
 // with WithRecordDenied, under which every call counts.
 func (r *remote) foresees() bool {
-	return !r.store.Locked() && !r.cfg.recordDenied
+	return !r.strategy.Locked() && !r.cfg.recordDenied
 }
 
 // decideRequests has the store decide calls (requests, by call): the
 // store records each call that evaluate says to, and once its round is
 // over, answer gives the calls their Results and returns those to decide
 // again.
-func (r *remote) decideRequests(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call) ([]redo, error) {
+func (r *remote) decideRequests(ctx context.Context, where store.Site, requests []limits.Call, calls []*queued) ([]redo, error) {
 	verdicts := make([]verdict, len(calls))
-	err := r.store.Decide(ctx, where, requests, func(i int, v limits.View) bool {
+	err := r.strategy.Decide(ctx, where, requests, func(i int, v limits.View) bool {
 		verdicts[i] = r.evaluate(calls[i], requests[i].Look, v)
 		return verdicts[i].record
 	})
@@ -280,7 +312,7 @@ type verdict struct {
 // what every rule counted before it. It only reads: what it finds is
 // acted on by answer, once the round is over.
 func (r *remote) evaluate(c *queued, look bool, v limits.View) verdict {
-	n := c.Req.n
+	n := c.n
 	vd := verdict{evaluated: true, res: r.plan.evaluate(v, n, r.cfg.recordDenied), seen: foresight.Copy(v)}
 	vd.undecided = v.Undecided(r.plan.Rules, n)
 	vd.again = look && vd.res.Allowed || vd.undecided
@@ -297,7 +329,7 @@ func (r *remote) evaluate(c *queued, look bool, v limits.View) verdict {
 func (r *remote) answer(calls []*queued, verdicts []verdict) []redo {
 	var again []redo
 	for i, vd := range verdicts {
-		q := calls[i].Req
+		q := calls[i]
 		switch {
 		case !vd.evaluated:
 		case vd.again:
@@ -306,7 +338,9 @@ func (r *remote) answer(calls []*queued, verdicts []verdict) []redo {
 			}
 			again = append(again, redo{i: i, look: vd.seen.Short})
 		default:
-			r.batches.Answer(calls[i], vd.res)
+			if r.batches.Answer(q) {
+				q.res = vd.res
+			}
 			r.foresight.Saw(q.resource, q.client, vd.seen, q.n, vd.record)
 		}
 	}
@@ -321,7 +355,7 @@ func (r *remote) read(ctx context.Context, resource, client string, n int) (read
 		if err != nil {
 			return limits.View{}, err
 		}
-		v, err := r.store.Peek(ctx, where, client, n)
+		v, err := r.strategy.Peek(ctx, where, client, n)
 		return v, classify(r.route.Redirected(err))
 	})
 	return reading{View: v, plan: &r.plan}, err
@@ -336,7 +370,7 @@ func (r *remote) flush(ctx context.Context, resource, client string) error {
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, classify(r.route.Redirected(r.store.Flush(ctx, where, client)))
+		return struct{}{}, classify(r.route.Redirected(r.strategy.Flush(ctx, where, client)))
 	})
 	r.denials.Forget(resource, &client)
 	r.foresight.Drop(resource, &client)
@@ -351,7 +385,7 @@ func (r *remote) flushAll(ctx context.Context, resource string) error {
 		if err != nil {
 			return struct{}{}, err
 		}
-		return struct{}{}, classify(r.route.Redirected(r.store.FlushAll(ctx, where)))
+		return struct{}{}, classify(r.route.Redirected(r.strategy.FlushAll(ctx, where)))
 	})
 	r.denials.Forget(resource, nil)
 	r.foresight.Drop(resource, nil)

@@ -2,12 +2,14 @@
 // one call among its callers. Calls that go to the same place (a key: the
 // same lock under Logs, the same resource, or the same share of its
 // clients, otherwise) queue in one line.
-// A line's worker goroutine, started as calls arrive and gone once the
-// line is empty, takes the waiting calls in batches and hands each batch
-// to the function that Do was given, which decides its calls in arrival
-// order, each seeing the ones before it, in one store round (one
-// MULTI/EXEC, or one lock's two round trips under Logs). A hot resource
-// then costs one round trip per batch instead of one per call.
+// A line's worker goroutine, which the caller whose call finds the line
+// idle starts (Join), takes the waiting calls in batches (Next), decides
+// each batch's calls in arrival order, each seeing the ones before it, in
+// one store round (one MULTI/EXEC, or one lock's two round trips under
+// Logs), hands each caller its answer (Answer, Finish), and stops once
+// the line is empty. The worker is the package user's code, so a reader
+// sees at the call what decides it. A hot resource then costs one round
+// trip per batch instead of one per call.
 //
 // A line decides one batch at a time: the next starts once the one before
 // it has answered its calls and handed on what it takes back. Two batches
@@ -42,9 +44,10 @@ import (
 
 	"github.com/leakybucket/leakybucket/internal/breaker"
 	"github.com/leakybucket/leakybucket/internal/lock"
+	"github.com/leakybucket/leakybucket/internal/store"
 )
 
-// ErrCut is what Do returns for a call given up because its Cut closed.
+// ErrCut is what Wait returns for a call given up because its Cut closed.
 var ErrCut = errors.New("leakybucket: call cut")
 
 // maxBatch bounds the calls of one batch, and so the size of its
@@ -57,57 +60,66 @@ const (
 	waiting   state = iota // queued, not yet decided
 	taken                  // decided by a batch whose write is under way
 	abandoned              // its caller gave up
-	finished               // res and err are final
+	finished               // err is final
 )
 
-// A Call is one caller's request Req, waiting for a batch to decide it.
-type Call[Q, R any] struct {
+// A Call is one caller's call, waiting for a batch to decide it. The
+// package's user embeds it in its own call, which holds the request and
+// the result (see Caller).
+type Call struct {
 	Ctx context.Context
-	Req Q
 	// Cut, if not nil, is closed when the call must give up at once, as
-	// if its context had ended: Do then returns ErrCut.
+	// if its context had ended: Wait then returns ErrCut.
 	Cut  <-chan struct{}
 	done chan struct{} // closed once finished
 
 	// Guarded by the Group's mu.
-	batch *batch[Q, R] // once taken
+	batch *Batch // once taken
 	state state
-	res   R
 	err   error
 }
 
-// A Line is what the batches of one key share beside their calls: what
-// this process knows of the key's lock (Logs), and State, the Group
-// user's (the take-backs a batch hands on to the next).
-type Line[Q, R, S any] struct {
-	Lock  lock.View
-	State S
+// A Caller is a call as the package's user holds it: a struct that
+// embeds Call, and whose result the user writes once Answer says that its
+// caller waits for it.
+type Caller interface{ call() *Call }
 
-	group   *Group[Q, R, S]
-	calls   []*Call[Q, R] // waiting, in arrival order
-	lastErr error         // the error of the latest batch, nil if it succeeded
+func (c *Call) call() *Call { return c }
+
+// A Line is what the batches of one key share beside their calls: what
+// this process knows of the key's lock (Logs), and the take-backs a batch
+// hands on to the next (store.Carried).
+type Line struct {
+	Lock    lock.View
+	Carried store.Carried
+
+	key     string
+	calls   []Caller // waiting, in arrival order
+	lastErr error    // the error of the latest batch, nil if it succeeded
+	group   *Group
 }
 
 // Busy reports whether calls wait in the line: a batch after this one
 // will carry what this one hands on.
-func (l *Line[Q, R, S]) Busy() bool {
+func (l *Line) Busy() bool {
 	l.group.mu.Lock()
 	defer l.group.mu.Unlock()
 	return len(l.calls) > 0
 }
 
-// batch is the calls a line's worker decides together.
-type batch[Q, R any] struct {
-	calls  []*Call[Q, R]
+// A Batch is the calls a line's worker decides together, in arrival
+// order, under Ctx (see batchContext).
+type Batch struct {
+	Calls  []Caller
+	Ctx    context.Context
 	cancel context.CancelFunc
+	start  time.Time
 }
 
 // A Group holds the lines of one Bucket.
-type Group[Q, R, S any] struct {
-	idle func(line *Line[Q, R, S]) // see NewGroup
-
+type Group struct {
 	mu    sync.Mutex
-	lines map[string]*Line[Q, R, S] // by key
+	lines map[string]*Line // by key
 
 	// decision is a moving average of how long an uncontended batch takes
 	// (ns), to refuse at once a batch that could not finish before the
@@ -118,14 +130,8 @@ type Group[Q, R, S any] struct {
 	tried    atomic.Int64
 }
 
-// NewGroup returns a Group that calls idle, if not nil, when a line's
-// worker stops: no batch is left to carry what the last one handed on.
-func NewGroup[Q, R, S any](idle func(line *Line[Q, R, S])) *Group[Q, R, S] {
-	return &Group[Q, R, S]{idle: idle, lines: map[string]*Line[Q, R, S]{}}
-}
-
-// A Run decides a batch: for each call, Answer with its result or Fail.
-type Run[Q, R, S any] func(ctx context.Context, calls []*Call[Q, R], line *Line[Q, R, S]) error
+// NewGroup returns a Group with no line.
+func NewGroup() *Group { return &Group{lines: map[string]*Line{}} }
 
 // probeEvery is how often a batch runs even when the average says it
 // cannot finish in time.
@@ -135,7 +141,7 @@ const probeEvery = 10 * time.Millisecond
 var epoch = time.Now()
 
 // took records the duration of an uncontended batch.
-func (q *Group[Q, R, S]) took(d time.Duration) {
+func (q *Group) took(d time.Duration) {
 	old := q.decision.Load()
 	if old == 0 {
 		q.decision.Store(int64(d))
@@ -148,7 +154,7 @@ func (q *Group[Q, R, S]) took(d time.Duration) {
 // batch would only hold the lock while others wait, for callers who will
 // be gone. Its calls get the error at once, before their deadlines. One
 // batch in probeEvery runs all the same, to measure again.
-func (q *Group[Q, R, S]) hopeless(ctx context.Context) error {
+func (q *Group) hopeless(ctx context.Context) error {
 	deadline, ok := ctx.Deadline()
 	typical := time.Duration(q.decision.Load())
 	now := time.Since(epoch)
@@ -161,75 +167,78 @@ func (q *Group[Q, R, S]) hopeless(ctx context.Context) error {
 	return nil
 }
 
-// Do queues c in the line key, and returns its result once a batch,
-// decided by run, decided it, or its context's error once it ends. Every
-// Do of a Group is given the same run.
-func (q *Group[Q, R, S]) Do(key string, c *Call[Q, R], run Run[Q, R, S]) (R, error) {
-	var zero R
-	if c.Ctx.Err() != nil {
-		return zero, GivenUp(c.Ctx, false, nil) // nothing sent
+// Join queues c in the line key. If the line was idle, first is true: the
+// caller then starts the line's worker, which takes its batches (Next)
+// until none is left. A call whose context has ended is queued nowhere,
+// and gets its error.
+func (q *Group) Join(key string, c Caller) (l *Line, first bool, err error) {
+	call := c.call()
+	if call.Ctx.Err() != nil {
+		return nil, false, GivenUp(call.Ctx, false, nil) // nothing sent
 	}
-	c.done = make(chan struct{})
+	call.done = make(chan struct{})
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	// A line is in lines exactly while its worker runs: a new line
 	// starts one.
-	l := q.lines[key]
-	start := l == nil
-	if start {
-		l = q.newLine()
+	l = q.lines[key]
+	if first = l == nil; first {
+		l = &Line{key: key, group: q}
 		q.lines[key] = l
 	}
 	l.calls = append(l.calls, c)
-	q.mu.Unlock()
-	if start {
-		go q.work(key, l, run)
-	}
-	select {
-	case <-c.done:
-		return c.res, c.err
-	case <-c.Ctx.Done():
-		return q.abandon(l, c, false)
-	case <-c.Cut:
-		return q.abandon(l, c, true)
-	}
+	return l, first, nil
 }
 
-func (q *Group[Q, R, S]) newLine() *Line[Q, R, S] { return &Line[Q, R, S]{group: q} }
+// Wait returns once a batch decided c (the error is that of its batch, if
+// it failed), or with its context's error once it ends, or ErrCut once
+// its Cut closes.
+func (q *Group) Wait(l *Line, c Caller) error {
+	call := c.call()
+	select {
+	case <-call.done:
+		return call.err
+	case <-call.Ctx.Done():
+		return q.abandon(l, call, false)
+	case <-call.Cut:
+		return q.abandon(l, call, true)
+	}
+}
 
 // abandon gives c up after its context ended, or its Cut closed (cut),
 // and cancels the batch under way if no call of it is left waiting for
 // it.
-func (q *Group[Q, R, S]) abandon(l *Line[Q, R, S], c *Call[Q, R], cut bool) (R, error) {
+func (q *Group) abandon(l *Line, c *Call, cut bool) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if c.state == finished {
-		return c.res, c.err
+		return c.err
 	}
 	c.state = abandoned
-	if c.batch != nil && allAbandoned(c.batch.calls) {
+	if c.batch != nil && allAbandoned(c.batch.Calls) {
 		c.batch.cancel()
 	}
-	var zero R
 	if cut {
-		return zero, ErrCut
+		return ErrCut
 	}
-	return zero, GivenUp(c.Ctx, l.Lock.Contended(), l.lastErr)
+	return GivenUp(c.Ctx, l.Lock.Contended(), l.lastErr)
 }
 
-// Answer gives c the result res, once its batch's round is over, and
-// reports whether its caller still waits for it: a caller gone (Gone)
+// Answer reports whether c's caller still waits for its result, once its
+// batch's round is over: the user then writes it. A caller gone (Gone)
 // gets none, and returns its context's error, or ErrCut.
-func (q *Group[Q, R, S]) Answer(c *Call[Q, R], res R) bool {
+func (q *Group) Answer(c Caller) bool {
+	call := c.call()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if c.state != waiting {
+	if call.state != waiting {
 		return false
 	}
-	if c.Gone() {
-		c.state = abandoned
+	if call.Gone() {
+		call.state = abandoned
 		return false
 	}
-	c.state, c.res = taken, res
+	call.state = taken
 	return true
 }
 
@@ -237,7 +246,7 @@ func (q *Group[Q, R, S]) Answer(c *Call[Q, R], res R) bool {
 // context ended, or its Cut closed. Once Gone, a call stays gone, so a
 // round that records only the calls not Gone records none whose caller
 // Answer then finds gone before it.
-func (c *Call[Q, R]) Gone() bool {
+func (c *Call) Gone() bool {
 	if c.Ctx.Err() != nil {
 		return true
 	}
@@ -249,22 +258,20 @@ func (c *Call[Q, R]) Gone() bool {
 	}
 }
 
-// Fail gives each of calls the error err in place of a result, when the
-// rest of their batch was decided: the batch's finish leaves them so.
-func (q *Group[Q, R, S]) Fail(calls []*Call[Q, R], err error) {
+// Fail gives c the error err in place of a result, when the rest of its
+// batch was decided: the batch's finish leaves it so.
+func (q *Group) Fail(c Caller, err error) {
+	call := c.call()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for _, c := range calls {
-		if c.state == waiting {
-			var zero R
-			c.state, c.res, c.err = taken, zero, err
-		}
+	if call.state == waiting {
+		call.state, call.err = taken, err
 	}
 }
 
-func allAbandoned[Q, R any](calls []*Call[Q, R]) bool {
+func allAbandoned(calls []Caller) bool {
 	for _, c := range calls {
-		if c.state != abandoned {
+		if c.call().state != abandoned {
 			return false
 		}
 	}
@@ -296,41 +303,47 @@ func (e *waitError) Error() string {
 
 func (e *waitError) Unwrap() []error { return []error{e.cause, e.last} }
 
-// work runs batches of line l with run until l is empty.
-func (q *Group[Q, R, S]) work(key string, l *Line[Q, R, S], run Run[Q, R, S]) {
+// Next takes the next batch of l, for its worker; nil once l is empty:
+// the worker then stops, and l is removed (the next call starts a new
+// line). A batch that could not finish before its calls' deadlines
+// (hopeless) is not returned: its calls get their error at once.
+func (q *Group) Next(l *Line) *Batch {
 	for {
-		b, ctx := q.next(key, l)
+		b := q.take(l)
 		if b == nil {
-			if q.idle != nil {
-				q.idle(l) // no batch left to carry what the last handed on
-			}
-			return
+			return nil
 		}
-		err := q.hopeless(ctx)
+		err := q.hopeless(b.Ctx)
 		if err == nil {
-			start := time.Now()
-			err = run(ctx, b.calls, l)
-			if err == nil && l.Lock.FreeSince(start) {
-				q.took(time.Since(start))
-			}
+			b.start = time.Now()
+			return b
 		}
-		q.finish(l, b, ctx, err)
-		b.cancel()
+		q.finish(l, b, err)
 	}
 }
 
-// next takes the next batch of l, with its context; nil once l is empty:
-// the worker then stops, and removes l.
-func (q *Group[Q, R, S]) next(key string, l *Line[Q, R, S]) (*batch[Q, R], context.Context) {
+// Finish hands the outcome of b, err, to its calls, once its worker
+// decided it.
+func (q *Group) Finish(l *Line, b *Batch, err error) {
+	if err == nil && l.Lock.FreeSince(b.start) {
+		q.took(time.Since(b.start))
+	}
+	q.finish(l, b, err)
+}
+
+// take takes the waiting calls of l as a batch, with its context; nil
+// once l is empty, and then removes l.
+func (q *Group) take(l *Line) *Batch {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	calls := make([]*Call[Q, R], 0, min(len(l.calls), maxBatch))
+	calls := make([]Caller, 0, min(len(l.calls), maxBatch))
 	rest := l.calls[:0]
 	for _, c := range l.calls {
+		call := c.call()
 		switch {
-		case c.state != waiting:
-		case c.Ctx.Err() != nil:
-			c.state = abandoned // its caller is giving up: start nothing for it
+		case call.state != waiting:
+		case call.Ctx.Err() != nil:
+			call.state = abandoned // its caller is giving up: start nothing for it
 		case len(calls) < maxBatch:
 			calls = append(calls, c)
 		default:
@@ -339,24 +352,24 @@ func (q *Group[Q, R, S]) next(key string, l *Line[Q, R, S]) (*batch[Q, R], conte
 	}
 	l.calls = rest
 	if len(calls) == 0 {
-		delete(q.lines, key)
-		return nil, nil
+		delete(q.lines, l.key)
+		return nil
 	}
 	ctx, cancel := batchContext(calls)
-	b := &batch[Q, R]{calls: calls, cancel: cancel}
+	b := &Batch{Calls: calls, Ctx: ctx, cancel: cancel}
 	for _, c := range calls {
-		c.batch = b
+		c.call().batch = b
 	}
-	return b, ctx
+	return b
 }
 
 // batchContext is detached from the calls' contexts, with the latest of
 // their deadlines, or none if one of them has none.
-func batchContext[Q, R any](batch []*Call[Q, R]) (context.Context, context.CancelFunc) {
-	detached := context.WithoutCancel(batch[0].Ctx)
+func batchContext(calls []Caller) (context.Context, context.CancelFunc) {
+	detached := context.WithoutCancel(calls[0].call().Ctx)
 	var latest time.Time
-	for _, c := range batch {
-		d, ok := c.Ctx.Deadline()
+	for _, c := range calls {
+		d, ok := c.call().Ctx.Deadline()
 		if !ok {
 			return context.WithCancel(detached)
 		}
@@ -367,33 +380,34 @@ func batchContext[Q, R any](batch []*Call[Q, R]) (context.Context, context.Cance
 	return context.WithDeadline(detached, latest)
 }
 
-// finish hands the outcome of batch to its calls. If the batch's context
+// finish hands the outcome of b to its calls. If the batch's context
 // ended, every call's deadline has passed (the batch has the latest), or
 // every call gave up: each gets the error it would have got by giving up.
-func (q *Group[Q, R, S]) finish(l *Line[Q, R, S], b *batch[Q, R], ctx context.Context, err error) {
+func (q *Group) finish(l *Line, b *Batch, err error) {
+	defer b.cancel()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err != nil && ctx.Err() != nil {
-		err = GivenUp(ctx, l.Lock.Contended(), err)
+	if err != nil && b.Ctx.Err() != nil {
+		err = GivenUp(b.Ctx, l.Lock.Contended(), err)
 	}
 	l.lastErr = err
-	for _, c := range b.calls {
-		if c.state == abandoned {
+	for _, c := range b.Calls {
+		call := c.call()
+		if call.state == abandoned {
 			continue
 		}
 		if err != nil {
-			var zero R
-			c.res, c.err = zero, err
+			call.err = err
 		}
-		c.state = finished
-		close(c.done)
+		call.state = finished
+		close(call.done)
 	}
 }
 
 // Waiting returns how many calls wait in the line key behind the batch
 // under way, or -1 if no line is: for tests that make calls in a known
 // order.
-func (q *Group[Q, R, S]) Waiting(key string) int {
+func (q *Group) Waiting(key string) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if l, ok := q.lines[key]; ok {
@@ -404,7 +418,7 @@ func (q *Group[Q, R, S]) Waiting(key string) int {
 
 // Contended reports whether the line key has seen its lock held by
 // another holder.
-func (q *Group[Q, R, S]) Contended(key string) bool {
+func (q *Group) Contended(key string) bool {
 	q.mu.Lock()
 	l, ok := q.lines[key]
 	q.mu.Unlock()
@@ -412,7 +426,7 @@ func (q *Group[Q, R, S]) Contended(key string) bool {
 }
 
 // Lines returns how many lines have calls waiting or under way.
-func (q *Group[Q, R, S]) Lines() int {
+func (q *Group) Lines() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.lines)

@@ -12,29 +12,78 @@ import (
 	"github.com/leakybucket/leakybucket/internal/lock"
 )
 
-// group decides each call as its Req doubled, after d, recording the sizes
+// call is a call as a user of the package holds it: its request and its
+// result beside the Call.
+type call struct {
+	Call
+	req, res int
+}
+
+// run decides a batch, as a worker does: for each call, Answer and then
+// its result, or Fail.
+type run func(ctx context.Context, calls []*call, l *Line) error
+
+// do is one caller's call to the line key, decided by run, as a user of
+// the package makes it: Join, the worker started by the first caller of
+// an idle line, which runs batches until the line is empty and then
+// calls idle, and Wait.
+func do(g *Group, key string, c *call, decide run, idle func()) (int, error) {
+	l, first, err := g.Join(key, c)
+	if err != nil {
+		return 0, err
+	}
+	if first {
+		go func() {
+			for b := g.Next(l); b != nil; b = g.Next(l) {
+				calls := make([]*call, len(b.Calls))
+				for i, c := range b.Calls {
+					calls[i] = c.(*call)
+				}
+				g.Finish(l, b, decide(b.Ctx, calls, l))
+			}
+			if idle != nil {
+				idle()
+			}
+		}()
+	}
+	if err := g.Wait(l, c); err != nil {
+		return 0, err
+	}
+	return c.res, nil
+}
+
+// answer gives c the result res if its caller waits for it.
+func answer(g *Group, c *call, res int) bool {
+	if !g.Answer(c) {
+		return false
+	}
+	c.res = res
+	return true
+}
+
+// group decides each call as its req doubled, after d, recording the sizes
 // of its batches.
 type group struct {
-	*Group[int, int, int]
+	*Group
 	d       time.Duration
 	mu      sync.Mutex
 	batches []int
 	idle    int
 }
 
-func newGroup(d time.Duration) *group {
-	g := &group{d: d}
-	g.Group = NewGroup(func(*Line[int, int, int]) { g.mu.Lock(); g.idle++; g.mu.Unlock() })
-	return g
+func newGroup(d time.Duration) *group { return &group{Group: NewGroup(), d: d} }
+
+func (g *group) do(key string, c *call) (int, error) {
+	return do(g.Group, key, c, g.run, func() { g.mu.Lock(); g.idle++; g.mu.Unlock() })
 }
 
-func (g *group) run(ctx context.Context, calls []*Call[int, int], l *Line[int, int, int]) error {
+func (g *group) run(ctx context.Context, calls []*call, l *Line) error {
 	time.Sleep(g.d)
 	g.mu.Lock()
 	g.batches = append(g.batches, len(calls))
 	g.mu.Unlock()
 	for _, c := range calls {
-		g.Answer(c, 2*c.Req)
+		answer(g.Group, c, 2*c.req)
 	}
 	return nil
 }
@@ -48,7 +97,7 @@ func TestCallsWaitingAreOneBatch(t *testing.T) {
 		results := make([]int, 10)
 		for i := range results {
 			wg.Go(func() {
-				res, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: i}, g.run)
+				res, err := g.do("k", &call{Call: Call{Ctx: context.Background()}, req: i})
 				if err != nil {
 					t.Error(err)
 				}
@@ -77,20 +126,20 @@ func TestCallsWaitingAreOneBatch(t *testing.T) {
 func TestOneBatchOfALineAtATime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var running, most, lines atomic.Int64
-		g := NewGroup[int, int, int](nil)
-		run := func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+		g := NewGroup()
+		run := func(_ context.Context, calls []*call, _ *Line) error {
 			most.Store(max(most.Load(), running.Add(1)))
 			time.Sleep(time.Millisecond)
 			running.Add(-1)
 			for _, c := range calls {
-				g.Answer(c, c.Req)
+				answer(g, c, c.req)
 			}
 			return nil
 		}
-		other := func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+		other := func(_ context.Context, calls []*call, _ *Line) error {
 			lines.Add(1)
 			for _, c := range calls {
-				g.Answer(c, c.Req)
+				answer(g, c, c.req)
 			}
 			return nil
 		}
@@ -98,14 +147,14 @@ func TestOneBatchOfALineAtATime(t *testing.T) {
 		for i := range 100 {
 			wg.Go(func() {
 				time.Sleep(time.Duration(i%7) * 300 * time.Microsecond)
-				if _, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: i}, run); err != nil {
+				if _, err := do(g, "k", &call{Call: Call{Ctx: context.Background()}, req: i}, run, nil); err != nil {
 					t.Error(err)
 				}
 			})
 		}
 		wg.Go(func() {
 			time.Sleep(500 * time.Microsecond) // while a batch of "k" runs
-			if _, err := g.Do("other", &Call[int, int]{Ctx: context.Background(), Req: 1}, other); err != nil {
+			if _, err := do(g, "other", &call{Call: Call{Ctx: context.Background()}, req: 1}, other, nil); err != nil {
 				t.Error(err)
 			}
 			if running.Load() == 0 {
@@ -123,19 +172,19 @@ func TestOneBatchOfALineAtATime(t *testing.T) {
 // and its call is recorded nowhere: Answer reports that no one waits.
 func TestAbandonedCall(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := NewGroup[int, int, int](nil)
+		g := NewGroup()
 		settled := make(chan bool, 1)
-		run := func(ctx context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
+		run := func(ctx context.Context, calls []*call, _ *Line) error {
 			time.Sleep(time.Second)
-			settled <- g.Answer(calls[0], 1)
+			settled <- answer(g, calls[0], 1)
 			return nil
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		_, err := g.Do("k", &Call[int, int]{Ctx: ctx, Req: 1}, run)
+		_, err := do(g, "k", &call{Call: Call{Ctx: ctx}, req: 1}, run, nil)
 		if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != 10*time.Millisecond {
-			t.Fatalf("Do = %v after %v, want the deadline after 10ms", err, time.Since(start))
+			t.Fatalf("do = %v after %v, want the deadline after 10ms", err, time.Since(start))
 		}
 		if <-settled {
 			t.Error("Answer of an abandoned call reported a caller waiting")
@@ -147,16 +196,16 @@ func TestAbandonedCall(t *testing.T) {
 func TestFail(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		boom := errors.New("boom")
-		g := NewGroup[int, int, int](nil)
-		run := func(_ context.Context, calls []*Call[int, int], _ *Line[int, int, int]) error {
-			if calls[0].Req == 1 {
-				g.Fail(calls, boom)
+		g := NewGroup()
+		run := func(_ context.Context, calls []*call, _ *Line) error {
+			if calls[0].req == 1 {
+				g.Fail(calls[0], boom)
 				return nil
 			}
 			return boom
 		}
 		for _, req := range []int{1, 2} {
-			if _, err := g.Do("k", &Call[int, int]{Ctx: context.Background(), Req: req}, run); !errors.Is(err, boom) {
+			if _, err := do(g, "k", &call{Call: Call{Ctx: context.Background()}, req: req}, run, nil); !errors.Is(err, boom) {
 				t.Errorf("call %d: error %v, want boom", req, err)
 			}
 		}
