@@ -38,8 +38,9 @@ func miniClient(t *testing.T) (*redis.Client, *miniredis.Miniredis) {
 
 // realClient returns a client of the real Redis and a prefix of the
 // test's own, whose keys are deleted afterwards; or skips the test (fails
-// it under CI) when there is no real Redis.
-func realClient(t *testing.T) (*redis.Client, string) {
+// it under CI) when there is no real Redis. opts, if any, change the
+// client's options first.
+func realClient(t *testing.T, opts ...func(*redis.Options)) (*redis.Client, string) {
 	t.Helper()
 	addr := os.Getenv(redisAddrVar)
 	if addr == "" {
@@ -48,7 +49,11 @@ func realClient(t *testing.T) (*redis.Client, string) {
 		}
 		t.Skipf("%s is not set; `make test` starts a scripting-denied Redis", redisAddrVar)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
+	o := &redis.Options{Addr: addr, PoolSize: 64}
+	for _, opt := range opts {
+		opt(o)
+	}
+	rdb := redis.NewClient(o)
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	prefix := "httplimit-test-" + hex.EncodeToString(b[:])
