@@ -1,5 +1,5 @@
-// Package batch decides concurrent calls together, as singleflight shares
-// one call among its callers. Calls that go to the same place (a key: the
+// Package batch queues concurrent calls so that they are decided
+// together, as singleflight shares one call among its callers. Calls that go to the same place (a key: the
 // same lock under Logs, the same resource, or the same share of its
 // clients, otherwise) queue in one line.
 // A line's worker goroutine, which the caller whose call finds the line
