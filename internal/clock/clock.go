@@ -102,7 +102,7 @@ func (c *Clock) checkPace(server time.Time, sent, received time.Time) {
 
 // Now returns the server's estimated time in ms, and false until a sample
 // was observed.
-func (c *Clock) Now() (int64, bool) { return c.estimateLess(false) }
+func (c *Clock) Now() (int64, bool) { return c.estimate(0) }
 
 // Set holds one Clock per server address (a cluster's masters may
 // disagree).
@@ -156,11 +156,25 @@ func (c *Clock) Estimate(ctx context.Context, node *redis.Client) (int64, error)
 }
 
 // Earliest is Now less the estimate's error.
-func (c *Clock) Earliest() (int64, bool) { return c.estimateLess(true) }
+func (c *Clock) Earliest() (int64, bool) { return c.estimate(-1) }
 
-// estimateLess is the estimate in ms, less its error if lessError, and
-// false until a sample was observed.
-func (c *Clock) estimateLess(lessError bool) (int64, bool) {
+// Expected is when a transaction sent now is expected to run, by the
+// server's clock, in ms: the estimate plus half the sample's round trip,
+// the request's way there. It may be later than the server's time by the
+// estimate's error, so only a score that is checked against the
+// transaction's TIME, and made right where it is off, may use it. Until
+// the clock was seen running it is Earliest, so that a test's clock,
+// which stands or jumps, reads the same.
+func (c *Clock) Expected() (int64, bool) {
+	if c.Pace() != PaceRunning {
+		return c.Earliest()
+	}
+	return c.estimate(1)
+}
+
+// estimate is the estimate in ms, moved by halves half round trips of its
+// sample (-1: less its error), and false until a sample was observed.
+func (c *Clock) estimate(halves int) (int64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -169,10 +183,7 @@ func (c *Clock) estimateLess(lessError bool) (int64, bool) {
 	case c.stopped:
 		return c.last.UnixMilli(), true
 	}
-	elapsed := time.Since(c.at)
-	if lessError {
-		elapsed -= c.rtt / 2
-	}
+	elapsed := time.Since(c.at) + time.Duration(halves)*c.rtt/2
 	return c.server.Add(elapsed).UnixMilli(), true
 }
 

@@ -73,6 +73,41 @@ func TestEarliestIsNotLate(t *testing.T) {
 	}
 }
 
+// Expected is the estimate plus half the sample's round trip once the
+// clock was seen running, when a transaction sent now reaches the server;
+// before that, and on a test's stopped clock, it is Earliest.
+func TestExpected(t *testing.T) {
+	var c Clock
+	if _, ok := c.Expected(); ok {
+		t.Fatal("Expected before any sample reported a time")
+	}
+	server, host := time.UnixMilli(5_000_000), time.Now()
+	const rtt = 20 * time.Millisecond
+	c.Observe(server, host, host.Add(rtt))
+	if e, _ := c.Expected(); e != first(c.Earliest()) {
+		t.Fatalf("Expected %d before the clock was seen running, want Earliest %d", e, first(c.Earliest()))
+	}
+	for i := 1; i < 4; i++ { // each sent 25ms after the last, read 25ms later
+		sent := host.Add(time.Duration(i) * 25 * time.Millisecond)
+		c.Observe(server.Add(time.Duration(i)*25*time.Millisecond), sent, sent.Add(rtt+time.Millisecond))
+	}
+	if got := c.Pace(); got != PaceRunning {
+		t.Fatalf("pace %v, want running", got)
+	}
+	e, _ := c.Expected()
+	if now := first(c.Now()); e-now < (rtt/2).Milliseconds()-1 || e-now > (rtt/2).Milliseconds()+1 {
+		t.Fatalf("Expected %d, Now %d: want Expected about %v later", e, now, rtt/2)
+	}
+	var stopped Clock
+	stopped.Observe(server, host, host.Add(100*time.Microsecond))
+	stopped.Observe(server, host.Add(2*time.Millisecond), host.Add(2100*time.Microsecond))
+	if e, _ := stopped.Expected(); e != server.UnixMilli() {
+		t.Fatalf("on a stopped clock Expected = %d, want its reply's %d", e, server.UnixMilli())
+	}
+}
+
+func first(ms int64, _ bool) int64 { return ms }
+
 // Before any sample, Estimate asks the server (TIME) and keeps the reply.
 func TestEstimateAsksFirst(t *testing.T) {
 	mr := miniredis.RunT(t)
