@@ -415,8 +415,8 @@ func uniquePrefix(t testing.TB) string {
 // (HELLO, SELECT, CLIENT SETINFO: connCommands) is not a decision's cost and
 // is not counted.
 // roundTrips counts round trips. A transaction that only scores again
-// the members of a SortedSet decision that ran late (a loaded host, see
-// lateStamp), or only moves a Windows decision's calls to the later
+// the members of a SortedSet decision that ran in another millisecond
+// than expected (a loaded host, see rescored), or only moves a Windows decision's calls to the later
 // interval it ran in (the same), is counted apart, in late: it comes with
 // the machine's load, not with the call, and would make exact counts
 // flaky.
@@ -449,14 +449,14 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // restampOnly reports whether a pipeline is a transaction that only
-// scores members again (ZADD XX GT).
+// scores members again (ZADD XX GT, or XX LT).
 func restampOnly(cmds []redis.Cmder) bool {
 	restamps := 0
 	for _, c := range cmds {
 		args := c.Args()
 		switch {
 		case commandName(c) == "multi" || commandName(c) == "exec":
-		case commandName(c) == "zadd" && len(args) > 3 && fmt.Sprint(args[2]) == "xx" && fmt.Sprint(args[3]) == "gt":
+		case commandName(c) == "zadd" && len(args) > 3 && fmt.Sprint(args[2]) == "xx" && (fmt.Sprint(args[3]) == "gt" || fmt.Sprint(args[3]) == "lt"):
 			restamps++
 		default:
 			return false

@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -381,4 +382,101 @@ func TestTakeBacksAloneKeepFewMarkers(t *testing.T) {
 			t.Errorf("%d take-backs sent alone left %d marker keys: %v", gone, len(markers), markers)
 		}
 	})
+}
+
+// earlyThenHeld, while slow, delays every request its client sends by
+// ahead before sending it, so that the estimate of Redis's clock taken
+// from their replies runs ahead of it, and with it the score a
+// transaction is expected to run at; once armed, it holds the first
+// transaction that scores members earlier (ZADD XX LT): entered is closed
+// once it is held, until release is closed.
+type earlyThenHeld struct {
+	stallOnce
+	slow atomic.Bool
+}
+
+func (h *earlyThenHeld) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.slow.Load() {
+			time.Sleep(h.d)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *earlyThenHeld) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.slow.Load() {
+			time.Sleep(h.d)
+		}
+		if restampOnly(cmds) && lowers(cmds) && h.armed.CompareAndSwap(true, false) {
+			close(h.entered)
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// lowers reports whether a transaction's ZADDs score members earlier (LT).
+func lowers(cmds []redis.Cmder) bool {
+	for _, c := range cmds {
+		if args := c.Args(); commandName(c) == "zadd" && len(args) > 3 && fmt.Sprint(args[3]) == "lt" {
+			return true
+		}
+	}
+	return false
+}
+
+// The adversary of the early re-scoring: members are scored with when
+// their transaction is expected to run, which may be after Redis ran it
+// (here by about 25 ms: the estimate of Redis's clock was taken from
+// requests that were slow on their way there); they are scored again with the
+// transaction's TIME, toward it (ZADD XX LT), before the caller is
+// answered. A Flush of the client that lands between the two removed the
+// call: the re-scoring must not put it back.
+func TestSortedSetFlushBeforeEarlyRescoring(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the re-scoring is a Redis transaction")
+		for _, rule := range []Rule{{PerClient: true, Limit: Per(3, time.Minute)}, {Limit: Per(3, time.Minute)}} {
+			hold := &earlyThenHeld{stallOnce: stallOnce{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}}
+			e.addHook(hold)
+			early, flusher := e.bucket(t, ruleOption(rule)), e.bucket(t, ruleOption(rule))
+			resource := "r" + strconv.FormatBool(rule.PerClient)
+			hold.slow.Store(true)
+			seeClockRun(t, early, resource)
+			hold.slow.Store(false)
+			hold.armed.Store(true)
+			answer := make(chan outcome, 1)
+			go func() {
+				res, err := allowBounded(early, time.Minute, resource, "c", 1)
+				answer <- outcome{res, err}
+			}()
+			select {
+			case <-hold.entered:
+			case o := <-answer:
+				t.Fatalf("a decision that ran before its members' score was answered (%+v, %v) without scoring its call again", o.res, o.err)
+			}
+			if err := flusher.Flush(context.Background(), resource, "c"); err != nil {
+				t.Fatal(err)
+			}
+			close(hold.release)
+			if o := <-answer; o.err != nil || !o.res.Allowed {
+				t.Fatalf("the early call: %+v, %v; want admitted", o.res, o.err)
+			}
+			if used := usedNow(t, flusher, resource, "c", 0); used != 0 {
+				t.Errorf("%v: after a Flush that landed before the re-scoring, the rule counts %d, want 0", rule, used)
+			}
+		}
+	})
+}
+
+// seeClockRun has b make decisions on another resource, milliseconds
+// apart, each of which reads Redis's clock (TIME), so that it sees the
+// clock run (clock.Clock's pace).
+func seeClockRun(t *testing.T, b *Bucket, resource string) {
+	t.Helper()
+	for range 3 {
+		mustAdmit(t, b, "warm-"+resource, "w", 1)
+		time.Sleep(3 * time.Millisecond)
+	}
 }

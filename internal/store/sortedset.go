@@ -123,13 +123,20 @@ func memberPrefix(client string) string {
 }
 
 func (s sortedSetStore) Decide(ctx context.Context, where Site, calls []limits.Call, evaluate Evaluate) error {
-	return decideRound(ctx, where, func(now int64) round { return s.newBatch(where.Keys, now, calls) }, evaluate)
+	return decideRound(ctx, where, func(now int64) round {
+		b := s.newBatch(where.Keys, now, calls)
+		if expected, ok := where.Clock.Expected(); ok {
+			b.score = max(now, expected)
+		}
+		return b
+	}, evaluate)
 }
 
 // zBatch is the round of one batch on the sets of a resource.
 type zBatch struct {
 	sortedSetStore
-	now    int64
+	now    int64 // its stamp: the estimate of Redis's time, less its error (clock.Clock.Earliest)
+	score  int64 // its members' score: when Redis is expected to run it (rescored)
 	calls  []limits.Call
 	sets   []*zSet        // in order of first use
 	of     [][]*zWrite    // by call, by rule: the write to that rule's set
@@ -180,7 +187,7 @@ type zRoom struct {
 
 func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *zBatch {
 	most := len(calls) * len(s.sets) // sets, and writes
-	b := &zBatch{sortedSetStore: s, now: now, calls: calls, of: make([][]*zWrite, len(calls)), writes: make([][]*zWrite, len(calls))}
+	b := &zBatch{sortedSetStore: s, now: now, score: now, calls: calls, of: make([][]*zWrite, len(calls)), writes: make([][]*zWrite, len(calls))}
 	room := zRoom{byKey: make(map[string]*zSet, most), sets: make([]zSet, 0, most), writes: make([]zWrite, 0, most), refs: make([]*zWrite, 0, most)}
 	prefixes := make([]string, len(s.sets)) // of each set's key
 	for i, spec := range s.sets {
@@ -268,7 +275,7 @@ func (b *zBatch) queue(t *txn.Txn) {
 		members += len(set.members)
 	}
 	b.args = make([]any, 0, 24*len(b.sets)+4*members)
-	now, notBefore := any(b.now), any(b.notBefore())
+	score, notBefore := any(b.score), any(b.notBefore())
 	trims := make([]any, len(b.sortedSetStore.sets))
 	for _, set := range b.sets {
 		if trims[set.kind] == nil {
@@ -277,11 +284,11 @@ func (b *zBatch) queue(t *txn.Txn) {
 		b.queueReads(t, set, trims[set.kind], notBefore)
 	}
 	if b.RecordDenied {
-		b.queueCapped(t, now)
+		b.queueCapped(t, score)
 	}
 	for _, set := range b.sets {
 		if len(set.members) > 0 && !b.RecordDenied {
-			b.addZadd(t, set.arg, now, set.members)
+			b.addZadd(t, set.arg, score, set.members)
 		}
 		if set.written {
 			b.add(t, "pexpire", set.arg, b.lives[set.kind])
@@ -321,13 +328,13 @@ func (b *zBatch) oldestTo(set *zSet) int {
 	return set.heaviest - set.spec.limit - 1
 }
 
-// queueCapped adds, WithRecordDenied, each call's members and the cap that
-// drops the oldest past the limit.
-func (b *zBatch) queueCapped(t *txn.Txn, now any) {
+// queueCapped adds, WithRecordDenied, each call's members, scored score,
+// and the cap that drops the oldest past the limit.
+func (b *zBatch) queueCapped(t *txn.Txn, score any) {
 	for i := range b.calls {
 		for _, w := range b.writes[i] {
 			if len(w.members) > 0 { // else a call that only looks
-				b.addZadd(t, w.set.arg, now, w.members)
+				b.addZadd(t, w.set.arg, score, w.members)
 				w.evicted = b.add(t, "zremrangebyrank", w.set.arg, 0, -w.set.spec.limit-1)
 			}
 		}
@@ -365,22 +372,16 @@ func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 		set.start(t.Replies)
 	}
 	var due zBacklog
-	// The calls were scored with the estimate of Redis's time, off by at
-	// most its error: the Results count them from Redis's own time when it
-	// is earlier, so that a stopped clock (a test's) gives the same Results
-	// every run; and from the transaction's TIME when they are scored
-	// again with it (see lateStamp), as Redis will then hold them.
-	stamp := min(b.now, now)
-	restamp := lateStamp(b.now, now)
-	if restamp {
-		stamp = now
-	}
+	// The Results count the calls from the transaction's TIME, as Redis
+	// holds them: scored with it (b.score), or scored again with it
+	// where they were not (see rescored).
+	rescore := rescored(b.score, now)
 	for i := range b.calls {
-		v := b.view(i, now, stamp)
+		v := b.view(i, now)
 		recorded := evaluate(i, v)
-		b.mirrorWrites(t, i, recorded, stamp, &due)
-		if recorded && restamp {
-			due.late = due.note(due.late, b.writes[i])
+		b.mirrorWrites(t, i, recorded, now, &due)
+		if recorded && rescore {
+			due.rescore = due.note(due.rescore, b.writes[i])
 		}
 		back.Urgent = back.Urgent || b.decidedAgain(v, i, recorded)
 	}
@@ -388,8 +389,8 @@ func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 		if members := due.undo[set]; len(members) > 0 {
 			back.Add(append([]any{"zrem", set.key}, members...)...)
 		}
-		if members := due.late[set]; len(members) > 0 {
-			back.Add(appendZadd(make([]any, 0, 4+2*len(members)), set.key, now, members, "xx", "gt")...)
+		if members := due.rescore[set]; len(members) > 0 {
+			back.Add(appendZadd(make([]any, 0, 4+2*len(members)), set.key, now, members, "xx", toward(b.score, now))...)
 		}
 	}
 	return nil
@@ -412,38 +413,54 @@ func (b *zBatch) decidedAgain(v limits.View, i int, recorded bool) bool {
 	return false
 }
 
-// view is what call i's rules counted before it: Short if a set of the
-// call was read without its oldest members.
-func (b *zBatch) view(i int, now, stamp int64) limits.View {
+// view is what call i's rules counted before it, at Redis's time now:
+// Short if a set of the call was read without its oldest members.
+func (b *zBatch) view(i int, now int64) limits.View {
 	if b.counts == nil {
 		b.counts = make([]limits.Count, len(b.Rules))
 	}
 	v := limits.View{Now: now, Counts: b.counts}
 	for r, w := range b.of[i] {
 		set := w.set
-		v.Counts[r] = limits.Count{Stamp: stamp, Used: set.held, Oldest: set.oldest, Newest: set.newest}
+		v.Counts[r] = limits.Count{Stamp: now, Used: set.held, Oldest: set.oldest, Newest: set.newest}
 		v.Short = v.Short || !set.full
 	}
 	return v
 }
 
-// lateStamp reports whether a transaction stamped stamp ran in a later
-// millisecond of Redis's clock (now). The stamp is the estimate of Redis's
-// time less its error, so it is never late, but the transaction runs a
-// round trip after it, later still on a loaded host: members scored that
-// early would leave their window as early, and let it admit past its
-// limit by what it admitted meanwhile, even by one millisecond
-// (Per(1, time.Second) admitting twice 999 ms apart). The recorded
-// members of such a transaction are scored again with its TIME, by the
-// take-back's transaction (ZADD XX GT: never earlier, and only members
-// still there), before the callers are answered, long before their window
-// ends.
-func lateStamp(stamp, now int64) bool { return now > stamp }
+// rescored reports whether the members of a transaction, scored score,
+// are scored again with its TIME (now), which fell in another
+// millisecond of Redis's clock. Scored earlier (a round trip later than
+// expected, later still on a loaded host), they would leave their window
+// as early, and let it admit past its limit by what it admitted
+// meanwhile, even by one millisecond (Per(1, time.Second) admitting twice
+// 999 ms apart); scored later (Redis ran it sooner than expected, which
+// the estimate's error allows), they would stay in it a millisecond too
+// long, and the Results that count them say so. They are scored again
+// by the take-back's transaction (ZADD XX, toward: only members still
+// there), before the callers are answered, long before their window
+// ends. Scored with when the transaction is expected to run
+// (clock.Clock.Expected) rather than the estimate less its error, few
+// are, however far Redis is: the estimate less its error trails Redis's
+// time by a round trip when the transaction runs, so that its score
+// would be off for a round trip's share of a millisecond of decisions,
+// every one once Redis is a millisecond away.
+func rescored(score, now int64) bool { return now != score }
+
+// toward is the flag of the ZADD that scores again with now members
+// scored score: GT to move them later, LT earlier, never the other way
+// (a member is only ever scored again toward its transaction's TIME).
+func toward(score, now int64) string {
+	if now > score {
+		return "gt"
+	}
+	return "lt"
+}
 
 // zBacklog is what a batch leaves to do after its transaction: by set,
 // the members to take back, and those to score again. Most batches leave
 // nothing: the maps are made on first use.
-type zBacklog struct{ undo, late map[*zSet][]any }
+type zBacklog struct{ undo, rescore map[*zSet][]any }
 
 // note adds the members of writes to m, and returns m.
 func (zBacklog) note(m map[*zSet][]any, writes []*zWrite) map[*zSet][]any {
