@@ -256,29 +256,38 @@ func TestSortedSetFlushBeforeLateRescoring(t *testing.T) {
 			if _, err := late.Peek(context.Background(), resource, "z"); err != nil { // the first estimate of Redis's clock
 				t.Fatal(err)
 			}
-			hold.armed.Store(true)
-			answer := make(chan outcome, 1)
-			go func() {
-				res, err := allowBounded(late, time.Minute, resource, "c", 1)
-				answer <- outcome{res, err}
-			}()
-			select {
-			case <-hold.entered:
-			case o := <-answer:
-				t.Fatalf("a decision that ran %v after its stamp was answered (%+v, %v) without scoring its call again", hold.d, o.res, o.err)
-			}
-			if err := flusher.Flush(context.Background(), resource, "c"); err != nil {
-				t.Fatal(err)
-			}
-			close(hold.release)
-			if o := <-answer; o.err != nil || !o.res.Allowed {
-				t.Fatalf("the late call: %+v, %v; want admitted", o.res, o.err)
-			}
-			if used := usedNow(t, flusher, resource, "c", 0); used != 0 {
-				t.Errorf("%v: after a Flush that landed before the re-scoring, the rule counts %d, want 0", rule, used)
-			}
+			flushBeforeRescoring(t, rule, late, flusher, &hold.stallOnce, resource, fmt.Sprintf("ran %v after its stamp", hold.d), "late")
 		}
 	})
+}
+
+// flushBeforeRescoring has b decide a call of client c while hold, once
+// armed, holds the transaction that scores it again (what says why it
+// is), Flushes the client with flusher meanwhile, then releases it: the
+// call must be answered only after it, admitted, and counted nowhere.
+func flushBeforeRescoring(t *testing.T, rule Rule, b, flusher *Bucket, hold *stallOnce, resource, what, name string) {
+	t.Helper()
+	hold.armed.Store(true)
+	answer := make(chan outcome, 1)
+	go func() {
+		res, err := allowBounded(b, time.Minute, resource, "c", 1)
+		answer <- outcome{res, err}
+	}()
+	select {
+	case <-hold.entered:
+	case o := <-answer:
+		t.Fatalf("a decision that %s was answered (%+v, %v) without scoring its call again", what, o.res, o.err)
+	}
+	if err := flusher.Flush(context.Background(), resource, "c"); err != nil {
+		t.Fatal(err)
+	}
+	close(hold.release)
+	if o := <-answer; o.err != nil || !o.res.Allowed {
+		t.Fatalf("the %s call: %+v, %v; want admitted", name, o.res, o.err)
+	}
+	if used := usedNow(t, flusher, resource, "c", 0); used != 0 {
+		t.Errorf("%v: after a Flush that landed before the re-scoring, the rule counts %d, want 0", rule, used)
+	}
 }
 
 // WithRecordDenied, a call written to a full set makes the cap drop the
@@ -445,27 +454,7 @@ func TestSortedSetFlushBeforeEarlyRescoring(t *testing.T) {
 			hold.slow.Store(true)
 			seeClockRun(t, early, resource)
 			hold.slow.Store(false)
-			hold.armed.Store(true)
-			answer := make(chan outcome, 1)
-			go func() {
-				res, err := allowBounded(early, time.Minute, resource, "c", 1)
-				answer <- outcome{res, err}
-			}()
-			select {
-			case <-hold.entered:
-			case o := <-answer:
-				t.Fatalf("a decision that ran before its members' score was answered (%+v, %v) without scoring its call again", o.res, o.err)
-			}
-			if err := flusher.Flush(context.Background(), resource, "c"); err != nil {
-				t.Fatal(err)
-			}
-			close(hold.release)
-			if o := <-answer; o.err != nil || !o.res.Allowed {
-				t.Fatalf("the early call: %+v, %v; want admitted", o.res, o.err)
-			}
-			if used := usedNow(t, flusher, resource, "c", 0); used != 0 {
-				t.Errorf("%v: after a Flush that landed before the re-scoring, the rule counts %d, want 0", rule, used)
-			}
+			flushBeforeRescoring(t, rule, early, flusher, &hold.stallOnce, resource, "ran before its members' score", "early")
 		}
 	})
 }
