@@ -459,13 +459,17 @@ func TestSortedSetFlushBeforeEarlyRescoring(t *testing.T) {
 	})
 }
 
-// seeClockRun has b make decisions on another resource, milliseconds
-// apart, each of which reads Redis's clock (TIME), so that it sees the
-// clock run (clock.Clock's pace).
+// seeClockRun has b make decisions of another client of resource,
+// milliseconds apart, each of which reads Redis's clock (TIME), so that
+// it sees the clock of the node that owns resource run (clock.Clock's
+// pace); then it flushes that client, which counts nothing more.
 func seeClockRun(t *testing.T, b *Bucket, resource string) {
 	t.Helper()
 	for range 3 {
-		mustAdmit(t, b, "warm-"+resource, "w", 1)
+		mustAdmit(t, b, resource, "w", 1)
 		time.Sleep(3 * time.Millisecond)
+	}
+	if err := b.Flush(context.Background(), resource, "w"); err != nil {
+		t.Fatal(err)
 	}
 }
