@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"reflect"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -297,18 +296,28 @@ func TestFlushAllStorm(t *testing.T) {
 		deciders := []*Bucket{e.bucket(t, rules...), e.bucket(t, rules...), e.bucket(t, rules...)}
 		ops := e.bucket(t, rules...)
 		ctx := context.Background()
-		var done atomic.Bool
+		// The storm flushes again once a call has been made since its last
+		// FlushAll: as often as the deciders can be made stale. It waits on
+		// a channel, not a loop that yields, so in a synctest bubble it
+		// blocks durably and fake time moves on: a caller sleeping in a
+		// back-off wakes (a storm that never blocked kept the bubble busy,
+		// and a back-off sleep never ended).
+		progress, stop := make(chan struct{}, 1), make(chan struct{})
 		var flushes atomic.Int64
 		var flushErr error
 		var wg sync.WaitGroup
 		wg.Go(func() {
-			for !done.Load() {
+			for {
 				if err := ops.FlushAll(ctx, "storm"); err != nil {
 					flushErr = err
 					return
 				}
 				flushes.Add(1)
-				runtime.Gosched()
+				select {
+				case <-progress:
+				case <-stop:
+					return
+				}
 			}
 		})
 		var mu sync.Mutex
@@ -322,6 +331,10 @@ func TestFlushAllStorm(t *testing.T) {
 				// as 40 calls.
 				for i := 0; i < 40 || flushes.Load() < 10 && i < 4000; i++ {
 					res, err := allowBounded(deciders[g%len(deciders)], 10*time.Second, "storm", "c"+strconv.Itoa(g%4), 1+(g+i)%3)
+					select {
+					case progress <- struct{}{}:
+					default:
+					}
 					mu.Lock()
 					calls++
 					if err != nil {
@@ -334,7 +347,7 @@ func TestFlushAllStorm(t *testing.T) {
 			})
 		}
 		callers.Wait()
-		done.Store(true)
+		close(stop)
 		wg.Wait()
 		if flushErr != nil {
 			t.Fatalf("FlushAll: %v", flushErr)
