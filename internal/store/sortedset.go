@@ -438,8 +438,10 @@ func (b *zBatch) view(i int, now int64) limits.View {
 // the estimate's error allows), they would stay in it a millisecond too
 // long, and the Results that count them say so. They are scored again
 // by the take-back's transaction (ZADD XX, toward: only members still
-// there), before the callers are answered, long before their window
-// ends. Scored with when the transaction is expected to run
+// there): on an idle line before the callers are answered, on a busy
+// one in its next transaction, which may run after them; normally long
+// before their window ends, but not always (docs/design.md, "What is not
+// covered": an open defect). Scored with when the transaction is expected to run
 // (clock.Clock.Expected) rather than the estimate less its error, few
 // are, however far Redis is: the estimate less its error trails Redis's
 // time by a round trip when the transaction runs, so that its score

@@ -408,10 +408,12 @@ func (b *hBatch) at(g int, now int64) int64 {
 // from the stamp's interval to the one Redis ran the transaction in, for
 // the spans whose calls count there (see moves): so that no call counts
 // as made before Redis ran it. Until the move lands (the line's next
-// transaction, or one of its own before the callers are answered: see
-// handOn), others count the calls in the earlier interval, long before it
-// leaves any window. A move never lowers what any window counts from then
-// on: the later interval is in every window the earlier one is in. So it
+// transaction, which may run after the callers are answered, or on an
+// idle line one of its own before: see handOn), others count the calls
+// in the earlier interval, normally long before it leaves any window
+// (docs/design.md, "What is not covered": an open defect says when
+// not). A move never lowers what any window counts from then on: the
+// later interval is in every window the earlier one is in. So it
 // needs no guard: after a Flush it leaves the weight counted in the later
 // interval, which errs on the side of denying. A hash it would make of
 // the earlier epoch is not kept; one of the later epoch is, with its
