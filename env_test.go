@@ -449,13 +449,13 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // restampOnly reports whether a pipeline is a transaction that only
-// scores members again (ZADD XX GT, or XX LT).
+// scores members again (ZADD XX GT, with the TIME it ran at, or XX LT).
 func restampOnly(cmds []redis.Cmder) bool {
 	restamps := 0
 	for _, c := range cmds {
 		args := c.Args()
 		switch {
-		case commandName(c) == "multi" || commandName(c) == "exec":
+		case commandName(c) == "multi" || commandName(c) == "exec" || commandName(c) == "time":
 		case commandName(c) == "zadd" && len(args) > 3 && fmt.Sprint(args[2]) == "xx" && (fmt.Sprint(args[3]) == "gt" || fmt.Sprint(args[3]) == "lt"):
 			restamps++
 		default:

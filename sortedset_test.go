@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/leakybucket/leakybucket/internal/clock"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // stallOnce holds the next MULTI/EXEC its client sends, once armed, for
@@ -472,4 +473,131 @@ func seeClockRun(t *testing.T, b *Bucket, resource string) {
 	if err := b.Flush(context.Background(), resource, "w"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// lateThenHeldRescoring, once armed, delays its client's next decision
+// (a MULTI that trims a set) by d, under clock.Jump, so that Redis runs it
+// in a later millisecond than its members' score, keeps the TIME it ran
+// at, and holds the transaction that scores them again: entered is
+// closed once it is held, until release is closed.
+type lateThenHeldRescoring struct {
+	stallOnce
+	ran atomic.Int64 // ms
+}
+
+func (h *lateThenHeldRescoring) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		switch {
+		case !h.armed.Load():
+		case h.ran.Load() == 0 && trims(cmds):
+			time.Sleep(h.d)
+			err := next(ctx, cmds)
+			if at, ok := execTime(cmds); ok {
+				h.ran.Store(at)
+			}
+			return err
+		case h.ran.Load() > 0 && restampOnly(cmds):
+			h.armed.Store(false)
+			close(h.entered)
+			<-h.release
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// trims reports whether a pipeline trims a sorted set: a decision.
+func trims(cmds []redis.Cmder) bool {
+	return slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return commandName(c) == "zremrangebyscore" })
+}
+
+// execTime returns the TIME a MULTI/EXEC ran at, in ms, from its reply.
+func execTime(cmds []redis.Cmder) (int64, bool) {
+	if len(cmds) < 2 {
+		return 0, false
+	}
+	var replies []any
+	switch exec := cmds[len(cmds)-1].(type) {
+	case *redis.SliceCmd:
+		replies = exec.Val()
+	case *redis.Cmd:
+		replies, _ = exec.Val().([]any)
+	}
+	for i, c := range cmds[1 : len(cmds)-1] {
+		if commandName(c) == "time" && i < len(replies) {
+			if at, ok := txn.ReplyTime(replies[i]); ok {
+				return at.UnixMilli(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// The adversary of the early count seen by others: a process stalls 40 ms
+// between stamping a call and sending it, so that Redis runs it 40 ms
+// after its members' score, then pauses (a GC pause, SIGSTOP) before the
+// transaction that scores them again. Meanwhile another process decides
+// a call 80 ms later, in Redis's clock: by the early score the first call
+// has left its window of 100 ms, by when it ran it has not. The limit is
+// 1 per 100 ms, so at most one of the two calls may be admitted: the
+// first, re-scored too late to know that no one left it out, must not
+// be. (It was: 10 times in 10 rounds, before the re-scoring ran before
+// the callers were answered, with its own TIME.)
+func TestSortedSetEarlyCountSeenByOthers(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the re-scoring is a Redis transaction")
+		if e.mini != nil {
+			t.Skip("on fake time, which stands still while a call is under way, no transaction runs after its members' score")
+		}
+		const window = 100 * time.Millisecond
+		hold := &lateThenHeldRescoring{stallOnce: stallOnce{d: 4 * clock.Jump / 5}}
+		e.addHook(hold)
+		rule := PerClient(Per(1, window))
+		first, other := e.bucket(t, rule), e.bucketOn(t, e.otherClient(t), rule)
+		for round := range 5 {
+			resource := "r" + strconv.Itoa(round)
+			for range 3 { // first sees the clock of resource's node run
+				if _, err := first.Peek(context.Background(), resource, "c"); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(3 * time.Millisecond)
+			}
+			hold.ran.Store(0)
+			hold.entered, hold.release = make(chan struct{}), make(chan struct{})
+			hold.armed.Store(true)
+			answer := make(chan outcome, 1)
+			go func() {
+				res, err := allowBounded(first, 10*time.Second, resource, "c", 1)
+				answer <- outcome{res, err}
+			}()
+			select {
+			case <-hold.entered:
+			case o := <-answer:
+				t.Fatalf("round %d: the late call was answered (%+v, %v) before it was scored again", round, o.res, o.err)
+			}
+			ran := hold.ran.Load()
+			for redisNow(t, e) < ran+80 {
+				time.Sleep(time.Millisecond)
+			}
+			res, err := allowBounded(other, 10*time.Second, resource, "c", 1)
+			decided := redisNow(t, e)
+			close(hold.release)
+			o := <-answer
+			if err != nil || o.err != nil {
+				t.Fatalf("round %d: %v; %v", round, err, o.err)
+			}
+			if o.res.Allowed && res.Allowed && decided < ran+window.Milliseconds() {
+				t.Errorf("round %d: Per(1, %v) admitted a call Redis ran at %d and another decided by %d", round, window, ran, decided)
+			}
+		}
+	})
+}
+
+// redisNow is Redis's time, in ms.
+func redisNow(t *testing.T, e *env) int64 {
+	t.Helper()
+	now, err := e.admin.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now.UnixMilli()
 }

@@ -38,6 +38,18 @@ type round interface {
 	idempotent() bool
 }
 
+// An earlyWriter is a round whose transaction, if Redis ran it at now,
+// may have counted its calls as made before Redis ran them (SortedSet's
+// members scored with when it was expected to run). early returns the
+// transaction that counts them when they were made, or nil if none is
+// needed; inTime reports whether it ran, at Redis time ran, before any
+// other decision could have left them out of a window by their early
+// count. See settleEarly.
+type earlyWriter interface {
+	early(now int64) *txn.Txn
+	inTime(ran int64) bool
+}
+
 // errRedo: the decision must be made again, its writes having been taken
 // back or gone to keys nothing reads.
 var errRedo = errors.New("leakybucket: decision to be made again")
@@ -152,12 +164,54 @@ func decideOnce(ctx context.Context, where Site, newRound func(now int64) round,
 		return fmt.Errorf("%w: Redis ran it %d ms after its stamp", errRedo, server.UnixMilli()-now)
 	}
 	where.Clock.Sample(server, sent)
+	if err := settleEarly(ctx, where, r, t, server.UnixMilli()); err != nil {
+		return err
+	}
 	if err := r.conclude(t, evaluate, back, server.UnixMilli()); err != nil {
 		takeBack(where, back, r.idempotent()) // what a decision made again took back, if anything
 		return err
 	}
 	handOn(where, back, r.idempotent())
 	return nil
+}
+
+// errEarly: a transaction counted its calls as made before Redis ran
+// them, and what counts them when they were made ran too late to be sure
+// that no other decision left them out of a window meanwhile: its calls
+// are taken back and decided again.
+var errEarly = fmt.Errorf("%w: its calls were counted early for too long", errRedo)
+
+// settleEarly makes r's calls, which transaction t may have counted as
+// made before Redis ran it at now, count from when they were made, before
+// any of them is evaluated: so before its callers are answered, and
+// never on a later transaction, which may run after them (a process
+// killed in between would leave the calls early for good, and a window
+// admitting past its limit as they leave it early). Until it runs, others
+// count the calls by their early count, which is right as long as no
+// window has let them go by it: if one may have, when it ran (inTime),
+// or if it did not run, no call of t is admitted. A failed settling is
+// the callers' error; its calls stay counted, early, admitted for no one,
+// so that their leaving early admits nothing past a limit.
+func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64) error {
+	w, ok := r.(earlyWriter)
+	if !ok {
+		return nil
+	}
+	fix := w.early(now)
+	if fix == nil {
+		return nil
+	}
+	clock := fix.Add("time")
+	if o, err := fix.Exec(ctx, where.Node); o != txn.Ran {
+		return err
+	}
+	if ran, ok := txn.ReplyTime(fix.Replies[clock]); ok && w.inTime(ran.UnixMilli()) {
+		return nil
+	}
+	back := txn.New(where.Keys, !r.idempotent())
+	r.takeAll(t, back)
+	takeBack(where, back, r.idempotent())
+	return errEarly
 }
 
 // forsake takes back every call of r, whose transaction t ran but whose

@@ -375,7 +375,7 @@ func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 	// The Results count the calls from the transaction's TIME, as Redis
 	// holds them: scored with it (b.score), or scored again with it
 	// where they were not (see rescored).
-	rescore := rescored(b.score, now)
+	rescore := rescored(b.score, now) // later ones were settled: see early
 	for i := range b.calls {
 		v := b.view(i, now)
 		recorded := evaluate(i, v)
@@ -390,7 +390,7 @@ func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 			back.Add(append([]any{"zrem", set.key}, members...)...)
 		}
 		if members := due.rescore[set]; len(members) > 0 {
-			back.Add(appendZadd(make([]any, 0, 4+2*len(members)), set.key, now, members, "xx", toward(b.score, now))...)
+			back.Add(appendZadd(make([]any, 0, 4+2*len(members)), set.key, now, members, "xx", "lt")...)
 		}
 	}
 	return nil
@@ -429,34 +429,60 @@ func (b *zBatch) view(i int, now int64) limits.View {
 }
 
 // rescored reports whether the members of a transaction, scored score,
-// are scored again with its TIME (now), which fell in another
-// millisecond of Redis's clock. Scored earlier (a round trip later than
-// expected, later still on a loaded host), they would leave their window
-// as early, and let it admit past its limit by what it admitted
-// meanwhile, even by one millisecond (Per(1, time.Second) admitting twice
-// 999 ms apart); scored later (Redis ran it sooner than expected, which
-// the estimate's error allows), they would stay in it a millisecond too
-// long, and the Results that count them say so. They are scored again
-// by the take-back's transaction (ZADD XX, toward: only members still
-// there): on an idle line before the callers are answered, on a busy
-// one in its next transaction, which may run after them; normally long
-// before their window ends, but not always (docs/design.md, "What is not
-// covered": an open defect). Scored with when the transaction is expected to run
-// (clock.Clock.Expected) rather than the estimate less its error, few
-// are, however far Redis is: the estimate less its error trails Redis's
-// time by a round trip when the transaction runs, so that its score
-// would be off for a round trip's share of a millisecond of decisions,
-// every one once Redis is a millisecond away.
-func rescored(score, now int64) bool { return now != score }
+// are scored again with its TIME (now), which fell in an earlier
+// millisecond of Redis's clock (Redis ran it sooner than expected, which
+// the estimate's error allows; one it ran later is settled before its
+// calls are evaluated: see early). Scored later than they ran, they would
+// stay in their window a millisecond too long, and the Results that count
+// them say so. They are scored again by the take-back's transaction (ZADD
+// XX LT: only members still there, never later): on an idle line before
+// the callers are answered, on a busy one in its next transaction. Until
+// then, or for good if it is lost, they count a millisecond longer, which
+// denies sooner, never admits past a limit. Scored with when the
+// transaction is expected to run (clock.Clock.Expected) rather than the
+// estimate less its error, few need either, however far Redis is: the
+// estimate less its error trails Redis's time by a round trip when the
+// transaction runs, so that its score would be early for a round trip's
+// share of a millisecond of decisions, every one once Redis is a
+// millisecond away.
+func rescored(score, now int64) bool { return now < score }
 
-// toward is the flag of the ZADD that scores again with now members
-// scored score: GT to move them later, LT earlier, never the other way
-// (a member is only ever scored again toward its transaction's TIME).
-func toward(score, now int64) string {
-	if now > score {
-		return "gt"
+// early returns, if Redis ran the batch's transaction at now, in a
+// later millisecond than its members' score, the transaction that scores
+// every member it wrote with now (ZADD XX GT: only members still there,
+// and never earlier); nil if it wrote none, or ran in time. Members
+// scored before their millisecond would leave their window as early, and
+// let it admit past its limit by what it admitted meanwhile, even by one
+// millisecond (Per(1, time.Second) admitting twice 999 ms apart). Members
+// of calls then denied are scored again too: they are taken back after.
+func (b *zBatch) early(now int64) *txn.Txn {
+	if now <= b.score {
+		return nil
 	}
-	return "lt"
+	var fix *txn.Txn
+	for _, set := range b.sets {
+		if len(set.members) == 0 {
+			continue
+		}
+		if fix == nil {
+			fix = &txn.Txn{}
+		}
+		fix.Add(appendZadd(make([]any, 0, 5+2*len(set.members)), set.key, now, set.members, "xx", "gt")...)
+	}
+	return fix
+}
+
+// inTime reports whether the members early scored, scored again at ran,
+// were counted by every decision made meanwhile: a decision at Redis time
+// r trims and leaves out of a window of w ms the members scored at most
+// r - w, and ran bounds every r before it.
+func (b *zBatch) inTime(ran int64) bool {
+	for _, set := range b.sets {
+		if len(set.members) > 0 && ran >= b.score+set.spec.window {
+			return false
+		}
+	}
+	return true
 }
 
 // zBacklog is what a batch leaves to do after its transaction: by set,
