@@ -110,7 +110,7 @@ func admitTwice(t *testing.T, b *Bucket, hook *stallHook, resource string) (firs
 
 // stallHook sleeps for stall before each transaction it sends, or until
 // Redis's estimated time is until, and keeps the latest Redis time any
-// reply of TIME carried.
+// reply of TIME carried but a re-scoring's.
 type stallHook struct {
 	stall atomic.Int64 // a time.Duration
 	until atomic.Int64 // Redis's time, in Unix ns, or 0
@@ -180,6 +180,12 @@ func (h *stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			h.wait()
 		}
 		err := next(ctx, cmds)
+		if restampOnly(cmds) {
+			// SortedSet scoring again the members of a call it already
+			// counted from its decision's TIME: this TIME is later than
+			// the call's.
+			return err
+		}
 		for i, cmd := range cmds {
 			if commandName(cmd) != "time" {
 				continue
