@@ -2,6 +2,7 @@ package leakybucket
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -597,4 +598,41 @@ func redisNow(t *testing.T, e *env) int64 {
 		t.Fatal(err)
 	}
 	return now.UnixMilli()
+}
+
+// A caller that gives up while its late call is being settled (its
+// members scored again) leaves nothing counted: the call is taken back,
+// as any call of a caller gone before it was evaluated.
+func TestSortedSetGoneDuringSettlingLeavesNothing(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the settling is a Redis transaction")
+		hold := &lateThenHeldRescoring{stallOnce: stallOnce{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}}
+		e.addHook(hold)
+		b := e.bucket(t, PerClient(Per(3, time.Minute)))
+		for range 3 { // b sees the clock of the resource's node run
+			if _, err := b.Peek(context.Background(), "r", "c"); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+		hold.armed.Store(true)
+		ctx, cancel := context.WithCancel(context.Background())
+		answer := make(chan error, 1)
+		go func() {
+			res, err := b.Allow(ctx, "r", "c")
+			if err == nil {
+				err = fmt.Errorf("answered %+v", res)
+			}
+			answer <- err
+		}()
+		<-hold.entered
+		cancel()
+		close(hold.release)
+		if err := <-answer; !errors.Is(err, context.Canceled) {
+			t.Fatalf("the call whose caller gave up during its settling: %v, want its context's error", err)
+		}
+		if used := usedNow(t, b, "r", "c", 0); used != 0 {
+			t.Errorf("after a caller gave up during its settling, the rule counts %d, want 0", used)
+		}
+	})
 }

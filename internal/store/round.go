@@ -189,9 +189,11 @@ var errEarly = fmt.Errorf("%w: its calls were counted early for too long", errRe
 // admitting past its limit as they leave it early). Until it runs, others
 // count the calls by their early count, which is right as long as no
 // window has let them go by it: if one may have, when it ran (inTime),
-// or if it did not run, no call of t is admitted. A failed settling is
-// the callers' error; its calls stay counted, early, admitted for no one,
-// so that their leaving early admits nothing past a limit.
+// or if it did not run, no call of t is admitted, and t's calls are taken
+// back, as those of a caller gone (the settling failed with its context:
+// its error is the callers'). A take-back that cannot be made leaves
+// them counted, early, admitted for no one: their leaving early admits
+// nothing past a limit.
 func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64) error {
 	w, ok := r.(earlyWriter)
 	if !ok {
@@ -202,16 +204,19 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 		return nil
 	}
 	clock := fix.Add("time")
-	if o, err := fix.Exec(ctx, where.Node); o != txn.Ran {
-		return err
+	o, err := fix.Exec(ctx, where.Node)
+	if o == txn.Ran {
+		if ran, ok := txn.ReplyTime(fix.Replies[clock]); ok && w.inTime(ran.UnixMilli()) {
+			return nil
+		}
 	}
-	if ran, ok := txn.ReplyTime(fix.Replies[clock]); ok && w.inTime(ran.UnixMilli()) {
-		return nil
+	if err == nil {
+		err = errEarly
 	}
 	back := txn.New(where.Keys, !r.idempotent())
 	r.takeAll(t, back)
 	takeBack(where, back, r.idempotent())
-	return errEarly
+	return err
 }
 
 // forsake takes back every call of r, whose transaction t ran but whose
