@@ -553,12 +553,7 @@ func TestSortedSetEarlyCountSeenByOthers(t *testing.T) {
 		first, other := e.bucket(t, rule), e.bucketOn(t, e.secondClient(t), rule)
 		for round := range 5 {
 			resource := "r" + strconv.Itoa(round)
-			for range 3 { // first sees the clock of resource's node run
-				if _, err := first.Peek(context.Background(), resource, "c"); err != nil {
-					t.Fatal(err)
-				}
-				time.Sleep(3 * time.Millisecond)
-			}
+			peekClockRun(t, first, resource)
 			hold.ran.Store(0)
 			hold.entered, hold.release = make(chan struct{}), make(chan struct{})
 			hold.armed.Store(true)
@@ -573,11 +568,11 @@ func TestSortedSetEarlyCountSeenByOthers(t *testing.T) {
 				t.Fatalf("round %d: the late call was answered (%+v, %v) before it was scored again", round, o.res, o.err)
 			}
 			ran := hold.ran.Load()
-			for redisNow(t, e) < ran+80 {
+			for serverMillis(t, e) < ran+80 {
 				time.Sleep(time.Millisecond)
 			}
 			res, err := allowBounded(other, 10*time.Second, resource, "c", 1)
-			decided := redisNow(t, e)
+			decided := serverMillis(t, e)
 			close(hold.release)
 			o := <-answer
 			if err != nil || o.err != nil {
@@ -590,16 +585,6 @@ func TestSortedSetEarlyCountSeenByOthers(t *testing.T) {
 	})
 }
 
-// redisNow is Redis's time, in ms.
-func redisNow(t *testing.T, e *env) int64 {
-	t.Helper()
-	now, err := e.admin.Time(context.Background()).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return now.UnixMilli()
-}
-
 // A caller that gives up while its late call is being settled (its
 // members scored again) leaves nothing counted once the take-back lands:
 // the call is taken back, as any call of a caller gone before it was
@@ -610,12 +595,7 @@ func TestSortedSetGoneDuringSettlingLeavesNothing(t *testing.T) {
 		hold := &lateThenHeldRescoring{stallOnce: stallOnce{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}}
 		e.addHook(hold)
 		b := e.bucket(t, PerClient(Per(3, time.Minute)))
-		for range 3 { // b sees the clock of the resource's node run
-			if _, err := b.Peek(context.Background(), "r", "c"); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(3 * time.Millisecond)
-		}
+		peekClockRun(t, b, "r")
 		hold.armed.Store(true)
 		ctx, cancel := context.WithCancel(context.Background())
 		answer := make(chan error, 1)
@@ -643,4 +623,17 @@ func TestSortedSetGoneDuringSettlingLeavesNothing(t *testing.T) {
 			t.Errorf("2s after a caller gave up during its settling, the rule counts %d, want 0", used)
 		}
 	})
+}
+
+// peekClockRun has b look at client "c" of resource, milliseconds apart,
+// so that it sees the clock of the node that owns resource run, without
+// writing: seeClockRun's calls would fill a limit of 1.
+func peekClockRun(t *testing.T, b *Bucket, resource string) {
+	t.Helper()
+	for range 3 {
+		if _, err := b.Peek(context.Background(), resource, "c"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Millisecond)
+	}
 }
