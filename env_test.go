@@ -449,13 +449,14 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 // restampOnly reports whether a pipeline is a transaction that only
-// scores members again (ZADD XX GT, with the TIME it ran at, or XX LT).
+// scores members again (ZADD XX GT, with the TIME it ran at, or XX LT),
+// and the WAIT for its replicas (WithReplicas).
 func restampOnly(cmds []redis.Cmder) bool {
 	restamps := 0
 	for _, c := range cmds {
 		args := c.Args()
 		switch {
-		case commandName(c) == "multi" || commandName(c) == "exec" || commandName(c) == "time":
+		case commandName(c) == "multi" || commandName(c) == "exec" || commandName(c) == "time" || commandName(c) == "wait":
 		case commandName(c) == "zadd" && len(args) > 3 && fmt.Sprint(args[2]) == "xx" && (fmt.Sprint(args[3]) == "gt" || fmt.Sprint(args[3]) == "lt"):
 			restamps++
 		default:
@@ -468,15 +469,15 @@ func restampOnly(cmds []redis.Cmder) bool {
 // moveOnly reports whether a pipeline is a transaction that only moves
 // weight between intervals: HINCRBYs that add up to nothing, with the
 // expiry (PEXPIREAT) and incarnation (HSETNX) of the keys they touch, its
-// marker's SET (and PEXPIREAT), and the HDEL of the pending field a resend
-// of it would write (txn.Txn.Resend). A take-back's add up to less, a
-// decision's to more.
+// marker's SET (and PEXPIREAT), the TIME it ran at, the WAIT for its
+// replicas, and the HDEL of the pending field a resend of it would write
+// (txn.Txn.Resend). A take-back's add up to less, a decision's to more.
 func moveOnly(cmds []redis.Cmder) bool {
 	moves, sum := 0, int64(0)
 	for _, c := range cmds {
 		args := c.Args()
 		switch commandName(c) {
-		case "multi", "exec", "set", "pexpireat", "hsetnx", "hdel":
+		case "multi", "exec", "set", "pexpireat", "hsetnx", "hdel", "time", "wait":
 		case "hincrby":
 			n, err := strconv.ParseInt(fmt.Sprint(args[len(args)-1]), 10, 64)
 			if err != nil {

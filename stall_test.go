@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -180,10 +181,10 @@ func (h *stallHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			h.wait()
 		}
 		err := next(ctx, cmds)
-		if restampOnly(cmds) {
-			// SortedSet scoring again the members of a call it already
-			// counted from its decision's TIME: this TIME is later than
-			// the call's.
+		if restampOnly(cmds) || moveOnly(cmds) {
+			// Settling a call decided already (SortedSet scoring its
+			// members again, Windows moving its weight): this TIME is
+			// later than the call's.
 			return err
 		}
 		for i, cmd := range cmds {
@@ -361,4 +362,99 @@ func madeAgainUntilOnTime(t *testing.T, e *env) {
 	if used := usedNow(t, b, "r", "c", 0); used != 1 {
 		t.Errorf("the rule counts %d, want the one admitted call", used)
 	}
+}
+
+// The adversary of the early count seen by others: a process stalls 40 ms
+// between stamping a call and sending it, so that Redis runs it 40 ms
+// after its members' score (under Windows(10ms), intervals after its
+// stamp's), then pauses (a GC pause, SIGSTOP) before the transaction
+// that settles it: scores the members again, or moves the weight to the
+// interval Redis ran it in. Meanwhile another process decides
+// a call 80 ms later, in Redis's clock: by the early score the first call
+// has left its window of 100 ms, by when it ran it has not. The limit is
+// 1 per 100 ms, so at most one of the two calls may be admitted: the
+// first, re-scored too late to know that no one left it out, must not
+// be. (It was, in every round: under SortedSet before the re-scoring
+// ran before the callers were answered, with its own TIME; under Windows
+// before the move did.)
+func TestEarlyCountSeenByOthers(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet, Windows(10 * ms)}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the settling is a Redis transaction")
+		const window = 100 * time.Millisecond
+		hold := &lateThenHeldRescoring{stallOnce: stallOnce{d: 4 * clock.Jump / 5}}
+		e.addHook(hold)
+		rule := PerClient(Per(1, window))
+		first, other := e.bucket(t, rule), e.bucketOn(t, e.secondClient(t), rule)
+		for round := range 5 {
+			resource := "r" + strconv.Itoa(round)
+			peekClockRun(t, first, resource)
+			hold.ran.Store(0)
+			hold.entered, hold.release = make(chan struct{}), make(chan struct{})
+			hold.armed.Store(true)
+			answer := make(chan outcome, 1)
+			go func() {
+				res, err := allowBounded(first, 10*time.Second, resource, "c", 1)
+				answer <- outcome{res, err}
+			}()
+			select {
+			case <-hold.entered:
+			case o := <-answer:
+				t.Fatalf("round %d: the late call was answered (%+v, %v) before it was scored again", round, o.res, o.err)
+			}
+			ran := hold.ran.Load()
+			for serverMillis(t, e) < ran+80 {
+				time.Sleep(time.Millisecond)
+			}
+			res, err := allowBounded(other, 10*time.Second, resource, "c", 1)
+			decided := serverMillis(t, e)
+			close(hold.release)
+			o := <-answer
+			if err != nil || o.err != nil {
+				t.Fatalf("round %d: %v; %v", round, err, o.err)
+			}
+			if o.res.Allowed && res.Allowed && decided < ran+window.Milliseconds() {
+				t.Errorf("round %d: Per(1, %v) admitted a call Redis ran at %d and another decided by %d", round, window, ran, decided)
+			}
+		}
+	})
+}
+
+// A caller that gives up while its late call is being settled (its
+// members scored again, or its weight moved) leaves nothing counted once the take-back lands:
+// the call is taken back, as any call of a caller gone before it was
+// evaluated.
+func TestGoneDuringSettlingLeavesNothing(t *testing.T) {
+	eachOf(t, []Strategy{SortedSet, Windows(10 * ms)}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the settling is a Redis transaction")
+		hold := &lateThenHeldRescoring{stallOnce: stallOnce{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}}
+		e.addHook(hold)
+		b := e.bucket(t, PerClient(Per(3, time.Minute)))
+		peekClockRun(t, b, "r")
+		hold.armed.Store(true)
+		ctx, cancel := context.WithCancel(context.Background())
+		answer := make(chan error, 1)
+		go func() {
+			res, err := b.Allow(ctx, "r", "c")
+			if err == nil {
+				err = fmt.Errorf("answered %+v", res)
+			}
+			answer <- err
+		}()
+		<-hold.entered
+		cancel()
+		close(hold.release)
+		if err := <-answer; !errors.Is(err, context.Canceled) {
+			t.Fatalf("the call whose caller gave up during its settling: %v, want its context's error", err)
+		}
+		// The take-back runs detached from the caller, who is answered
+		// as soon as it gives up: it lands within a round trip, or a few
+		// when a first attempt fails.
+		used := usedNow(t, b, "r", "c", 0)
+		for deadline := time.Now().Add(2 * time.Second); used != 0 && time.Now().Before(deadline); used = usedNow(t, b, "r", "c", 0) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if used != 0 {
+			t.Errorf("2s after a caller gave up during its settling, the rule counts %d, want 0", used)
+		}
+	})
 }

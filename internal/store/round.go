@@ -40,15 +40,22 @@ type round interface {
 
 // An earlyWriter is a round whose transaction, if Redis ran it at now,
 // may have counted its calls as made before Redis ran them (SortedSet's
-// members scored with when it was expected to run). early returns the
-// transaction that counts them when they were made, or nil if none is
-// needed; inTime reports whether it ran, at Redis time ran, before any
-// other decision could have left them out of a window by their early
-// count. See settleEarly.
+// members scored with when it was expected to run, Windows' weight in the
+// interval of its stamp). early returns the transaction that counts them
+// when they were made, or nil if none is needed; inTime reports whether
+// it ran, at Redis time ran, before any other decision could have left
+// them out of a window by their early count; landed is told that it ran.
+// See settleEarly.
 type earlyWriter interface {
 	early(now int64) *txn.Txn
 	inTime(ran int64) bool
+	landed()
 }
+
+var (
+	_ earlyWriter = (*zBatch)(nil)
+	_ earlyWriter = (*hBatch)(nil)
+)
 
 // errRedo: the decision must be made again, its writes having been taken
 // back or gone to keys nothing reads.
@@ -190,10 +197,9 @@ var errEarly = fmt.Errorf("%w: its calls were counted early for too long", errRe
 // count the calls by their early count, which is right as long as no
 // window has let them go by it: if one may have, when it ran (inTime),
 // or if it did not run, no call of t is admitted, and t's calls are taken
-// back, as those of a caller gone (the settling failed with its context:
-// its error is the callers'). A take-back that cannot be made leaves
-// them counted, early, admitted for no one: their leaving early admits
-// nothing past a limit.
+// back, as those of a caller gone (see unsettle; the settling failed with
+// its context: its error is the callers'). It asks its replicas as t
+// did: a failover that lost it would leave the calls early.
 func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64) error {
 	w, ok := r.(earlyWriter)
 	if !ok {
@@ -204,8 +210,12 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 		return nil
 	}
 	clock := fix.Add("time")
+	fix.Acks = where.Acks
+	where.Markers.Mark(fix, where.Keys)
 	o, err := fix.Exec(ctx, where.Node)
 	if o == txn.Ran {
+		where.Markers.Free(fix)
+		w.landed()
 		if ran, ok := txn.ReplyTime(fix.Replies[clock]); ok && w.inTime(ran.UnixMilli()) {
 			return nil
 		}
@@ -213,10 +223,43 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 	if err == nil {
 		err = errEarly
 	}
-	back := txn.New(where.Keys, !r.idempotent())
-	r.takeAll(t, back)
-	takeBack(where, back, r.idempotent())
+	unsettle(where, r, t, fix, o)
 	return err
+}
+
+// unsettle takes back the calls of r, whose transaction t ran, and whose
+// settling fix ran too late, or did not run (o): from where fix put them,
+// if it ran; if too few replicas acknowledged it, only where its marker
+// is (see forsake). When fix's reply was lost, a take-back that must run
+// once waits, in the background, for Resolve to tell where the calls
+// are; if it cannot, they stay counted, admitted for no one: their
+// leaving early admits nothing past a limit. So does a take-back that
+// cannot be made.
+func unsettle(where Site, r round, t, fix *txn.Txn, o txn.Outcome) {
+	w := r.(earlyWriter)
+	switch o {
+	case txn.NotRun:
+		where.Markers.Free(fix)
+	case txn.Unreplicated:
+		w.landed()
+		takeAllBack(where, r, t, fix)
+		return
+	case txn.Unknown:
+		if !r.idempotent() {
+			go func() {
+				switch fix.Resolve(where.Node, true) {
+				case txn.Ran:
+					where.Markers.Free(fix)
+					w.landed()
+				case txn.Unknown:
+					return
+				}
+				takeAllBack(where, r, t, nil)
+			}()
+			return
+		}
+	}
+	takeAllBack(where, r, t, nil)
 }
 
 // forsake takes back every call of r, whose transaction t ran but whose
@@ -226,9 +269,15 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 // on the primary, on a replica, or, after a failover that lost them, on
 // neither. The take-backs t carried ran with it, as they would have
 // anyway.
-func forsake(where Site, r round, t *txn.Txn) {
+func forsake(where Site, r round, t *txn.Txn) { takeAllBack(where, r, t, t) }
+
+// takeAllBack takes back every call of r, whose transaction t ran: only
+// where the marker of undo is, if undo is not nil (txn.Txn.Undo).
+func takeAllBack(where Site, r round, t, undo *txn.Txn) {
 	back := txn.New(where.Keys, !r.idempotent())
-	back.Undo(t)
+	if undo != nil {
+		back.Undo(undo)
+	}
 	r.takeAll(t, back)
 	takeBack(where, back, r.idempotent())
 }

@@ -485,6 +485,10 @@ func (b *zBatch) inTime(ran int64) bool {
 	return true
 }
 
+// landed: the members early scored were scored again. Their take-back
+// (ZREM) finds them however they are scored: nothing else changes.
+func (b *zBatch) landed() {}
+
 // zBacklog is what a batch leaves to do after its transaction: by set,
 // the members to take back, and those to score again. Most batches leave
 // nothing: the maps are made on first use.

@@ -135,6 +135,7 @@ type hBatch struct {
 	now      int64
 	calls    []limits.Call
 	ran      int64         // Redis's time when its transaction ran, ms
+	settled  bool          // its weight was moved to the interval of ran (see early)
 	pending  []pendingCall // left undecided by a bound: see confirm
 	byScope  map[string]*hash
 	order    []*hash
@@ -293,8 +294,8 @@ func (p *part) read(t *txn.Txn, i int, kind readKind) {
 
 // conclude asks evaluate about each call in order, but those what was read
 // leaves undecided (limits.View.Undecided), left pending for confirm, and
-// queues on back the take-back of the calls not recorded, and the move of
-// those recorded to the interval Redis ran them in (see moves).
+// queues on back the take-back of the calls not recorded, from where
+// their weight lies (see home).
 func (b *hBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int64) error {
 	if !b.saw(b.keys, b.gen, t.Replies[b.genReply]) {
 		return errStaleGeneration
@@ -310,7 +311,6 @@ func (b *hBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 	for i := range b.calls {
 		b.evaluateCall(i, evaluate, now)
 	}
-	b.queueMoves(back, now)
 	b.queueBack(back, func(h *hash) int { return h.denied })
 	return nil
 }
@@ -388,7 +388,7 @@ func (b *hBatch) late(g int, now int64) bool {
 
 // moves reports whether the batch's calls of span group g, written to the
 // stamp's interval, count in the one Redis ran the transaction in (now),
-// and are moved there (queueMoves): when it is late, in a span of sliding
+// and are moved there (early), before they are evaluated: when it is late, in a span of sliding
 // lanes only (see errCrossed for the others).
 func (b *hBatch) moves(g int, now int64) bool {
 	fixed, _ := b.Kinds(g)
@@ -404,53 +404,95 @@ func (b *hBatch) at(g int, now int64) int64 {
 	return b.now
 }
 
-// queueMoves queues on back the move of the weight each hash recorded
-// from the stamp's interval to the one Redis ran the transaction in, for
-// the spans whose calls count there (see moves): so that no call counts
-// as made before Redis ran it. Until the move lands (the line's next
-// transaction, which may run after the callers are answered, or on an
-// idle line one of its own before: see handOn), others count the calls
-// in the earlier interval, normally long before it leaves any window
-// (docs/design.md, "What is not covered": an open defect says when
-// not). A move never lowers what any window counts from then on: the
-// later interval is in every window the earlier one is in. So it
-// needs no guard: after a Flush it leaves the weight counted in the later
+// early returns, if Redis ran the batch's transaction at now in a later
+// interval than its stamp's, in a span of sliding lanes, the transaction
+// that moves the weight the batch wrote to the stamp's interval to now's
+// (see moves): nil if it moves none, or if the batch is to be made again
+// (unread). A sliding interval counts its calls as made at its last
+// millisecond: left in the stamp's, they would count as made before Redis
+// ran them, and leave their windows as early. It is marked, as a move
+// must run once, and it runs before the calls are evaluated (see
+// settleEarly), so that a call's Result and every count made after it
+// count it where it was made. Until it runs, others count the weight in
+// the earlier interval, which is in every window the later one is in; a
+// move never lowers what any window counts from then on. So it needs no
+// guard: after a Flush it leaves the weight counted in the later
 // interval, which errs on the side of denying. A hash it would make of
 // the earlier epoch is not kept; one of the later epoch is, with its
 // epoch's deadline, which the generation's then covers.
-func (b *hBatch) queueMoves(back *txn.Txn, now int64) {
+func (b *hBatch) early(now int64) *txn.Txn {
+	if b.unread(now) != nil {
+		return nil
+	}
+	b.ran = now
+	fix := txn.New(b.keys, true)
 	var latest int64
 	for _, h := range b.order {
 		for g := range h.parts {
-			if h.admitted > 0 && b.moves(g, now) {
-				latest = max(latest, b.queueMove(back, h, g, now))
+			if h.added > 0 && b.moves(g, now) {
+				latest = max(latest, b.queueMove(fix, h, g, now))
 			}
 		}
 	}
-	if latest > 0 && b.gen != "" {
-		back.Add("pexpireat", b.keys.Generation(), latest, "gt")
+	if latest == 0 {
+		return nil
 	}
-	back.Keep(latest)
+	if b.gen != "" {
+		fix.Add("pexpireat", b.keys.Generation(), latest, "gt")
+	}
+	fix.Keep(latest)
+	return fix
 }
 
-// queueMove queues the move of h's recorded weight in span group g, and
-// returns the deadline of the hash it moves it to.
-func (b *hBatch) queueMove(back *txn.Txn, h *hash, g int, now int64) int64 {
-	p, w := &h.parts[g], h.admitted
+// inTime reports whether the weight moved, by a transaction that ran at
+// Redis time ran, was counted by every decision made meanwhile: one at
+// Redis time r counts a sliding interval stamped at s in a window of w ms
+// while s + w > r (limits.Rule.Counts), and ran bounds every r before it.
+func (b *hBatch) inTime(ran int64) bool {
+	for r, rule := range b.Rules {
+		if l := b.Lane(r); b.moves(l.Group, b.ran) && l.Stamp(b.now)+rule.Window <= ran {
+			return false
+		}
+	}
+	return true
+}
+
+// landed says that the transaction early returned ran: the batch's
+// weight lies where it moved it (see home).
+func (b *hBatch) landed() { b.settled = true }
+
+// queueMove queues on t the move of h's weight written in span group g
+// to the interval of now, and returns the deadline of the hash it moves it
+// to.
+func (b *hBatch) queueMove(t *txn.Txn, h *hash, g int, now int64) int64 {
+	p, w := &h.parts[g], h.added
 	from, to := p.keys[1], p.keys[1]
-	back.Add("hincrby", from, b.Current(g, b.now), -w)
+	t.Add("hincrby", from, b.Current(g, b.now), -w)
 	if e := b.Epoch(g, now); e != p.epoch {
 		to = p.keys[1+e-p.epoch] // read: see unread
-		back.Add("hincrby", from, totalField, -w)
+		t.Add("hincrby", from, totalField, -w)
 		if h.client {
-			back.Add("hsetnx", to, intervals.IncarnationField, b.token)
+			t.Add("hsetnx", to, intervals.IncarnationField, b.token)
 		}
-		back.Add("hincrby", to, totalField, w)
-		back.Add("pexpireat", to, b.EpochExpireAt(g, e))
+		t.Add("hincrby", to, totalField, w)
+		t.Add("pexpireat", to, b.EpochExpireAt(g, e))
 	}
-	back.Add("hincrby", to, b.Current(g, now), w)
-	back.Add(txn.DropIfMade(from)...)
+	t.Add("hincrby", to, b.Current(g, now), w)
+	t.Add(txn.DropIfMade(from)...)
 	return b.EpochExpireAt(g, b.Epoch(g, now))
+}
+
+// home is where the batch's weight in h's span group g lies: the key
+// and field of the stamp's interval, and its epoch; or of the interval
+// Redis ran the transaction in, once the weight was moved there (see
+// early).
+func (b *hBatch) home(h *hash, g int) (key string, field any, epoch int64) {
+	p := &h.parts[g]
+	if b.settled && b.moves(g, b.ran) {
+		e := b.Epoch(g, b.ran)
+		return p.keys[1+e-p.epoch], b.Current(g, b.ran), e
+	}
+	return p.keys[1], b.Current(g, b.now), p.epoch
 }
 
 func (b *hBatch) idempotent() bool { return false }
@@ -480,12 +522,14 @@ func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 		case h.client:
 			for g := range h.parts {
 				back.Guards = append(back.Guards, b.guardOf(h, resource, g, n))
-				back.Keep(b.EpochExpireAt(g, h.parts[g].epoch))
+				_, _, epoch := b.home(h, g)
+				back.Keep(b.EpochExpireAt(g, epoch))
 			}
 		case !b.HasClientRule:
 			for g := range h.parts {
 				back.Cmds = b.subtract(back.Cmds, h, g, n)
-				back.Keep(b.EpochExpireAt(g, h.parts[g].epoch))
+				_, _, epoch := b.home(h, g)
+				back.Keep(b.EpochExpireAt(g, epoch))
 			}
 		}
 	}
@@ -507,14 +551,15 @@ func (b *hBatch) guardOf(h, resource *hash, g, n int) txn.Guard {
 	return guard
 }
 
-// subtract appends to cmds the commands that take n out of h's current
-// interval of span group g, and its epoch's total (see totalField).
+// subtract appends to cmds the commands that take n out of the interval
+// of span group g where h holds the batch's weight (see home), and its
+// epoch's total (see totalField).
 func (b *hBatch) subtract(cmds [][]any, h *hash, g, n int) [][]any {
-	key := h.parts[g].keys[1]
+	key, field, _ := b.home(h, g)
 	if b.sliding(g) {
 		cmds = append(cmds, []any{"hincrby", key, totalField, -n})
 	}
-	cmds = append(cmds, []any{"hincrby", key, b.Current(g, b.now), -n})
+	cmds = append(cmds, []any{"hincrby", key, field, -n})
 	// A hash gone meanwhile (it expired, or a FlushAll deleted it) is not
 	// made again.
 	return append(cmds, txn.DropIfMade(key))

@@ -31,10 +31,10 @@ type confirmation struct {
 }
 
 // confirm decides the batch's pending calls, in order, on a whole read of
-// their hashes at Redis's time when it runs, each counted where the
-// batch wrote it: as if it had come after the batch's other calls. Those
-// it admits stay (moved with the others, if the batch ran late: see
-// moves), those it denies are taken back, under the guards of the batch's
+// their hashes at Redis's time when it runs, each counted where its
+// weight lies (where the batch wrote it, or moved it: see hBatch.early):
+// as if it had come after the batch's other calls. Those it admits stay,
+// those it denies are taken back, under the guards of the batch's
 // hashes. If it cannot (its reply lost, a FlushAll, or Redis's time in an
 // epoch or a fixed window the read does not serve), each is evaluated on
 // what the batch's transaction read, which leaves it undecided: it is
@@ -75,8 +75,7 @@ func (c *confirmation) queue(t *txn.Txn, estimate int64) {
 }
 
 // conclude evaluates the pending calls on t's replies, queues on back the
-// take-back of those denied and the move of those admitted, and reports
-// whether it could.
+// take-back of those denied, and reports whether it could.
 func (c *confirmation) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn) bool {
 	b := c.b
 	server, ok := txn.ReplyTime(t.Replies[c.clock])
@@ -90,7 +89,6 @@ func (c *confirmation) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn) bo
 	for _, p := range b.pending {
 		c.evaluateCall(p.i, evaluate, now)
 	}
-	c.queueMoves(back)
 	b.queueBack(back, func(h *hash) int {
 		if read := c.whole[h]; read != nil {
 			return read.denied
@@ -101,13 +99,14 @@ func (c *confirmation) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn) bo
 }
 
 // read reads the whole read of h, one of the batch's hashes, from replies:
-// every interval, but the pending calls' weight where the batch wrote it.
+// every interval, but the pending calls' weight where it lies (at the
+// stamp, or moved: see hBatch.at).
 func (c *confirmation) read(h *hash, replies []any) {
 	b, read := c.b, c.whole[h]
 	b.readAt(read, replies, func(int) int64 { return math.MinInt64 }) // no interval is current: each is a lane's
 	for g, span := range b.Spans {
 		for _, l := range b.LanesOf[g] {
-			read.lanes[l] = withWeight(read.lanes[l], b.Lanes[l].At(b.now/span), -h.pending)
+			read.lanes[l] = withWeight(read.lanes[l], b.Lanes[l].At(b.at(g, b.ran)/span), -h.pending)
 		}
 	}
 }
@@ -139,7 +138,7 @@ func (c *confirmation) serves(now int64) bool {
 	for _, h := range c.order {
 		read := c.whole[h]
 		for g := range read.parts {
-			written := b.Epoch(g, b.now)
+			written := b.Epoch(g, b.at(g, b.ran))
 			fixed, _ := b.Kinds(g)
 			if fixed && b.late(g, now) || !b.covers(read, now) || written < b.Epoch(g, now)-1 {
 				return false
@@ -147,17 +146,4 @@ func (c *confirmation) serves(now int64) bool {
 		}
 	}
 	return true
-}
-
-// queueMoves queues the move of the pending calls admitted, as the
-// batch's others were moved (hBatch.queueMoves).
-func (c *confirmation) queueMoves(back *txn.Txn) {
-	b := c.b
-	for _, h := range b.order {
-		h.admitted = 0 // the batch's others were moved already
-		if read := c.whole[h]; read != nil {
-			h.admitted = read.admitted
-		}
-	}
-	b.queueMoves(back, b.ran)
 }

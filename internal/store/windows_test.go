@@ -1,12 +1,15 @@
 package store
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/leakybucket/leakybucket/internal/keys"
 	"github.com/leakybucket/leakybucket/internal/limits"
+	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
 // A call whose estimate of Redis time was still in the last fixed window
@@ -54,4 +57,63 @@ func TestReadLessPending(t *testing.T) {
 	if got := held(fields); !maps.Equal(got, wantHeld) {
 		t.Errorf("held = %v, want %v", got, wantHeld)
 	}
+}
+
+// A batch that Redis ran in a later interval than its stamp's (of the
+// same epoch, or the next) has its weight moved there before its calls
+// are evaluated (early), and the take-back of those then denied comes from
+// there: a batch whose every call is denied leaves every interval and
+// total, the client's and the resource's, as it found them.
+func TestMovedWeightTakenBackWhereItLies(t *testing.T) {
+	rules := []limits.Rule{{Requests: 10, Window: 1000}, {PerClient: true, Requests: 3, Window: 1000}}
+	s := NewWindows(Plan{Rules: rules, HasClientRule: true, Longest: 1000}, 100*time.Millisecond).(windowsStore)
+	ks := keys.Of("lb:t", "r")
+	start := 1000 * s.Epochs[0] // an epoch's first millisecond
+	for _, c := range []struct {
+		name      string
+		stamp, at int64
+	}{
+		{"the same epoch", start + 150, start + 210},
+		{"the next epoch", start + s.Epochs[0] - 20, start + s.Epochs[0] + 10},
+	} {
+		b := s.newBatch(ks, c.stamp, []limits.Call{{Client: "c", N: 2}, {Client: "d", N: 1}})
+		write := txn.New(ks, false)
+		b.queue(write)
+		fix := b.early(c.at)
+		if fix == nil {
+			t.Fatalf("%s: nothing moved", c.name)
+		}
+		b.landed()
+		moved := hincrbys(map[string]int{}, write.Cmds, fix.Cmds)
+		for _, h := range b.order {
+			if key, field, _ := b.home(h, 0); moved[fmt.Sprint(key, " ", field)] != h.added {
+				t.Errorf("%s: %d moved to %s %v, want the %d written", c.name, moved[fmt.Sprint(key, " ", field)], key, field, h.added)
+			}
+		}
+		back := txn.New(ks, true)
+		b.queueBack(back, func(h *hash) int { return h.added })
+		left := hincrbys(moved, back.Cmds)
+		for _, g := range back.Guards {
+			left = hincrbys(left, g.Cmds)
+		}
+		for field, n := range left {
+			if n != 0 {
+				t.Errorf("%s: written, moved and taken back, %s holds %d, want 0", c.name, field, n)
+			}
+		}
+	}
+}
+
+// hincrbys adds to sums, by key and field, what the HINCRBYs of cmds add.
+func hincrbys(sums map[string]int, cmds ...[][]any) map[string]int {
+	out := maps.Clone(sums)
+	for _, list := range cmds {
+		for _, c := range list {
+			if c[0] == "hincrby" {
+				n, _ := c[3].(int)
+				out[fmt.Sprint(c[1], " ", c[2])] += n
+			}
+		}
+	}
+	return out
 }
