@@ -388,8 +388,8 @@ func (b *hBatch) late(g int, now int64) bool {
 
 // moves reports whether the batch's calls of span group g, written to the
 // stamp's interval, count in the one Redis ran the transaction in (now),
-// and are moved there (early), before they are evaluated: when it is late, in a span of sliding
-// lanes only (see errCrossed for the others).
+// and are moved there (early) before they are evaluated: when it is
+// late, in a span of sliding lanes only (see errCrossed for the others).
 func (b *hBatch) moves(g int, now int64) bool {
 	fixed, _ := b.Kinds(g)
 	return !fixed && b.late(g, now)
