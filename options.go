@@ -178,7 +178,11 @@ func WithoutBreaker() Option {
 //
 // It costs each decision the replicas' acknowledgement, about one round
 // trip between the server and its nearest n replicas; no round trip of
-// its own. Peek, Flush and FlushAll never wait: their writes only ever
+// its own. A decision settled in a transaction of its own before its
+// calls are evaluated (a call Redis ran later than its stamp: re-scored
+// under SortedSet, moved to a later interval under Windows) waits there
+// too, for a failover that lost the settling would leave its calls
+// counted as made earlier. Peek, Flush and FlushAll never wait: their writes only ever
 // lower a count, which a failover that loses them restores. WAIT is not
 // consensus: a failover that promotes a replica that had not
 // acknowledged (one of more than n, or one that lost its data since)

@@ -47,6 +47,7 @@ type round interface {
 // them out of a window by their early count; landed is told that it ran.
 // See settleEarly.
 type earlyWriter interface {
+	round
 	early(now int64) *txn.Txn
 	inTime(ran int64) bool
 	landed()
@@ -223,11 +224,11 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 	if err == nil {
 		err = errEarly
 	}
-	unsettle(where, r, t, fix, o)
+	unsettle(where, w, t, fix, o)
 	return err
 }
 
-// unsettle takes back the calls of r, whose transaction t ran, and whose
+// unsettle takes back the calls of w, whose transaction t ran, and whose
 // settling fix ran too late, or did not run (o): from where fix put them,
 // if it ran; if too few replicas acknowledged it, only where its marker
 // is (see forsake). When fix's reply was lost, a take-back that must run
@@ -235,17 +236,16 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 // are; if it cannot, they stay counted, admitted for no one: their
 // leaving early admits nothing past a limit. So does a take-back that
 // cannot be made.
-func unsettle(where Site, r round, t, fix *txn.Txn, o txn.Outcome) {
-	w := r.(earlyWriter)
+func unsettle(where Site, w earlyWriter, t, fix *txn.Txn, o txn.Outcome) {
 	switch o {
 	case txn.NotRun:
 		where.Markers.Free(fix)
 	case txn.Unreplicated:
 		w.landed()
-		takeAllBack(where, r, t, fix)
+		takeAllBack(where, w, t, fix)
 		return
 	case txn.Unknown:
-		if !r.idempotent() {
+		if !w.idempotent() {
 			go func() {
 				switch fix.Resolve(where.Node, true) {
 				case txn.Ran:
@@ -254,12 +254,12 @@ func unsettle(where Site, r round, t, fix *txn.Txn, o txn.Outcome) {
 				case txn.Unknown:
 					return
 				}
-				takeAllBack(where, r, t, nil)
+				takeAllBack(where, w, t, nil)
 			}()
 			return
 		}
 	}
-	takeAllBack(where, r, t, nil)
+	takeAllBack(where, w, t, nil)
 }
 
 // forsake takes back every call of r, whose transaction t ran but whose
