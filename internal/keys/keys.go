@@ -36,11 +36,27 @@ type Space struct {
 
 // Of returns the keys of resource under prefix (P:T).
 func Of(prefix, resource string) Space {
-	return Space{base: prefix + ":{" + Encode(resource) + "}:"}
+	return Space{base: name(2, prefix, ":{", resource, "}:")}
 }
 
 // Encode is how a resource or client name appears in a key.
 func Encode(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+// name joins parts, the one at index enc encoded (Encode), in one
+// allocation: every call names its keys, and most names fit the room on
+// the stack.
+func name(enc int, parts ...string) string {
+	var room [128]byte
+	b := room[:0]
+	for i, p := range parts {
+		if i == enc {
+			b = base64.RawURLEncoding.AppendEncode(b, []byte(p))
+		} else {
+			b = append(b, p...)
+		}
+	}
+	return string(b)
+}
 
 // Slot is a key in the resource's slot, to find the node that owns it.
 func (k Space) Slot() string { return k.base }
@@ -49,7 +65,7 @@ func (k Space) Slot() string { return k.base }
 func (k Space) ResourceLock() string { return k.base + "lock" }
 
 // ClientLock is the lock of client, when every rule is per-client.
-func (k Space) ClientLock(client string) string { return k.base + "lock:" + Encode(client) }
+func (k Space) ClientLock(client string) string { return name(2, k.base, "lock:", client) }
 
 // Logs is the prefix of every log of the resource.
 func (k Space) Logs() string { return k.base + "log:" }
@@ -100,8 +116,9 @@ func ParseLog(key, logs string) (l Log, ok bool) {
 // remove calls that the other admitted, so the two never share one.)
 func (k Space) SortedSet() string { return k.base + "zlog" }
 
-// ClientSortedSet is the prefix of client's sorted sets.
-func (k Space) ClientSortedSet(client string) string { return k.SortedSet() + ":" + Encode(client) }
+// Client names client's key among the keys whose names start with scope
+// (a per-resource key): scope, ':' and the client's encoding.
+func Client(scope, client string) string { return name(2, scope, ":", client) }
 
 // Hashes is the prefix of every Windows hash of the resource.
 func (k Space) Hashes() string { return k.base + "hash" }
@@ -117,13 +134,21 @@ func (k Space) Hash(gen string) string {
 
 // ClientHash is what client's Windows hashes in generation gen start
 // with.
-func (k Space) ClientHash(gen, client string) string { return k.Hash(gen) + ":" + Encode(client) }
+func (k Space) ClientHash(gen, client string) string {
+	if gen == "" {
+		return name(2, k.base, "hash:", client)
+	}
+	return name(4, k.base, "hash@", gen, ":", client)
+}
 
 // Epoch names the hash of span g's epoch e among the hashes of one scope,
 // whose names start with scope (Hash, or ClientHash). base64url has no
 // '.', so no client's scope is another scope's epoch.
 func Epoch(scope string, g int, e int64) string {
-	return scope + ":" + strconv.Itoa(g) + "." + strconv.FormatInt(e, 10)
+	var room [128]byte
+	b := append(append(room[:0], scope...), ':')
+	b = append(strconv.AppendInt(b, int64(g), 10), '.')
+	return string(strconv.AppendInt(b, e, 10))
 }
 
 // Generation holds the generation of the resource's Windows hashes.

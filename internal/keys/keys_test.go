@@ -165,3 +165,29 @@ func TestParseLog(t *testing.T) {
 		}
 	}
 }
+
+// The names are the layout's, byte for byte, however they are built: two
+// versions of a rolling deploy must name the same keys. Names longer than
+// the builders' room on the stack included.
+func TestNamesAreTheLayouts(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("name é/{}:*", 20)
+	for _, resource := range append([]string{"", "r", long}, trickyNames...) {
+		for _, client := range []string{"", "c", long, "x:y{z}"} {
+			ks := Of("p:60000", resource)
+			base := "p:60000:{" + Encode(resource) + "}:"
+			for _, c := range [][2]string{
+				{ks.Slot(), base},
+				{ks.ClientLock(client), base + "lock:" + Encode(client)},
+				{ks.ClientHash("", client), base + "hash:" + Encode(client)},
+				{ks.ClientHash("7", client), base + "hash@7:" + Encode(client)},
+				{Client(ks.SortedSet()+":10:5", client), base + "zlog:10:5:" + Encode(client)},
+				{Epoch(ks.ClientHash("", client), 1, 123456789), base + "hash:" + Encode(client) + ":1.123456789"},
+			} {
+				if c[0] != c[1] {
+					t.Errorf("resource %q, client %q: got %q, want %q", resource, client, c[0], c[1])
+				}
+			}
+		}
+	}
+}

@@ -87,7 +87,7 @@ func (sortedSetStore) setPrefix(ks keys.Space, spec setSpec) string {
 // keyOf is the key of client's set of spec, whose keys start with prefix.
 func (spec setSpec) keyOf(prefix, client string) string {
 	if spec.perClient {
-		return prefix + ":" + keys.Encode(client)
+		return keys.Client(prefix, client)
 	}
 	return prefix
 }
@@ -141,7 +141,7 @@ type zBatch struct {
 	sets   []*zSet        // in order of first use
 	of     [][]*zWrite    // by call, by rule: the write to that rule's set
 	writes [][]*zWrite    // by call: its writes, each once (rules may share a set)
-	args   []any          // the commands' arguments, in one array
+	zadd   []any          // a ZADD's arguments, as addZadd builds them
 	counts []limits.Count // the view of the call being evaluated (see Evaluate)
 }
 
@@ -189,6 +189,7 @@ func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) 
 	most := len(calls) * len(s.sets) // sets, and writes
 	b := &zBatch{sortedSetStore: s, now: now, score: now, calls: calls, of: make([][]*zWrite, len(calls)), writes: make([][]*zWrite, len(calls))}
 	room := zRoom{byKey: make(map[string]*zSet, most), sets: make([]zSet, 0, most), writes: make([]zWrite, 0, most), refs: make([]*zWrite, 0, most)}
+	b.sets = make([]*zSet, 0, most)
 	prefixes := make([]string, len(s.sets)) // of each set's key
 	for i, spec := range s.sets {
 		prefixes[i] = s.setPrefix(ks, spec)
@@ -243,38 +244,23 @@ func (b *zBatch) write(room *zRoom, prefix string, kind int, c limits.Call, id s
 	return w
 }
 
-// add queues a command, its arguments in the batch's one array (see
-// queue).
-func (b *zBatch) add(t *txn.Txn, args ...any) int {
-	first := len(b.args)
-	b.args = append(b.args, args...)
-	return b.queueFrom(t, first)
-}
-
 // addZadd queues ZADD key score member ... for members, all scored with
-// score.
+// score, built in the batch's scratch array (t.Add copies it).
 func (b *zBatch) addZadd(t *txn.Txn, key, score any, members []any) int {
-	first := len(b.args)
-	b.args = appendZadd(b.args, key, score, members)
-	return b.queueFrom(t, first)
+	b.zadd = appendZadd(b.zadd[:0], key, score, members)
+	return t.Add(b.zadd...)
 }
 
-// queueFrom queues the command whose arguments are the batch's from first
-// on.
-func (b *zBatch) queueFrom(t *txn.Txn, first int) int {
-	return t.Add(b.args[first:len(b.args):len(b.args)]...)
-}
-
-// queue adds the batch's commands: see sortedSetStore. Their arguments
-// go in one array, about twenty a set and two a member, and each is boxed
-// once: a key serves several commands, and so do the bound its kind of
-// set is trimmed to and how long it lives.
+// queue adds the batch's commands: see sortedSetStore. Room is made for
+// them at once, about six commands and twenty arguments a set and two a
+// member, and each argument is boxed once: a key serves several commands,
+// and so do the bound its kind of set is trimmed to and how long it lives.
 func (b *zBatch) queue(t *txn.Txn) {
 	members := 0
 	for _, set := range b.sets {
 		members += len(set.members)
 	}
-	b.args = make([]any, 0, 24*len(b.sets)+4*members)
+	t.Grow(6*len(b.sets)+2*len(b.calls), 24*len(b.sets)+4*members)
 	score, notBefore := any(b.score), any(b.notBefore())
 	trims := make([]any, len(b.sortedSetStore.sets))
 	for _, set := range b.sets {
@@ -291,7 +277,7 @@ func (b *zBatch) queue(t *txn.Txn) {
 			b.addZadd(t, set.arg, score, set.members)
 		}
 		if set.written {
-			b.add(t, "pexpire", set.arg, b.lives[set.kind])
+			t.Add("pexpire", set.arg, b.lives[set.kind])
 		}
 	}
 }
@@ -299,18 +285,18 @@ func (b *zBatch) queue(t *txn.Txn) {
 // queueReads adds the trim of set, to trim, and its reads: if every call
 // on it is Far, only of a member scored after notBefore.
 func (b *zBatch) queueReads(t *txn.Txn, set *zSet, trim, notBefore any) {
-	b.add(t, "zremrangebyscore", set.arg, "-inf", trim)
-	set.card = b.add(t, "zcard", set.arg)
+	t.Add("zremrangebyscore", set.arg, "-inf", trim)
+	set.card = t.Add("zcard", set.arg)
 	switch {
 	case !set.full:
-		set.latest = b.add(t, "zrange", set.arg, "+inf", notBefore, "byscore", "rev", "limit", 0, 1, "withscores")
+		set.latest = t.Add("zrange", set.arg, "+inf", notBefore, "byscore", "rev", "limit", 0, 1, "withscores")
 		return
 	case b.RecordDenied:
-		set.first = b.add(t, "zrange", set.arg, 0, set.read-1, "withscores")
+		set.first = t.Add("zrange", set.arg, 0, set.read-1, "withscores")
 	default:
-		set.first = b.add(t, "zrange", set.arg, 0, b.oldestTo(set), "withscores")
+		set.first = t.Add("zrange", set.arg, 0, b.oldestTo(set), "withscores")
 	}
-	set.latest = b.add(t, "zrange", set.arg, -1, -1, "withscores")
+	set.latest = t.Add("zrange", set.arg, -1, -1, "withscores")
 }
 
 // oldestTo is the last rank of set's oldest members that a denial's
@@ -335,7 +321,7 @@ func (b *zBatch) queueCapped(t *txn.Txn, score any) {
 		for _, w := range b.writes[i] {
 			if len(w.members) > 0 { // else a call that only looks
 				b.addZadd(t, w.set.arg, score, w.members)
-				w.evicted = b.add(t, "zremrangebyrank", w.set.arg, 0, -w.set.spec.limit-1)
+				w.evicted = t.Add("zremrangebyrank", w.set.arg, 0, -w.set.spec.limit-1)
 			}
 		}
 	}

@@ -103,6 +103,18 @@ func (s windowsStore) scopes(ks keys.Space, gen, client string) []string {
 	return out
 }
 
+// scopesPerCall is how many scopes returns.
+func (s windowsStore) scopesPerCall() int {
+	n := 0
+	if !s.ClientScoped {
+		n++
+	}
+	if s.HasClientRule {
+		n++
+	}
+	return n
+}
+
 // hashOf is the index, among a call's scopes, of the one rule counts in.
 func (s windowsStore) hashOf(rule limits.Rule) int {
 	if rule.PerClient && !s.ClientScoped {
@@ -139,6 +151,7 @@ type hBatch struct {
 	pending  []pendingCall // left undecided by a bound: see confirm
 	byScope  map[string]*hash
 	order    []*hash
+	hashes   []hash  // the batch's hashes, made in one array (order points into it)
 	ofCalls  []*hash // each call's hashes, as scopes orders them: found once, not by name per call
 	genReply int
 	token    string // the incarnation of the clients' hashes it makes
@@ -148,9 +161,10 @@ type hBatch struct {
 }
 
 func (s windowsStore) newBatch(ks keys.Space, now int64, calls []limits.Call) *hBatch {
-	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byScope: map[string]*hash{},
-		ofCalls: make([]*hash, 0, 2*len(calls)),
-		token:   strconv.FormatUint(rand.Uint64(), 36)}
+	most := len(calls) * s.scopesPerCall()
+	b := &hBatch{windowsStore: s, keys: ks, gen: s.gen(ks), now: now, calls: calls, byScope: make(map[string]*hash, most),
+		ofCalls: make([]*hash, 0, most), hashes: make([]hash, 0, most), order: make([]*hash, 0, most),
+		token: strconv.FormatUint(rand.Uint64(), 36)}
 	for g := range s.Spans {
 		b.current = append(b.current, s.Current(g, now))
 		b.deadlines = append(b.deadlines, s.EpochExpireAt(g, s.Epoch(g, now)))
@@ -209,6 +223,10 @@ func (b *hBatch) reach(g int) int64 {
 
 // queue adds the batch's commands, each hash's key boxed once for them.
 func (b *hBatch) queue(t *txn.Txn) {
+	// At most 4 writes and 3 reads of each hash and span group, of about
+	// 25 arguments in all.
+	n := len(b.order) * len(b.Spans)
+	t.Grow(2+7*n, 6+25*n)
 	b.genReply = t.Add("get", b.keys.Generation())
 	var latest int64 // the latest deadline the batch gives a hash
 	for _, h := range b.order {

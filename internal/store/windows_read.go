@@ -72,9 +72,19 @@ const (
 // and the one after if reach says so. A span of fixed lanes alone counts
 // only now's interval: the one epoch.
 func (s windowsStore) newHash(scope string, client bool, now int64, reach func(g int) int64) *hash {
-	h := &hash{scope: scope, client: client, parts: make([]part, 0, len(s.Spans))}
+	h := &hash{}
+	s.makeHash(h, scope, client, now, reach)
+	return h
+}
+
+// makeHash makes h what newHash returns, in place: a batch makes its
+// hashes in one array.
+func (s windowsStore) makeHash(h *hash, scope string, client bool, now int64, reach func(g int) int64) {
+	*h = hash{scope: scope, client: client}
 	if len(s.Spans) == 1 {
 		h.parts = h.partRoom[:0]
+	} else {
+		h.parts = make([]part, 0, len(s.Spans))
 	}
 	for g := range s.Spans {
 		p := part{epoch: s.Epoch(g, now), reads: [3]int{-1, -1, -1}, total: -1, interval: -1}
@@ -86,12 +96,15 @@ func (s windowsStore) newHash(scope string, client bool, now int64, reach func(g
 		}
 		h.parts = append(h.parts, p)
 	}
-	return h
 }
 
-// newHash is windowsStore.newHash for the batch, around its stamp.
+// newHash is windowsStore.newHash for the batch, around its stamp, made in
+// the batch's array of them.
 func (b *hBatch) newHash(scope string, client bool) *hash {
-	return b.windowsStore.newHash(scope, client, b.now, b.reach)
+	b.hashes = append(b.hashes, hash{})
+	h := &b.hashes[len(b.hashes)-1]
+	b.makeHash(h, scope, client, b.now, b.reach)
+	return h
 }
 
 // read reads h from the replies of a transaction Redis ran at now, each

@@ -39,6 +39,7 @@ type Txn struct {
 	mark   string // what the marker is set to: this transaction's own
 	named  int    // 1 + the name of Marker among a Markers', 0 if none
 	Cmds   [][]any
+	args   []any   // the arguments of the commands Add queued, in one array
 	Guards []Guard // commands that apply only while a hash is what it was
 	// Undoes, if not "", is the marker key of the transaction that t
 	// takes back (see Undo): t applies only on a server where that key
@@ -143,10 +144,21 @@ func (t *Txn) Again(ks keys.Space) *Txn {
 	return fresh
 }
 
-// Add queues a command and returns its index among the replies.
+// Add queues a command and returns its index among the replies. It copies
+// args into one array that holds the arguments of every command it queued,
+// so that a command costs no allocation of its own (a batch queues a few
+// per call), and a caller may reuse args.
 func (t *Txn) Add(args ...any) int {
-	t.Cmds = append(t.Cmds, args)
+	first := len(t.args)
+	t.args = append(t.args, args...)
+	t.Cmds = append(t.Cmds, t.args[first:len(t.args):len(t.args)])
 	return len(t.Cmds) - 1
+}
+
+// Grow makes room for cmds more commands of args arguments in all, as
+// slices.Grow does: a batch that knows how many it queues allocates once.
+func (t *Txn) Grow(cmds, args int) {
+	t.Cmds, t.args = slices.Grow(t.Cmds, cmds), slices.Grow(t.args, args)
 }
 
 type Outcome uint8
@@ -294,7 +306,11 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds, cancels [][]any,
 	queued := make([]*redis.StatusCmd, len(cmds)+len(cancels))
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
-		for i, args := range slices.Concat(cmds, cancels) {
+		all := cmds
+		if len(cancels) > 0 {
+			all = slices.Concat(cmds, cancels)
+		}
+		for i, args := range all {
 			queued[i] = redis.NewStatusCmd(ctx, args...)
 			_ = pipe.Process(ctx, queued[i])
 		}
