@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -92,10 +93,26 @@ func (spec setSpec) keyOf(prefix, client string) string {
 	return prefix
 }
 
-// member names one unit of weight of a call: the client is in the members
-// of a per-resource set, for Flush, as memberPrefix names it.
+// callID names a call among the members of the sets it is written to:
+// the unpadded base64url of 64 random bits, always 11 characters.
+func callID() string {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// member names one unit of weight of a call: its id, and after the first
+// unit the unit's number (an id has one length, so no two units or calls
+// share a member; versions before wrote "<id>:<unit>", with an id of
+// another alphabet, and their members count with these). The client is in
+// the members of a per-resource set, for Flush, as memberPrefix names it.
+// A member is each call's cost in Redis's memory, once per unit and rule,
+// for the whole window: it is kept short.
 func member(spec setSpec, client, id string, unit int) string {
-	m := id + ":" + strconv.Itoa(unit)
+	m := id
+	if unit > 0 {
+		m += strconv.Itoa(unit)
+	}
 	if !spec.perClient {
 		m = memberPrefix(client) + m
 	}
@@ -196,7 +213,7 @@ func (s sortedSetStore) newBatch(ks keys.Space, now int64, calls []limits.Call) 
 	}
 	of := make([]*zWrite, len(calls)*len(s.Rules))
 	for i, c := range calls {
-		id := strconv.FormatUint(rand.Uint64(), 36)
+		id := callID()
 		b.of[i] = of[i*len(s.Rules) : (i+1)*len(s.Rules)]
 		first := len(room.refs)
 		for r := range s.Rules {
