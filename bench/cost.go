@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -158,19 +156,23 @@ func onlyMember(ctx context.Context, admin *redis.Client) (string, redis.Z, erro
 	return sets[0], zs[0], nil
 }
 
-// addCopies adds n copies of z to key, each with the member's last field
-// (its id) replaced, in pipelined batches.
+// addCopies adds n copies of z to key, in pipelined batches. A copy keeps
+// the member's client prefix (up to its last ':', if any: a per-resource
+// set's members start with their client's, for Flush) and has another id
+// of the same length in place of the call's, so the set holds what n
+// calls would.
 func addCopies(ctx context.Context, admin *redis.Client, key string, z redis.Z, n int) error {
 	m, ok := z.Member.(string)
-	i := strings.LastIndexByte(m, ':')
-	if !ok || i < 0 {
-		return errors.New("the member has no id field to vary")
+	if !ok || m == "" {
+		return fmt.Errorf("the member %v is not a string", z.Member)
 	}
+	prefix := m[:strings.LastIndexByte(m, ':')+1]
+	idLen := len(m) - len(prefix)
 	const batch = 10_000
 	for done := 0; done < n; done += batch {
 		zs := make([]redis.Z, 0, min(batch, n-done))
 		for j := done; j < min(done+batch, n); j++ {
-			zs = append(zs, redis.Z{Score: z.Score, Member: m[:i+1] + "fill-" + strconv.Itoa(j)})
+			zs = append(zs, redis.Z{Score: z.Score, Member: prefix + fmt.Sprintf("~%0*d", idLen-1, j)})
 		}
 		if err := admin.ZAdd(ctx, key, zs...).Err(); err != nil {
 			return err
