@@ -56,7 +56,7 @@ func TestDocsNameWhatExists(t *testing.T) {
 var docOutsideNames = []string{
 	"ClusterClient", "ClusterOptions", "ClusterStateReloadInterval", "DisableIdentity",
 	"MaintNotificationsConfig", "MasterForKey", "ModeDisabled", "NoRetry", "PoolSize",
-	"RawCmd", "RingOptions", "SetLogger", "ClockTTL", "Dial", "Dialer", "RetryStrategy",
+	"RawCmd", "StatusCmd", "RingOptions", "SetLogger", "ClockTTL", "Dial", "Dialer", "RetryStrategy",
 	"OnLimit", "KeyFunc", "ResourceExhausted", "RetryInfo", "RemoteAddr", "ServeMux",
 	"DeadlineExceeded", "Background", "Is", "Pattern", "Error", "Options", "RateLimit",
 	"OpenTelemetry", "NaN", "DialerRetries", "MaxRetries", "gRPC", "kB",

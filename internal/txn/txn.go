@@ -296,30 +296,35 @@ func (t *Txn) skips(undone, resent *redis.StringCmd) bool {
 // then cancels (see cancels), whose replies are not read, and WAIT after
 // the EXEC if t asks for acknowledgements (see Acks).
 func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds, cancels [][]any, readTimeout time.Duration) (Outcome, error) {
-	var exec, wait *redis.Cmd
 	var waitMs int64
 	if t.Acks.Replicas > 0 {
 		waitMs = t.Acks.wait(time.Now(), readTimeout)
 	}
-	// A queued command's own reply is QUEUED, or its error: read as a
+	all := cmds
+	if len(cancels) > 0 {
+		all = slices.Concat(cmds, cancels)
+	}
+	// The whole transaction is made here and handed to the pipeline at
+	// once (BatchProcess), so that its array of commands is made once, not
+	// grown as each is queued: a batch queues a few commands per call. A
+	// queued command's own reply is QUEUED, or its error: read as a
 	// status, it is not boxed as a generic reply would be.
-	queued := make([]*redis.StatusCmd, len(cmds)+len(cancels))
+	batch := make([]redis.Cmder, 0, len(all)+5)
+	batch = append(batch, noRetry{redis.NewCmd(ctx, "multi")})
+	for _, args := range all {
+		batch = append(batch, redis.NewStatusCmd(ctx, args...))
+	}
+	queued := batch[1:]
+	batch = t.appendMarker(ctx, batch, len(cancels) > 0, waitMs)
+	exec := redis.NewCmd(ctx, "exec")
+	batch = append(batch, exec)
+	var wait *redis.Cmd
+	if t.Acks.Replicas > 0 {
+		wait = redis.NewCmd(ctx, "wait", t.Acks.Replicas, waitMs)
+		batch = append(batch, wait)
+	}
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		_ = pipe.Process(ctx, noRetry{redis.NewCmd(ctx, "multi")})
-		all := cmds
-		if len(cancels) > 0 {
-			all = slices.Concat(cmds, cancels)
-		}
-		for i, args := range all {
-			queued[i] = redis.NewStatusCmd(ctx, args...)
-			_ = pipe.Process(ctx, queued[i])
-		}
-		t.queueMarker(ctx, pipe, len(cancels) > 0, waitMs)
-		exec = pipe.Do(ctx, "exec")
-		if t.Acks.Replicas > 0 {
-			wait = pipe.Do(ctx, "wait", t.Acks.Replicas, waitMs)
-		}
-		return nil
+		return pipe.BatchProcess(ctx, batch...)
 	})
 	execErr := exec.Err()
 	switch {
@@ -333,23 +338,24 @@ func (t *Txn) execOn(ctx context.Context, conn Pipeliner, cmds, cancels [][]any,
 	case errors.Is(execErr, redis.Nil):
 		return NotRun, redis.TxFailedErr // a WATCHed key changed
 	case isRedisError(execErr):
-		return NotRun, queuedError(queued, execErr) // EXECABORT
+		return NotRun, queuedError(queued[:len(all)], execErr) // EXECABORT
 	}
 	return Unknown, err
 }
 
-// queueMarker queues the SET of a marked t's marker, which outlives the
+// appendMarker appends the SET of a marked t's marker, which outlives the
 // wait too (a take-back of what too few replicas acknowledged looks for
 // it, see Undo), and, if t takes intervals down (shrinks), lives until the
 // hashes it changes expire (see Keep).
-func (t *Txn) queueMarker(ctx context.Context, pipe redis.Pipeliner, shrinks bool, waitMs int64) {
+func (t *Txn) appendMarker(ctx context.Context, batch []redis.Cmder, shrinks bool, waitMs int64) []redis.Cmder {
 	if t.Marker == "" {
-		return
+		return batch
 	}
-	pipe.Do(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds()+waitMs)
+	batch = append(batch, redis.NewCmd(ctx, "set", t.Marker, t.mark, "px", fenceDoneGrace.Milliseconds()+waitMs))
 	if shrinks && t.keep > 0 {
-		pipe.Do(ctx, "pexpireat", t.Marker, t.keep, "gt")
+		batch = append(batch, redis.NewCmd(ctx, "pexpireat", t.Marker, t.keep, "gt"))
 	}
+	return batch
 }
 
 // Pipeliner is a connection: a *redis.Client, a *redis.Conn, or the
@@ -438,7 +444,7 @@ func isRedisError(err error) bool {
 
 // queuedError is the error of the first command Redis refused to queue
 // (MOVED, ASK, NOPERM...), or else err.
-func queuedError(queued []*redis.StatusCmd, err error) error {
+func queuedError(queued []redis.Cmder, err error) error {
 	for _, c := range queued {
 		if c.Err() != nil {
 			return c.Err()
