@@ -187,7 +187,9 @@ func (r *remote) batchKey(resource, client string) string {
 // decideBatch decides a batch of calls, all to one resource: the store
 // reads the counts and calls evaluate once per call, in arrival order. Under
 // SortedSet and Windows, the calls foresight saw no room for only look
-// (package foresight); those that then had room are decided again, writing.
+// (package foresight); those that then had room are decided again, judged
+// again by foresight on what they read, so that only the room's worth of
+// them writes (foreseeFound).
 // So are the calls sent Far that what was read cannot decide: denied by
 // counts read too little for a denial's Result (limits.View.Short), or
 // left too little room by a bound of the counts (limits.Count.Bounded).
@@ -243,10 +245,11 @@ func (r *remote) acks(calls []*queued) txn.Acks {
 	return a
 }
 
-// redo is a call of a batch to decide again: call i, looking only or not.
+// redo is a call of a batch to decide again: call i, looking only or not;
+// found: it looked, and found room (see foreseeFound).
 type redo struct {
-	i    int
-	look bool
+	i           int
+	look, found bool
 }
 
 // decideAgain decides again the calls of a round that again lists: those
@@ -254,7 +257,9 @@ type redo struct {
 // undecided (Windows), writing, on a full read; those read Short that
 // their counts denied (SortedSet), looking, for the full read that their
 // denial's Result needs (and if they find room after all, once more,
-// writing). So no call is decided more than three times. requests is the round's, reused. Only
+// writing). Those that looked and found room are judged again by
+// foresight first (foreseeFound): some may look again, and so be decided
+// again more than once, but each round writes at least one of them. requests is the round's, reused. Only
 // the callers of a round that fails get its error.
 func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*queued, requests []limits.Call, again []redo) {
 	for len(again) > 0 {
@@ -264,12 +269,40 @@ func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*que
 			requests[i] = limits.Call{Client: calls[a.i].client, N: calls[a.i].n, Look: a.look}
 		}
 		calls, requests = retry, requests[:len(again)]
+		r.foreseeFound(where, calls[0].resource, requests, again)
 		var err error
 		if again, err = r.decideRequests(ctx, where, requests, calls); err != nil {
 			for _, c := range calls {
 				r.batches.Fail(c, classify(err))
 			}
 			return
+		}
+	}
+}
+
+// foreseeFound has foresight judge again, by what they read (answer told
+// it), the calls that looked and found room (requests[i] stands for
+// again[i]): in order, as many as that room holds write, and the others
+// look again. Deciding them all again writing would count every call past
+// the room, which its rules then deny, until its take-back lands, in the
+// counts of every other client of its rules: a hammering client's whole
+// batch, when its room comes back (its oldest calls leave the window, or
+// another process flushes it) before this process sees it (rule 2).
+func (r *remote) foreseeFound(where store.Site, resource string, requests []limits.Call, again []redo) {
+	now, ok := where.Clock.Now()
+	if !ok || !r.foresees() {
+		return
+	}
+	found := make([]limits.Call, 0, len(again))
+	for i, a := range again {
+		if a.found {
+			found = append(found, requests[i])
+		}
+	}
+	r.foresight.Foresee(resource, found, now)
+	for i, a := range again {
+		if a.found {
+			requests[i], found = found[0], found[1:]
 		}
 	}
 }
@@ -333,10 +366,9 @@ func (r *remote) answer(calls []*queued, verdicts []verdict) []redo {
 		switch {
 		case !vd.evaluated:
 		case vd.again:
-			if vd.undecided {
-				r.foresight.Saw(q.resource, q.client, vd.seen, q.n, false)
-			}
-			again = append(again, redo{i: i, look: vd.seen.Short})
+			// What it read is what foresight judges it again by.
+			r.foresight.Saw(q.resource, q.client, vd.seen, q.n, false)
+			again = append(again, redo{i: i, look: vd.seen.Short, found: !vd.undecided})
 		default:
 			if r.batches.Answer(q) {
 				q.res = vd.res

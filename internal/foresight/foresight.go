@@ -10,8 +10,10 @@
 // sent to look only. It writes nothing anywhere; it is judged on the
 // counts its transaction read, denied if they have no room, and if they do
 // (the counts fell meanwhile: a flush, another process's take-back) it is
-// decided again at once, writing. So weight is written only for calls that
-// every rule showed room for, and a client past its own limit writes none.
+// decided again at once, judged again by what it read: of a batch's calls
+// that found room, as many as the room holds write. So weight is written
+// only for calls that every rule showed room for, and a client past its
+// own limit writes none.
 //
 // A call that every rule showed room for with a margin beside it is sent
 // Far (limits.Call): its store may leave out the reads only a denial
