@@ -458,3 +458,55 @@ func TestGoneDuringSettlingLeavesNothing(t *testing.T) {
 		}
 	})
 }
+
+// The adversary of a move that lands after a Flush: a call of client c,
+// which Redis runs in a later interval than its stamp's (a stall), is held
+// before its weight is moved to that interval, while another process
+// flushes c. Flush takes c's share out of the resource's hash where c's
+// hash held it, at the stamp's interval; the move, landing after, must not
+// then move that share again, out of the stamp's interval (left below zero,
+// which a read counts as none) and into the later one, where it would be
+// counted again. Afterwards the resource counts nothing, a full read and
+// the totals alike (the bound of a call sent Far), so that it admits
+// exactly its limit, whichever way each call is read.
+func TestFlushDuringMoveForgetsTheCall(t *testing.T) {
+	eachOf(t, []Strategy{Windows(10 * ms)}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the settling is a Redis transaction")
+		const limit = 10
+		rules := []Option{PerResource(Per(limit, time.Minute)), PerClient(Per(4, time.Minute))}
+		hold := &lateThenHeldRescoring{stallOnce: stallOnce{d: clock.Jump / 2, entered: make(chan struct{}), release: make(chan struct{})}}
+		e.addHook(hold)
+		b, other := e.bucket(t, rules...), e.bucketOn(t, e.secondClient(t), rules...)
+		peekClockRun(t, b, "r")
+		hold.armed.Store(true)
+		answer := make(chan outcome, 1)
+		go func() {
+			res, err := allowBounded(b, 10*time.Second, "r", "c", 2)
+			answer <- outcome{res, err}
+		}()
+		<-hold.entered
+		if err := other.Flush(context.Background(), "r", "c"); err != nil {
+			t.Fatalf("Flush: %v", err)
+		}
+		close(hold.release)
+		if o := <-answer; o.err != nil {
+			t.Fatalf("the late call: %v", o.err)
+		}
+		if used := usedNow(t, other, "r", "probe", 0); used != 0 {
+			t.Errorf("after the flush and the move, the resource counts %d, want 0", used)
+		}
+		admitted := 0
+		for ; admitted <= limit; admitted++ {
+			res, err := allowBounded(other, 10*time.Second, "r", fmt.Sprint("fill", admitted), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Allowed {
+				break
+			}
+		}
+		if used := usedNow(t, other, "r", "probe", 0); admitted != limit || used != limit {
+			t.Errorf("the resource then admitted %d and counts %d, want %d and %d", admitted, used, limit, limit)
+		}
+	})
+}

@@ -42,13 +42,14 @@ type round interface {
 // may have counted its calls as made before Redis ran them (SortedSet's
 // members scored with when it was expected to run, Windows' weight in the
 // interval of its stamp). early returns the transaction that counts them
-// when they were made, or nil if none is needed; inTime reports whether
+// when they were made, or nil if none is needed, from the transaction's
+// replies; inTime reports whether
 // it ran, at Redis time ran, before any other decision could have left
 // them out of a window by their early count; landed is told that it ran.
 // See settleEarly.
 type earlyWriter interface {
 	round
-	early(now int64) *txn.Txn
+	early(replies []any, now int64) *txn.Txn
 	inTime(ran int64) bool
 	landed()
 }
@@ -206,14 +207,14 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 	if !ok {
 		return nil
 	}
-	fix := w.early(now)
+	fix := w.early(t.Replies, now)
 	if fix == nil {
 		return nil
 	}
 	clock := fix.Add("time")
 	fix.Acks = where.Acks
 	where.Markers.Mark(fix, where.Keys)
-	o, err := fix.Exec(ctx, where.Node)
+	o, err := settle(ctx, where, fix)
 	if o == txn.Ran {
 		where.Markers.Free(fix)
 		w.landed()
@@ -226,6 +227,26 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 	}
 	unsettle(where, w, t, fix, o)
 	return err
+}
+
+// settleAttempts bounds how often settle sends a settling transaction
+// whose guarded hash changed between its WATCH and its EXEC.
+const settleAttempts = 5
+
+// settle runs fix, which settles a round's calls: again, at once, while a
+// hash that guards some of its commands (a client's, see txn.Guard)
+// changed between its WATCH and its EXEC, up to settleAttempts times. Such
+// a fix did not run, and the next attempt reads the guards anew: a
+// decision of the same client wrote to its hash meanwhile, which leaves
+// the guard holding, or a Flush took the hash, which leaves the commands
+// it guards out.
+func settle(ctx context.Context, where Site, fix *txn.Txn) (txn.Outcome, error) {
+	for attempt := 1; ; attempt++ {
+		o, err := fix.Exec(ctx, where.Node)
+		if o != txn.NotRun || !errors.Is(err, redis.TxFailedErr) || attempt == settleAttempts || ctx.Err() != nil {
+			return o, err
+		}
+	}
 }
 
 // unsettle takes back the calls of w, whose transaction t ran, and whose

@@ -458,7 +458,7 @@ func rescored(score, now int64) bool { return now < score }
 // let it admit past its limit by what it admitted meanwhile, even by one
 // millisecond (Per(1, time.Second) admitting twice 999 ms apart). Members
 // of calls then denied are scored again too: they are taken back after.
-func (b *zBatch) early(now int64) *txn.Txn {
+func (b *zBatch) early(_ []any, now int64) *txn.Txn {
 	if now <= b.score {
 		return nil
 	}

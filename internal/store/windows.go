@@ -426,30 +426,45 @@ func (b *hBatch) at(g int, now int64) int64 {
 // interval than its stamp's, in a span of sliding lanes, the transaction
 // that moves the weight the batch wrote to the stamp's interval to now's
 // (see moves): nil if it moves none, or if the batch is to be made again
-// (unread). A sliding interval counts its calls as made at its last
-// millisecond: left in the stamp's, they would count as made before Redis
-// ran them, and leave their windows as early. It is marked, as a move
-// must run once, and it runs before the calls are evaluated (see
-// settleEarly), so that a call's Result and every count made after it
-// count it where it was made. Until it runs, others count the weight in
-// the earlier interval, which is in every window the later one is in; a
-// move never lowers what any window counts from then on. So it needs no
-// guard: after a Flush it leaves the weight counted in the later
-// interval, which errs on the side of denying. A hash it would make of
-// the earlier epoch is not kept; one of the later epoch is, with its
-// epoch's deadline, which the generation's then covers.
-func (b *hBatch) early(now int64) *txn.Txn {
+// (unread). replies are the batch's transaction's. A sliding interval
+// counts its calls as made at its last millisecond: left in the stamp's,
+// they would count as made before Redis ran them, and leave their windows
+// as early. It is marked, as a move must run once, and it runs before the
+// calls are evaluated (see settleEarly), so that a call's Result and every
+// count made after it count it where it was made. Until it runs, others
+// count the weight in the earlier interval, which is in every window the
+// later one is in; a move never lowers what any window counts from then
+// on. A hash it would make of the earlier epoch is not kept; one of the
+// later epoch is, with its epoch's deadline, which the generation's then
+// covers.
+//
+// A client's weight is moved, in its hash and in the resource's, under a
+// guard of the client's hash (see moveGuard): a Flush that took the hash
+// meanwhile took that weight out of the resource's where the hash held it,
+// at the stamp's interval, and a move after it would take it out there a
+// second time and add it to now's, where every read would count it again
+// (a read counts an interval left below zero as none), but the totals,
+// which a call sent Far is decided on, would not.
+func (b *hBatch) early(replies []any, now int64) *txn.Txn {
 	if b.unread(now) != nil {
 		return nil
 	}
 	b.ran = now
 	fix := txn.New(b.keys, true)
+	resource := b.byScope[b.keys.Hash(b.gen)]
 	var latest int64
 	for _, h := range b.order {
 		for g := range h.parts {
-			if h.added > 0 && b.moves(g, now) {
-				latest = max(latest, b.queueMove(fix, h, g, now))
+			if h.added == 0 || !b.moves(g, now) {
+				continue
 			}
+			switch {
+			case h.client:
+				fix.Guards = append(fix.Guards, b.moveGuard(h, resource, g, now, replies))
+			case !b.HasClientRule: // no Flush takes a client's share
+				fix.Cmds = b.move(fix.Cmds, h, g, now, h.added)
+			}
+			latest = max(latest, b.EpochExpireAt(g, b.Epoch(g, now)))
 		}
 	}
 	if latest == 0 {
@@ -460,6 +475,19 @@ func (b *hBatch) early(now int64) *txn.Txn {
 	}
 	fix.Keep(latest)
 	return fix
+}
+
+// moveGuard is the move of h's weight in span group g, h a client's hash,
+// to the interval of now, and of as much of the resource's, if a rule is
+// per-resource: under a guard of h's incarnation, as replies show it, or
+// as the batch made it.
+func (b *hBatch) moveGuard(h, resource *hash, g int, now int64, replies []any) txn.Guard {
+	b.readIncarnations(h, replies)
+	cmds := b.move(nil, h, g, now, h.added)
+	if resource != nil {
+		cmds = b.move(cmds, resource, g, now, h.added)
+	}
+	return b.guardOf(h, g, cmds)
 }
 
 // inTime reports whether the weight moved, by a transaction that ran at
@@ -479,25 +507,23 @@ func (b *hBatch) inTime(ran int64) bool {
 // weight lies where it moved it (see home).
 func (b *hBatch) landed() { b.settled = true }
 
-// queueMove queues on t the move of h's weight written in span group g
-// to the interval of now, and returns the deadline of the hash it moves it
-// to.
-func (b *hBatch) queueMove(t *txn.Txn, h *hash, g int, now int64) int64 {
-	p, w := &h.parts[g], h.added
+// move appends to cmds the move of w, of the batch's weight in h's span
+// group g, to the interval of now, in the epoch of now's hash (read: see
+// unread).
+func (b *hBatch) move(cmds [][]any, h *hash, g int, now int64, w int) [][]any {
+	p := &h.parts[g]
 	from, to := p.keys[1], p.keys[1]
-	t.Add("hincrby", from, b.Current(g, b.now), -w)
+	cmds = append(cmds, []any{"hincrby", from, b.Current(g, b.now), -w})
 	if e := b.Epoch(g, now); e != p.epoch {
-		to = p.keys[1+e-p.epoch] // read: see unread
-		t.Add("hincrby", from, totalField, -w)
+		to = p.keys[1+e-p.epoch]
+		cmds = append(cmds, []any{"hincrby", from, totalField, -w})
 		if h.client {
-			t.Add("hsetnx", to, intervals.IncarnationField, b.token)
+			cmds = append(cmds, []any{"hsetnx", to, intervals.IncarnationField, b.token})
 		}
-		t.Add("hincrby", to, totalField, w)
-		t.Add("pexpireat", to, b.EpochExpireAt(g, e))
+		cmds = append(cmds, []any{"hincrby", to, totalField, w}, []any{"pexpireat", to, b.EpochExpireAt(g, e)})
 	}
-	t.Add("hincrby", to, b.Current(g, now), w)
-	t.Add(txn.DropIfMade(from)...)
-	return b.EpochExpireAt(g, b.Epoch(g, now))
+	cmds = append(cmds, []any{"hincrby", to, b.Current(g, now), w})
+	return append(cmds, txn.DropIfMade(from))
 }
 
 // home is where the batch's weight in h's span group g lies: the key
@@ -539,7 +565,11 @@ func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 		case n <= 0:
 		case h.client:
 			for g := range h.parts {
-				back.Guards = append(back.Guards, b.guardOf(h, resource, g, n))
+				cmds := b.subtract(nil, h, g, n)
+				if resource != nil {
+					cmds = b.subtract(cmds, resource, g, n)
+				}
+				back.Guards = append(back.Guards, b.guardOf(h, g, cmds))
 				_, _, epoch := b.home(h, g)
 				back.Keep(b.EpochExpireAt(g, epoch))
 			}
@@ -553,18 +583,14 @@ func (b *hBatch) queueBack(back *txn.Txn, weight func(*hash) int) {
 	}
 }
 
-// guardOf is the take-back of n from h, a client's hash, in span group g,
-// and from the resource's if a rule is per-resource: under a guard of h's
-// incarnation, as read, or as the batch made it.
-func (b *hBatch) guardOf(h, resource *hash, g, n int) txn.Guard {
+// guardOf guards cmds, which change h, a client's hash, in span group g,
+// and the resource's: they apply only while h is the hash the batch wrote
+// to, of its incarnation as read, or as the batch made it.
+func (b *hBatch) guardOf(h *hash, g int, cmds [][]any) txn.Guard {
 	p := &h.parts[g]
-	guard := txn.Guard{Key: p.keys[1], Field: intervals.IncarnationField, Want: []string{b.token}}
+	guard := txn.Guard{Key: p.keys[1], Field: intervals.IncarnationField, Want: []string{b.token}, Cmds: cmds}
 	if p.incarnation != "" {
 		guard.Want = append(guard.Want, p.incarnation)
-	}
-	guard.Cmds = b.subtract(guard.Cmds, h, g, n)
-	if resource != nil {
-		guard.Cmds = b.subtract(guard.Cmds, resource, g, n)
 	}
 	return guard
 }
