@@ -510,3 +510,80 @@ func TestFlushDuringMoveForgetsTheCall(t *testing.T) {
 		}
 	})
 }
+
+// The adversary of a move whose guard never holds: a call of client c,
+// which Redis runs in a later interval than its stamp's (a stall), has its
+// weight moved under a WATCH of c's hash; another process decides for c
+// between that WATCH and the move's EXEC, every time it is sent, so that
+// the move never runs. The call is not failed for it ("transaction
+// failed" is no answer: Redis was reachable and nothing was lost): it is
+// taken back and decided again, and counted once, as are the other
+// process's calls.
+func TestMoveThatNeverRunsDecidesAgain(t *testing.T) {
+	eachOf(t, []Strategy{Windows(10 * ms)}, func(t *testing.T, e *env) {
+		e.needsRedis(t, "the settling is a Redis transaction")
+		rules := []Option{PerResource(Per(100, time.Minute)), PerClient(Per(40, time.Minute))}
+		other := e.bucketOn(t, e.secondClient(t), rules...)
+		race := &lateThenRacedMove{d: clock.Jump / 2, race: func() error {
+			_, err := allowBounded(other, 10*time.Second, "r", "c", 1)
+			return err
+		}}
+		e.addHook(race)
+		b := e.bucket(t, rules...)
+		peekClockRun(t, b, "r")
+		race.armed.Store(true)
+		res, err := allowBounded(b, 10*time.Second, "r", "c", 2)
+		race.armed.Store(false)
+		if err != nil {
+			t.Fatalf("the late call, its move raced %d times: %v", race.raced.Load(), err)
+		}
+		if race.raced.Load() == 0 {
+			t.Fatal("no move was raced: the call was not late")
+		}
+		want := int(race.raced.Load())
+		if res.Allowed {
+			want += 2
+		}
+		if used := usedNow(t, other, "r", "c", 1); used != want {
+			t.Errorf("the client counts %d, want %d (%d raced calls, the late call admitted: %v)", used, want, race.raced.Load(), res.Allowed)
+		}
+	})
+}
+
+// lateThenRacedMove stalls the first decision it sees, while armed, by d,
+// so that Redis runs it in a later interval than its stamp's; then, before
+// every transaction that only moves weight, it runs race (another
+// process's decision for the same client), which changes the hash the
+// move WATCHes, so that the move does not run.
+type lateThenRacedMove struct {
+	pipelinesOnly
+	d     time.Duration
+	race  func() error
+	armed atomic.Bool
+	late  atomic.Bool
+	raced atomic.Int64
+}
+
+func (h *lateThenRacedMove) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		switch {
+		case !h.armed.Load():
+		case !h.late.Load() && decides(cmds):
+			h.late.Store(true)
+			time.Sleep(h.d)
+		case h.late.Load() && moveOnly(cmds):
+			if err := h.race(); err != nil {
+				return err
+			}
+			h.raced.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// pipelinesOnly is embedded by a hook that acts on pipelines only (every
+// MULTI/EXEC is one): it lets dials and single commands through.
+type pipelinesOnly struct{}
+
+func (pipelinesOnly) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (pipelinesOnly) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }

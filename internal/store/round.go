@@ -199,9 +199,12 @@ var errEarly = fmt.Errorf("%w: its calls were counted early for too long", errRe
 // count the calls by their early count, which is right as long as no
 // window has let them go by it: if one may have, when it ran (inTime),
 // or if it did not run, no call of t is admitted, and t's calls are taken
-// back, as those of a caller gone (see unsettle; the settling failed with
-// its context: its error is the callers'). It asks its replicas as t
-// did: a failover that lost it would leave the calls early.
+// back, as those of a caller gone (see unsettle), and decided again; or,
+// if the settling failed with its context, that error is the callers'. A
+// settling that never ran because the hash it guards kept changing
+// (settle) is one that did not run: Redis answered, nothing was lost, so
+// its calls are decided again, not failed. It asks its replicas as t did:
+// a failover that lost it would leave the calls early.
 func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64) error {
 	w, ok := r.(earlyWriter)
 	if !ok {
@@ -222,7 +225,7 @@ func settleEarly(ctx context.Context, where Site, r round, t *txn.Txn, now int64
 			return nil
 		}
 	}
-	if err == nil {
+	if err == nil || errors.Is(err, redis.TxFailedErr) {
 		err = errEarly
 	}
 	unsettle(where, w, t, fix, o)
