@@ -162,20 +162,35 @@ func (r *remote) siteOf(ctx context.Context, resource string) (site, error) {
 // (its context ended, or a dial or read reached the context's deadline
 // first) makes its probe look.
 func (st site) settle(ctx context.Context, err error) error {
-	deadline, ok := ctx.Deadline()
-	switch {
-	case err == nil, breaker.Refused(err):
+	if err == nil || breaker.Refused(err) {
 		return err
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return st.br.Late(err)
-	case ctx.Err() != nil || (ok && !time.Now().Before(deadline)):
-		return st.br.Late(fmt.Errorf("%w: %w", context.DeadlineExceeded, classify(err)))
-	case breaker.Gone(err):
+	}
+	if late := outOfTime(ctx, err); late != nil {
+		return st.br.Late(late)
+	}
+	if breaker.Gone(err) {
 		err = classify(err)
 		st.br.Open(err)
 		return err
 	}
 	return classify(err)
+}
+
+// outOfTime returns err, which is not nil, as the error of a call that
+// ran out of time, if it is one: ctx's own end, or a dial or read that
+// reached ctx's deadline first (a net timeout, which matches no context
+// error), as context.DeadlineExceeded with its cause. It returns nil for
+// any other error. A wait that runs out is no outage: Redis was reached,
+// only later than the caller would wait.
+func outOfTime(ctx context.Context, err error) error {
+	deadline, ok := ctx.Deadline()
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return err
+	case ctx.Err() != nil || (ok && !time.Now().Before(deadline)):
+		return fmt.Errorf("%w: %w", context.DeadlineExceeded, classify(err))
+	}
+	return nil
 }
 
 func classify(err error) error {

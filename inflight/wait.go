@@ -31,7 +31,7 @@ func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 	channel := r.spaceOf(c.resource).channel()
 	wake, leave, err := r.wakes.join(ctx, channel, tk.id)
 	if err != nil {
-		return nil, classify(err)
+		return nil, joinFailed(ctx, err)
 	}
 	defer leave()
 	write := false // it looks first: room is for those before it
@@ -164,6 +164,16 @@ func (w *wakes) join(ctx context.Context, channel, ticket string) (<-chan struct
 		}
 	}
 	return ch, leave, nil
+}
+
+// joinFailed is the error of a waiter that could not join its line: a
+// subscription whose reply came later than the waiter would wait is the
+// wait running out (outOfTime), not an outage.
+func joinFailed(ctx context.Context, err error) error {
+	if late := outOfTime(ctx, err); late != nil {
+		return late
+	}
+	return classify(err)
 }
 
 // releases returns how many release messages came on channel, for first.
