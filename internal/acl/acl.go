@@ -93,7 +93,7 @@ var Cluster = map[string]map[Method][]string{
 	"windows":   {FlushAll: {"exists"}},
 }
 
-// A Conn is a command go-redis (v9.23) itself sends on each new
+// A Conn is a command go-redis (v9.24) itself sends on each new
 // connection, before any of the library's.
 type Conn struct {
 	Name    string
