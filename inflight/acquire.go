@@ -27,6 +27,7 @@ import (
 // line in a transaction of its own, which tells the next one.
 type attempt struct {
 	st       site
+	sets     []zset
 	le       *Lease
 	tk       *ticket
 	write    bool
@@ -36,6 +37,7 @@ type attempt struct {
 	t        *txn.Txn
 	time     int
 	earliest []int
+	held     []int // each set's size before the attempt writes
 	line     int
 	capped   []int
 }
@@ -45,6 +47,7 @@ type attemptResult struct {
 	admitted   bool
 	head, next string // the first two tickets in line, "" if none
 	earliest   int64  // the earliest deadline held, 0 if none
+	room       int    // the weight that fitted under every limit before the attempt wrote
 	now        int64  // Redis's time (ms)
 }
 
@@ -53,9 +56,11 @@ func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64
 	t := a.t
 	a.time = t.Add("time")
 	sets := r.sets(st.space, le.client)
+	a.sets = sets
 	for _, z := range sets {
 		t.Add("zremrangebyscore", z.key, "-inf", "("+itoa(at))
 		a.earliest = append(a.earliest, t.Add("zrange", z.key, 0, 0, "withscores"))
+		a.held = append(a.held, t.Add("zcard", z.key))
 	}
 	var life int64
 	if tk != nil {
@@ -94,7 +99,7 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 			return attemptResult{}, a.write, err // kept, perhaps: take it back
 		}
 	}
-	res := attemptResult{earliest: a.earliestHeld()}
+	res := attemptResult{earliest: a.earliestHeld(), room: a.room()}
 	res.head, res.next = a.firstInLine()
 	removed := 0
 	for _, i := range a.capped {
@@ -118,6 +123,15 @@ func (a *attempt) firstInLine() (head, next string) {
 	return head, next
 }
 
+// room reads the weight that fitted under every limit, before a wrote.
+func (a *attempt) room() int {
+	room := MaxLimit
+	for i, z := range a.sets {
+		room = min(room, z.limit-int(txn.ReplyInt(a.t.Replies[a.held[i]])))
+	}
+	return room
+}
+
 // earliestHeld reads the earliest deadline held in any set (0 if none).
 func (a *attempt) earliestHeld() int64 {
 	var earliest int64
@@ -129,15 +143,20 @@ func (a *attempt) earliestHeld() int64 {
 	return earliest
 }
 
-// lostAttempt is what to do once a's reply is lost: the members it may
-// have written must not stay held, so they are taken back once Redis has
-// run what it read. An attempt that only looks wrote none.
-func (r *remote) lostAttempt(a *attempt) func() {
+// lostAttempt is what to do once a's caller has its answer without a's
+// reply: the members it may have written must not stay held. One that
+// ran after its caller left is taken back at once, as waiters that give
+// up leave often under contention, and every member left behind refuses
+// others; one whose reply was lost, once Redis has run what it read. An
+// attempt that only looks wrote none.
+func (r *remote) lostAttempt(a *attempt) func(ran bool) {
 	if !a.write {
 		return nil
 	}
-	return func() {
-		a.t.Resolve(a.st.node, false)
+	return func(ran bool) {
+		if !ran {
+			a.t.Resolve(a.st.node, false)
+		}
 		r.takeBack(a.le, nil, true)
 	}
 }
@@ -155,9 +174,6 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 	at, err := st.stamp(ctx)
 	if err != nil {
 		return nil, attemptResult{}, st.settle(ctx, err)
-	}
-	if tk != nil && tk.arrival == 0 {
-		tk.arrival = r.arrivals.next(at)
 	}
 	a := r.newAttempt(st, le, tk, write, at)
 	sent := time.Now()

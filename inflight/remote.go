@@ -36,7 +36,6 @@ type remote struct {
 	clocks   clock.Set
 	breakers breaker.Breakers
 	wakes    *wakes
-	arrivals arrivals
 }
 
 func newRemote(rdb redis.UniversalClient, cfg config) (*remote, error) {
@@ -207,8 +206,10 @@ func classify(err error) error {
 
 // run sends t on st's node, and returns by ctx's end whatever Redis does:
 // a transaction still under way then goes on in the background, and
-// lost, if not nil, is called with it once it ends without a reply.
-func (st site) run(ctx context.Context, t *txn.Txn, lost func()) (txn.Outcome, error) {
+// undo, if not nil, is called once it ends unanswered: ran is true if its
+// reply came after its caller had left (what it wrote is there now),
+// false if the reply was lost (it may run yet).
+func (st site) run(ctx context.Context, t *txn.Txn, undo func(ran bool)) (txn.Outcome, error) {
 	type result struct {
 		out txn.Outcome
 		err error
@@ -216,8 +217,8 @@ func (st site) run(ctx context.Context, t *txn.Txn, lost func()) (txn.Outcome, e
 	done := make(chan result, 1)
 	go func() {
 		out, err := t.Exec(context.WithoutCancel(ctx), st.node)
-		if out == txn.Unknown && lost != nil {
-			go lost()
+		if out == txn.Unknown && undo != nil {
+			go undo(false)
 		}
 		done <- result{out, err}
 	}()
@@ -225,12 +226,12 @@ func (st site) run(ctx context.Context, t *txn.Txn, lost func()) (txn.Outcome, e
 	case res := <-done:
 		return res.out, res.err
 	case <-ctx.Done():
-		// The transaction may still run; its own goroutine calls lost if
-		// its reply is lost, and a reply that comes is judged as ran:
-		// lost must also undo one that ran after its caller gave up.
+		// The transaction may still run; its own goroutine calls undo if
+		// its reply is lost, and one whose reply comes is undone at once:
+		// its caller has gone.
 		go func() {
-			if res := <-done; res.out == txn.Ran && lost != nil {
-				lost()
+			if res := <-done; res.out == txn.Ran && undo != nil {
+				undo(true)
 			}
 		}()
 		return txn.Unknown, ctx.Err()
