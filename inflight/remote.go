@@ -289,11 +289,13 @@ func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
 	}
 	t.Add("zinterstore", s.queue(), 2, s.queue(), s.queueLife(), "weights", 1, 0)
 	if tk != nil {
-		t.Add("zadd", s.queue(), "nx", tk.arrival, tk.id)
-		for _, k := range []string{s.queue(), s.queueLife()} {
-			for _, c := range txn.ExtendTo(k, life+keyLife.Milliseconds()) {
-				t.Add(c...)
-			}
+		t.Add("zadd", s.queue(), "gt", tk.arrival, tk.id)
+	}
+	// ZINTERSTORE made q anew, without a deadline: every ticket in it
+	// lives at most ticketTTL past a stamp no later than Redis's time.
+	for _, k := range []string{s.queue(), s.queueLife()} {
+		for _, c := range txn.ExtendTo(k, max(life, at+ticketTTL.Milliseconds())+keyLife.Milliseconds()) {
+			t.Add(c...)
 		}
 	}
 	return t.Add("zrange", s.queue(), 0, 1)
@@ -344,10 +346,13 @@ func (r *remote) takeBackNow(ctx context.Context, le *Lease, tk *ticket) {
 const retryFor = 10 * time.Second
 
 // undo is what a transaction of undo takes back: a lease's members, a
-// ticket out of line (and the waiter then told, tell, if not "").
+// ticket out of line (and the waiter then told, tell, if not ""), or a
+// process's ticket passed to its next waiter (pass: scored by that one's
+// arrival, alive until its life).
 type undo struct {
 	lease *Lease
 	drop  *ticket
+	pass  *ticket
 	tell  string
 }
 
@@ -368,10 +373,16 @@ func (r *remote) undo(ctx context.Context, st site, u undo) (string, error) {
 		t.Add("zrem", st.queue(), u.drop.id)
 		t.Add("zrem", st.queueLife(), u.drop.id)
 	}
+	life := int64(0)
+	if u.pass != nil {
+		life = u.pass.life(at)
+		t.Add("zadd", st.queueLife(), "xx", life, u.pass.id)
+		t.Add("zadd", st.queue(), "xx", "gt", u.pass.arrival, u.pass.id)
+	}
 	if u.tell != "" {
 		t.Add("publish", st.channel(), u.tell)
 	}
-	head := pruneTickets(t, st.space, at, nil, 0)
+	head := pruneTickets(t, st.space, at, nil, life)
 	out, err := t.Exec(ctx, st.node)
 	if out != txn.Ran {
 		return "", err // ZREM and ZADD are idempotent: simply try again

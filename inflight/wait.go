@@ -23,14 +23,17 @@ func (r *remote) acquire(ctx context.Context, c call, wait bool) (*Lease, error)
 }
 
 // waitInLine waits for its turn in two lines: this process's, in memory,
-// then, once first in it, Redis's, which holds the first waiter of each
-// process only. Each process's waiters are in order of arrival, so the
-// earliest of all is always one of those firsts: the line in Redis is
-// the order of arrival of every waiter, and a waiter that gives up
-// before it is first here costs Redis nothing. In Redis's line, a waiter
-// tries only when it is first (others only sign of life, writing no
-// members), and is woken when a release or a take-back tells it its turn
-// came, when the earliest lease expires, or every ticketRefresh.
+// then Redis's, which holds one ticket per process: its first waiter's,
+// scored by that waiter's arrival. Each process's waiters are in order of
+// arrival, so the earliest of all is always one of those firsts: Redis's
+// line is the order of arrival of every waiter, and a waiter that gives
+// up before it is first here costs Redis nothing. A process's ticket
+// stays in line while it has waiters, passed from each first to the
+// next (its score only grows), so no process's waiter ever comes in ahead
+// of a ticket already first. In Redis's line, a waiter tries only when
+// it is first (others only sign of life, writing no members), and is
+// woken when a release or a take-back tells it its turn came, when the
+// earliest lease expires, or every ticketRefresh.
 func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 	st, err := r.siteOf(ctx, c.resource)
 	if err != nil {
@@ -40,49 +43,49 @@ func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 	if err != nil {
 		return nil, st.settle(ctx, err)
 	}
-	tk := &ticket{id: newToken()}
-	tk.until, _ = ctx.Deadline()
-	w, err := r.wakes.join(ctx, st.channel(), tk, at)
+	until, _ := ctx.Deadline()
+	w, err := r.wakes.join(ctx, st.channel(), at, until)
 	if err != nil {
 		return nil, joinFailed(ctx, err)
 	}
-	defer w.leave()
+	var le *Lease
+	next := ""
 	select {
 	case <-w.turn:
+		le, next, err = r.waitFirst(ctx, c, w)
 	case <-ctx.Done():
-		return nil, ctx.Err() // it never was in Redis's line: nothing to undo
+		err = ctx.Err()
 	}
-	return r.waitFirst(ctx, c, tk, w)
+	if successor, first := w.leave(); first {
+		go r.leaveLine(c.resource, w.tk, successor, next)
+	}
+	return le, err
 }
 
-// waitFirst is waitInLine once tk's waiter is first in this process.
-func (r *remote) waitFirst(ctx context.Context, c call, tk *ticket, w *waiter) (*Lease, error) {
+// waitFirst is waitInLine once w is first in this process; it returns
+// the lease, or the error, and the ticket next in line if known.
+func (r *remote) waitFirst(ctx context.Context, c call, w *waiter) (*Lease, string, error) {
 	channel := r.spaceOf(c.resource).channel()
+	tk := w.tk
 	write := false // it looks first: room is for those before it
 	for {
 		seen := r.wakes.releases(channel)
 		le, res, err := r.attempt(ctx, c, tk, write)
-		switch {
-		case le != nil:
-			go r.leaveLine(c.resource, tk, res.next)
-			return le, nil
-		case err != nil:
-			go r.leaveLine(c.resource, tk, "")
-			return nil, err
+		if le != nil || err != nil {
+			return le, res.next, err
 		}
 		first := res.head == tk.id
 		if first && !write && res.room >= c.n {
 			write = true
 			continue // its turn came, and its weight fits: try now
 		}
-		if r.wakes.first(channel, tk.id, first, seen) {
+		if r.wakes.first(channel, first, seen) {
 			write = true
 			continue // a release came while it looked
 		}
 		woken, err := r.sleep(ctx, w.wake, res, first)
 		if err != nil {
-			go r.leaveLine(c.resource, tk, "")
-			return nil, err
+			return nil, "", err
 		}
 		write = first || woken // a waiter is woken when its turn came
 	}
@@ -107,17 +110,23 @@ func (r *remote) sleep(ctx context.Context, wake <-chan struct{}, res attemptRes
 	}
 }
 
-// leaveLine drops tk from the line and tells the next waiter (next, in
-// the same transaction, if known; and whoever is first after it, if
-// another): after an admission, or when the waiter gave up.
-func (r *remote) leaveLine(resource string, tk *ticket, next string) {
+// leaveLine is what the first waiter of this process does in Redis's line
+// as it leaves it (admitted, or giving up): it passes the process's
+// ticket tk to successor, the next waiter here, if any (scored by its
+// arrival), or drops it and tells next, the ticket after it, in the same
+// transaction; and it tells whoever is first then, if another process's.
+func (r *remote) leaveLine(resource string, tk, successor *ticket, next string) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	st, err := r.siteOf(ctx, resource)
 	if err != nil {
 		return // the ticket is dropped by others after ticketTTL
 	}
-	if head, err := r.undo(ctx, st, undo{drop: tk, tell: next}); err == nil && head != "" && head != next {
+	u := undo{drop: tk, tell: next}
+	if successor != nil {
+		u = undo{pass: successor}
+	}
+	if head, err := r.undo(ctx, st, u); err == nil && head != "" && head != u.tell && head != tk.id {
 		_ = st.node.Publish(ctx, st.channel(), head).Err()
 	}
 }
@@ -133,19 +142,21 @@ type wakes struct {
 }
 
 type subscription struct {
-	ps      *redis.PubSub
-	waiters map[string]chan struct{} // by ticket
-	line    []*waiter                // this process's waiters, in order of arrival
-	head    string                   // the ticket of the waiter here that was first in line when it last looked
-	freed   uint64                   // how many release messages came
-	idle    uint64                   // how many times it was left without waiters
+	ps     *redis.PubSub
+	ticket string        // this process's ticket in Redis's line: a new one each time the line here empties
+	wake   chan struct{} // for the first waiter here: a message named the ticket, or a release came while it was first
+	line   []*waiter     // this process's waiters, in order of arrival
+	first  bool          // the ticket was first in line when its waiter last looked
+	freed  uint64        // how many release messages came
+	idle   uint64        // how many times it was left without waiters
 }
 
 // A waiter is one waiter's place in its process's line.
 type waiter struct {
-	wake  <-chan struct{} // a message named its ticket, or a release came while it was first
-	turn  chan struct{}   // closed once it is first in this process
-	leave func()          // out of this process's line: the next one's turn
+	tk    *ticket
+	wake  <-chan struct{}
+	turn  chan struct{} // closed once it is first in this process
+	leave func() (successor *ticket, first bool)
 }
 
 func newWakes(rdb redis.UniversalClient) *wakes {
@@ -171,37 +182,36 @@ func (w *wakes) behind(channel string) int {
 	return 0
 }
 
-// join puts tk's waiter last in this process's line on channel, its
-// arrival stamped at (Redis ms), subscribed before it returns, so that no
-// message sent after is missed. Its turn comes when it is first here.
-func (w *wakes) join(ctx context.Context, channel string, tk *ticket, at int64) (*waiter, error) {
+// join puts a waiter last in this process's line on channel, its arrival
+// stamped at (Redis ms), waiting until (zero: no deadline), subscribed
+// before it returns, so that no message sent after is missed. Its turn
+// comes when it is first here. Its leave takes it out, and gives the next
+// its turn; it returns whether it was first, and the next one's ticket.
+func (w *wakes) join(ctx context.Context, channel string, at int64, until time.Time) (*waiter, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s, err := w.subscribe(ctx, channel)
 	if err != nil {
 		return nil, err
 	}
-	tk.arrival = w.arrivals.next(at)
-	ch := make(chan struct{}, 1)
-	s.waiters[tk.id] = ch
-	me := &waiter{wake: ch, turn: make(chan struct{})}
+	if len(s.line) == 0 {
+		s.ticket, s.first = newToken(), false // a late leaveLine of the one before never drops it
+	}
+	me := &waiter{tk: &ticket{id: s.ticket, arrival: w.arrivals.next(at), until: until}, wake: s.wake, turn: make(chan struct{})}
 	s.line = append(s.line, me)
 	if len(s.line) == 1 {
 		close(me.turn)
 	}
-	me.leave = func() {
+	me.leave = func() (*ticket, bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		delete(s.waiters, tk.id)
-		if s.head == tk.id {
-			s.head = ""
-		}
-		s.leave(me)
-		if len(s.waiters) == 0 {
+		successor, first := s.leave(me)
+		if len(s.line) == 0 {
 			s.idle++
 			idle := s.idle
 			time.AfterFunc(subscriptionIdle, func() { w.drop(channel, s, idle) })
 		}
+		return successor, first
 	}
 	return me, nil
 }
@@ -221,23 +231,33 @@ func (w *wakes) subscribe(ctx context.Context, channel string) (*subscription, e
 		_ = ps.Close()
 		return nil, err
 	}
-	s := &subscription{ps: ps, waiters: map[string]chan struct{}{}}
+	s := &subscription{ps: ps, wake: make(chan struct{}, 1)}
 	w.subs[channel] = s
 	go w.dispatch(s)
 	return s, nil
 }
 
-// leave takes me out of s's line, and gives the next its turn if me was
-// first; the wakes' mu is held.
-func (s *subscription) leave(me *waiter) {
+// leave takes me out of s's line; if me was first, the next one's turn
+// comes (a wake meant for me is not its), and its ticket is returned; the
+// wakes' mu is held.
+func (s *subscription) leave(me *waiter) (successor *ticket, first bool) {
 	i := slices.Index(s.line, me)
 	if i < 0 {
-		return
+		return nil, false
 	}
 	s.line = slices.Delete(s.line, i, i+1)
-	if i == 0 && len(s.line) > 0 {
-		close(s.line[0].turn)
+	if i > 0 {
+		return nil, false
 	}
+	if len(s.line) == 0 {
+		return nil, true
+	}
+	select {
+	case <-s.wake:
+	default:
+	}
+	close(s.line[0].turn)
+	return s.line[0].tk, true
 }
 
 // joinFailed is the error of a waiter that could not join its line: a
@@ -260,24 +280,19 @@ func (w *wakes) releases(channel string) uint64 {
 	return 0
 }
 
-// first records whether ticket's waiter was first in line when it last
-// looked, so that a release's message wakes it; it reports whether a
-// release came since seen (releases before the look), which the look
-// may have missed.
-func (w *wakes) first(channel, ticket string, first bool, seen uint64) bool {
+// first records whether this process's ticket on channel was first in
+// line when its waiter last looked, so that a release's message wakes
+// it; it reports whether, first, a release came since seen (releases
+// before the look), which the look may have missed.
+func (w *wakes) first(channel string, first bool, seen uint64) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	s := w.subs[channel]
-	switch {
-	case s == nil:
+	if s == nil {
 		return false
-	case first:
-		s.head = ticket
-		return s.freed != seen
-	case s.head == ticket:
-		s.head = ""
 	}
-	return false
+	s.first = first
+	return first && s.freed != seen
 }
 
 // subscriptionIdle is how long a subscription outlives its last waiter:
@@ -290,25 +305,24 @@ const subscriptionIdle = time.Second
 func (w *wakes) drop(channel string, s *subscription, idle uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(s.waiters) == 0 && s.idle == idle && w.subs[channel] == s {
+	if len(s.line) == 0 && s.idle == idle && w.subs[channel] == s {
 		delete(w.subs, channel)
 		_ = s.ps.Close()
 	}
 }
 
-// dispatch wakes the waiter that each message names (the first in line
-// for an empty one), until s is closed.
+// dispatch wakes this process's first waiter on s when a message names
+// its ticket, or is empty (a release) while it was first, until s is
+// closed.
 func (w *wakes) dispatch(s *subscription) {
 	for msg := range s.ps.Channel() {
 		w.mu.Lock()
-		ticket := msg.Payload
-		if ticket == "" {
-			ticket = s.head
+		if msg.Payload == "" {
 			s.freed++
 		}
-		if ch := s.waiters[ticket]; ch != nil {
+		if msg.Payload == s.ticket || (msg.Payload == "" && s.first) {
 			select {
-			case ch <- struct{}{}:
+			case s.wake <- struct{}{}:
 			default:
 			}
 		}
