@@ -2,6 +2,7 @@ package inflight
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/leakybucket/leakybucket/internal/txn"
@@ -44,11 +45,12 @@ type attempt struct {
 
 // attemptResult is what an attempt learned.
 type attemptResult struct {
-	admitted   bool
-	head, next string // the first two tickets in line, "" if none
-	earliest   int64  // the earliest deadline held, 0 if none
-	room       int    // the weight that fitted under every limit before the attempt wrote
-	now        int64  // Redis's time (ms)
+	admitted    bool
+	head, next  string  // the first two tickets in line, "" if none
+	nextArrival float64 // next's arrival, +Inf if none
+	earliest    int64   // the earliest deadline held, 0 if none
+	room        int     // the weight that fitted under every limit before the attempt wrote
+	now         int64   // Redis's time (ms)
 }
 
 func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64) *attempt {
@@ -100,7 +102,7 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 		}
 	}
 	res := attemptResult{earliest: a.earliestHeld(), room: a.room()}
-	res.head, res.next = a.firstInLine()
+	res.head, res.next, res.nextArrival = a.firstInLine()
 	removed := 0
 	for _, i := range a.capped {
 		removed += int(txn.ReplyInt(a.t.Replies[i]))
@@ -111,16 +113,28 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 	return res, kept && !res.admitted, nil
 }
 
-// firstInLine reads the first two tickets in line ("" if none).
-func (a *attempt) firstInLine() (head, next string) {
+// firstInLine reads the first two tickets in line ("" if none), and the
+// second one's arrival (+Inf if none).
+func (a *attempt) firstInLine() (head, next string, nextArrival float64) {
 	line, _ := a.t.Replies[a.line].([]any)
-	if len(line) > 0 {
-		head = txn.ReplyString(line[0])
+	var names []string
+	for i := 0; i < len(line); i++ {
+		if pair, ok := line[i].([]any); ok && len(pair) == 2 { // RESP3: [member, score]
+			names = append(names, txn.ReplyString(pair[0]))
+			continue
+		}
+		names = append(names, txn.ReplyString(line[i])) // RESP2: member, score, ...
+		i++
 	}
-	if len(line) > 1 {
-		next = txn.ReplyString(line[1])
+	scores := txn.ReplyScores(line)
+	nextArrival = math.Inf(1)
+	if len(names) > 0 {
+		head = names[0]
 	}
-	return head, next
+	if len(names) > 1 && len(scores) > 1 {
+		next, nextArrival = names[1], scores[1]
+	}
+	return head, next, nextArrival
 }
 
 // room reads the weight that fitted under every limit, before a wrote.

@@ -281,7 +281,7 @@ func replyFirst(v any) string {
 // pruneTickets queues the commands that drop the tickets of waiters not
 // seen alive since at, and (re)register tk's if not nil, alive until
 // life; it returns the index of the reply naming the first two tickets in
-// line.
+// line, with their arrivals.
 func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
 	t.Add("zremrangebyscore", s.queueLife(), "-inf", "("+strconv.FormatInt(at, 10))
 	if tk != nil {
@@ -298,7 +298,7 @@ func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
 			t.Add(c...)
 		}
 	}
-	return t.Add("zrange", s.queue(), 0, 1)
+	return t.Add("zrange", s.queue(), 0, 1, "withscores")
 }
 
 // takeBack removes le's members from every set, and tells the first

@@ -49,30 +49,38 @@ func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 		return nil, joinFailed(ctx, err)
 	}
 	var le *Lease
-	next := ""
+	var res attemptResult
 	select {
 	case <-w.turn:
-		le, next, err = r.waitFirst(ctx, c, w)
+		le, res, err = r.waitFirst(ctx, c, w)
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	if successor, first := w.leave(); first {
-		go r.leaveLine(c.resource, w.tk, successor, next)
+	// Admitted first in line, it knows the room it left, and whether the
+	// ticket stays first for the next waiter here: that one tries at once.
+	room := 0
+	if le != nil {
+		room = res.room - c.n
+	}
+	if successor, first := w.leave(room, res.nextArrival); first {
+		go r.leaveLine(c.resource, w.tk, successor, res.next)
 	}
 	return le, err
 }
 
 // waitFirst is waitInLine once w is first in this process; it returns
-// the lease, or the error, and the ticket next in line if known.
-func (r *remote) waitFirst(ctx context.Context, c call, w *waiter) (*Lease, string, error) {
+// the lease, or the error, and what its last attempt learned.
+func (r *remote) waitFirst(ctx context.Context, c call, w *waiter) (*Lease, attemptResult, error) {
 	channel := r.spaceOf(c.resource).channel()
 	tk := w.tk
-	write := false // it looks first: room is for those before it
+	// It looks first (room is for those before it), unless the waiter
+	// before it here was admitted first in line and left room for it.
+	write := w.room >= c.n
 	for {
 		seen := r.wakes.releases(channel)
 		le, res, err := r.attempt(ctx, c, tk, write)
 		if le != nil || err != nil {
-			return le, res.next, err
+			return le, res, err
 		}
 		first := res.head == tk.id
 		if first && !write && res.room >= c.n {
@@ -85,7 +93,7 @@ func (r *remote) waitFirst(ctx context.Context, c call, w *waiter) (*Lease, stri
 		}
 		woken, err := r.sleep(ctx, w.wake, res, first)
 		if err != nil {
-			return nil, "", err
+			return nil, res, err
 		}
 		write = first || woken // a waiter is woken when its turn came
 	}
@@ -156,7 +164,8 @@ type waiter struct {
 	tk    *ticket
 	wake  <-chan struct{}
 	turn  chan struct{} // closed once it is first in this process
-	leave func() (successor *ticket, first bool)
+	room  int           // set before turn is closed: the room the one before it left, if the ticket stays first
+	leave func(room int, nextArrival float64) (successor *ticket, first bool)
 }
 
 func newWakes(rdb redis.UniversalClient) *wakes {
@@ -202,10 +211,10 @@ func (w *wakes) join(ctx context.Context, channel string, at int64, until time.T
 	if len(s.line) == 1 {
 		close(me.turn)
 	}
-	me.leave = func() (*ticket, bool) {
+	me.leave = func(room int, nextArrival float64) (*ticket, bool) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		successor, first := s.leave(me)
+		successor, first := s.leave(me, room, nextArrival)
 		if len(s.line) == 0 {
 			s.idle++
 			idle := s.idle
@@ -238,9 +247,10 @@ func (w *wakes) subscribe(ctx context.Context, channel string) (*subscription, e
 }
 
 // leave takes me out of s's line; if me was first, the next one's turn
-// comes (a wake meant for me is not its), and its ticket is returned; the
-// wakes' mu is held.
-func (s *subscription) leave(me *waiter) (successor *ticket, first bool) {
+// comes (a wake meant for me is not its), with the room me left if the
+// ticket, scored by the next one's arrival, stays ahead of nextArrival's,
+// and its ticket is returned; the wakes' mu is held.
+func (s *subscription) leave(me *waiter, room int, nextArrival float64) (successor *ticket, first bool) {
 	i := slices.Index(s.line, me)
 	if i < 0 {
 		return nil, false
@@ -256,8 +266,12 @@ func (s *subscription) leave(me *waiter) (successor *ticket, first bool) {
 	case <-s.wake:
 	default:
 	}
-	close(s.line[0].turn)
-	return s.line[0].tk, true
+	next := s.line[0]
+	if next.tk.arrival < nextArrival {
+		next.room = room
+	}
+	close(next.turn)
+	return next.tk, true
 }
 
 // joinFailed is the error of a waiter that could not join its line: a
