@@ -1,22 +1,17 @@
 package inflight
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The contention test: the short waits of a middleware, from several
@@ -39,10 +34,7 @@ const (
 )
 
 func contentionDuration() time.Duration {
-	if s, err := strconv.Atoi(os.Getenv("INFLIGHT_CONTENTION_SECONDS")); err == nil && s > 0 {
-		return time.Duration(s) * time.Second
-	}
-	return 2 * time.Second
+	return secondsOf("INFLIGHT_CONTENTION_SECONDS", 2*time.Second)
 }
 
 var contentionWaits = []time.Duration{20 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second}
@@ -84,27 +76,12 @@ func TestContentionProcesses(t *testing.T) {
 // contentionProcesses runs the child processes on the kind of server,
 // and returns the span of the run and the leases held.
 func contentionProcesses(t *testing.T, kind string, wait time.Duration) (from, to int64, leases []held) {
-	pfx := uniquePrefix()
-	dir := t.TempDir()
 	from = time.Now().Add(time.Second).UnixNano() // every child starts at once, connected
 	to = from + contentionDuration().Nanoseconds()
-	var cmds []*exec.Cmd
-	for i := range contentionProcs {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestContentionChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), contentionVar+"="+kind, "INFLIGHT_PREFIX="+pfx,
-			"INFLIGHT_START="+strconv.FormatInt(from, 10), "INFLIGHT_END="+strconv.FormatInt(to, 10),
-			"INFLIGHT_WAIT="+wait.String(), "INFLIGHT_OUT="+filepath.Join(dir, strconv.Itoa(i)))
-		cmd.Stderr, cmd.Stdout = os.Stderr, os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, cmd)
-	}
-	for i, cmd := range cmds {
-		if err := cmd.Wait(); err != nil {
-			t.Fatalf("child %d: %v", i, err)
-		}
-		leases = append(leases, readHeld(t, filepath.Join(dir, strconv.Itoa(i)), i)...)
+	outs := runChildren(t, "TestContentionChild", contentionProcs, contentionVar+"="+kind,
+		"INFLIGHT_START="+strconv.FormatInt(from, 10), "INFLIGHT_END="+strconv.FormatInt(to, 10), "INFLIGHT_WAIT="+wait.String())
+	for i, out := range outs {
+		leases = append(leases, readHeld(t, out, i)...)
 	}
 	return from, to, leases
 }
@@ -115,42 +92,22 @@ func TestContentionChild(t *testing.T) {
 	if kind == "" {
 		t.Skip("a child of TestContentionProcesses")
 	}
-	var rdb redis.UniversalClient
-	if kind == "cluster" {
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv(clusterAddrsVar), ","), PoolSize: 4 * contentionGoroutines})
-	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: os.Getenv(redisAddrVar), PoolSize: 4 * contentionGoroutines})
-	}
+	rdb := childClient(kind, 4*contentionGoroutines)
 	defer rdb.Close()
 	l, err := New(rdb, PerResource(contentionLimit), WithPrefix(os.Getenv("INFLIGHT_PREFIX")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	for range contentionGoroutines { // fill the pool
-		wg.Go(func() { _ = rdb.Ping(context.Background()).Err() })
-	}
-	wg.Wait()
-	if _, err := l.Held(context.Background(), "res"); err != nil {
-		t.Fatal(err)
-	}
-	from, _ := strconv.ParseInt(os.Getenv("INFLIGHT_START"), 10, 64)
 	to, _ := strconv.ParseInt(os.Getenv("INFLIGHT_END"), 10, 64)
 	wait, _ := time.ParseDuration(os.Getenv("INFLIGHT_WAIT"))
-	time.Sleep(time.Until(time.Unix(0, from)))
+	childReady(t, rdb, l, contentionGoroutines, "res")
 	leases, ranOut := contentionRun(t, l, wait, time.Unix(0, to))
 	t.Logf("%d leases, %d waits ran out", len(leases), ranOut)
-	f, err := os.Create(os.Getenv("INFLIGHT_OUT"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := bufio.NewWriter(f)
-	for _, h := range leases {
-		fmt.Fprintf(w, "%d %d %d\n", h.granted, h.released, h.weight)
-	}
-	if err := errors.Join(w.Flush(), f.Close()); err != nil {
-		t.Fatal(err)
-	}
+	writeOut(t, func(w io.Writer) {
+		for _, h := range leases {
+			fmt.Fprintf(w, "%d %d %d\n", h.granted, h.released, h.weight)
+		}
+	})
 }
 
 // contentionRun runs the goroutines of one process until end, and
@@ -214,34 +171,11 @@ func readHeld(t *testing.T, path string, proc int) []held {
 // over time from the run's start to its end, over the limit's.
 func checkContention(t *testing.T, from, to int64, leases []held, last bool) bool {
 	t.Helper()
-	type event struct {
-		at     int64
-		weight int
-	}
-	var evs []event
 	served := make([]int, contentionProcs)
 	for _, h := range leases {
-		evs = append(evs, event{h.granted, h.weight}, event{h.released, -h.weight})
 		served[h.proc]++
 	}
-	slices.SortFunc(evs, func(a, b event) int {
-		if a.at != b.at {
-			return int(a.at - b.at)
-		}
-		return b.weight - a.weight // grants first
-	})
-	heldNow, most := 0, 0
-	var area float64 // weight x ns, within [from, to]
-	for i, e := range evs {
-		heldNow += e.weight
-		most = max(most, heldNow)
-		if i+1 < len(evs) {
-			a, b := max(e.at, from), min(evs[i+1].at, to)
-			if b > a {
-				area += float64(heldNow) * float64(b-a)
-			}
-		}
-	}
+	most, area := sweepHeld(leases, from, to)
 	share := area / (float64(contentionLimit) * float64(to-from))
 	mean := float64(len(leases)) / contentionProcs
 	least := slices.Min(served)
@@ -256,4 +190,35 @@ func checkContention(t *testing.T, from, to int64, leases []held, last bool) boo
 			100*share, least, mean)
 	}
 	return ok || raceEnabled
+}
+
+// sweepHeld returns the most weight held at once (at equal instants a
+// grant counts before a release) and the weight held summed over time
+// within [from, to] (weight x ns).
+func sweepHeld(leases []held, from, to int64) (int, float64) {
+	type event struct {
+		at     int64
+		weight int
+	}
+	var evs []event
+	for _, h := range leases {
+		evs = append(evs, event{h.granted, h.weight}, event{h.released, -h.weight})
+	}
+	slices.SortFunc(evs, func(a, b event) int {
+		if a.at != b.at {
+			return int(a.at - b.at)
+		}
+		return b.weight - a.weight // grants first
+	})
+	heldNow, most, area := 0, 0, 0.0
+	for i, e := range evs {
+		heldNow += e.weight
+		most = max(most, heldNow)
+		if i+1 < len(evs) {
+			if a, b := max(e.at, from), min(evs[i+1].at, to); b > a {
+				area += float64(heldNow) * float64(b-a)
+			}
+		}
+	}
+	return most, area
 }

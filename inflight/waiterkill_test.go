@@ -25,14 +25,8 @@ const waiterVar = "INFLIGHT_WAITER" // set in a waiter child
 func TestWaiterKilled(t *testing.T) {
 	for _, kind := range []string{"redis", "cluster"} {
 		t.Run(kind, func(t *testing.T) {
-			var rdb redis.UniversalClient
-			if kind == "cluster" {
-				rdb = clusterClient(t)
-			} else {
-				rdb = realClient(t)
-			}
 			pfx := uniquePrefix()
-			l, err := New(rdb, PerResource(1), WithPrefix(pfx))
+			l, err := New(clientOf(t, kind), PerResource(1), WithPrefix(pfx))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -41,17 +35,7 @@ func TestWaiterKilled(t *testing.T) {
 			if err != nil || holder == nil {
 				t.Fatalf("the holder: %v, %v", holder, err)
 			}
-			cmd := exec.Command(os.Args[0], "-test.run=^TestWaiterChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), waiterVar+"="+kind, "INFLIGHT_PREFIX="+pfx)
-			cmd.Stderr = os.Stderr
-			out, _ := cmd.StdoutPipe()
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-			if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "waiting\n" {
-				t.Fatalf("child said %q, %v", line, err)
-			}
+			cmd := startWaiter(t, kind, pfx)
 			waitForWaiters(t, l, "r", 1) // the child, first in line
 			got := make(chan time.Time, 1)
 			go func() {
@@ -81,6 +65,31 @@ func TestWaiterKilled(t *testing.T) {
 	}
 }
 
+// clientOf is a client of the real server of kind ("redis" or "cluster").
+func clientOf(t *testing.T, kind string) redis.UniversalClient {
+	if kind == "cluster" {
+		return clusterClient(t)
+	}
+	return realClient(t)
+}
+
+// startWaiter starts TestWaiterChild on kind's server, on prefix pfx, and
+// returns once it says it waits.
+func startWaiter(t *testing.T, kind, pfx string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWaiterChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), waiterVar+"="+kind, "INFLIGHT_PREFIX="+pfx)
+	cmd.Stderr = os.Stderr
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "waiting\n" {
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	return cmd
+}
+
 // TestWaiterChild is the waiter of TestWaiterKilled: it waits in line,
 // says so, and waits to be killed.
 func TestWaiterChild(t *testing.T) {
@@ -88,13 +97,7 @@ func TestWaiterChild(t *testing.T) {
 	if kind == "" {
 		t.Skip("a child of TestWaiterKilled")
 	}
-	var rdb redis.UniversalClient
-	if kind == "cluster" {
-		rdb = clusterClient(t)
-	} else {
-		rdb = realClient(t)
-	}
-	l, err := New(rdb, PerResource(1), WithPrefix(os.Getenv("INFLIGHT_PREFIX")))
+	l, err := New(clientOf(t, kind), PerResource(1), WithPrefix(os.Getenv("INFLIGHT_PREFIX")))
 	if err != nil {
 		t.Fatal(err)
 	}
