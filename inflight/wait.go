@@ -78,6 +78,7 @@ func (r *remote) waitFirst(ctx context.Context, c call, w *waiter) (*Lease, atte
 	write := w.room >= c.n
 	for {
 		seen := r.wakes.releases(channel)
+		tk.until = r.wakes.lineUntil(channel)
 		le, res, err := r.attempt(ctx, c, tk, write)
 		if le != nil || err != nil {
 			return le, res, err
@@ -161,7 +162,8 @@ type subscription struct {
 
 // A waiter is one waiter's place in its process's line.
 type waiter struct {
-	tk    *ticket
+	tk    *ticket   // its until is the process's line's (see lineUntil): only the waiter's goroutine reads or writes it
+	until time.Time // the waiter's own deadline (zero if none)
 	wake  <-chan struct{}
 	turn  chan struct{} // closed once it is first in this process
 	room  int           // set before turn is closed: the room the one before it left, if the ticket stays first
@@ -206,7 +208,7 @@ func (w *wakes) join(ctx context.Context, channel string, at int64, until time.T
 	if len(s.line) == 0 {
 		s.ticket, s.first = newToken(), false // a late leaveLine of the one before never drops it
 	}
-	me := &waiter{tk: &ticket{id: s.ticket, arrival: w.arrivals.next(at), until: until}, wake: s.wake, turn: make(chan struct{})}
+	me := &waiter{tk: &ticket{id: s.ticket, arrival: w.arrivals.next(at)}, until: until, wake: s.wake, turn: make(chan struct{})}
 	s.line = append(s.line, me)
 	if len(s.line) == 1 {
 		close(me.turn)
@@ -223,6 +225,34 @@ func (w *wakes) join(ctx context.Context, channel string, at int64, until time.T
 		return successor, first
 	}
 	return me, nil
+}
+
+// lineUntil is how long this process's ticket on channel is to live: as
+// long as the last deadline of its waiters (zero if one has none), so
+// that the process keeps its place in Redis's line while its first waiter
+// gives up and the next one takes its ticket, and no longer than its
+// waiters wait.
+func (w *wakes) lineUntil(channel string) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s := w.subs[channel]; s != nil {
+		return s.until()
+	}
+	return time.Time{}
+}
+
+// until is lineUntil's, for s; the wakes' mu is held.
+func (s *subscription) until() time.Time {
+	var last time.Time
+	for _, me := range s.line {
+		if me.until.IsZero() {
+			return time.Time{}
+		}
+		if me.until.After(last) {
+			last = me.until
+		}
+	}
+	return last
 }
 
 // subscribe returns channel's subscription, made if missing; w.mu is held.
@@ -270,8 +300,10 @@ func (s *subscription) leave(me *waiter, room int, nextArrival float64) (success
 	if next.tk.arrival < nextArrival {
 		next.room = room
 	}
+	passed := *next.tk // for the leaver's goroutine: next's own is next's
+	passed.until = s.until()
 	close(next.turn)
-	return next.tk, true
+	return &passed, true
 }
 
 // joinFailed is the error of a waiter that could not join its line: a
