@@ -13,9 +13,10 @@ import (
 //	TIME
 //	per set:  ZREMRANGEBYSCORE set -inf (now          the expired leases
 //	          ZRANGE set 0 0 WITHSCORES               the earliest deadline
+//	          ZCARD set                               the room before it writes
 //	the line: ZREMRANGEBYSCORE qd -inf (now; [ZADD qd life ticket];
-//	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q NX arrival ticket]
-//	          ZRANGE q 0 1                            who is first in line, and next
+//	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q GT arrival ticket]
+//	          PEXPIREAT q, qd; ZRANGE q 0 1 WITHSCORES  who is first in line, and next
 //	if it writes, per set:
 //	          ZADD set 2^52 m1..mn                    pending: ranked last
 //	          ZREMRANGEBYRANK set limit -1            the cap: only ours go

@@ -25,8 +25,8 @@ import (
 //	P:{R}:if:r:L      the resource's leases: one member C.T.n.i per unit i of weight,
 //	                  scored by the lease's deadline (Redis ms)
 //	P:{R}:if:c:L:C    the same, for client c's limit
-//	P:{R}:if:q        the waiters' tickets, scored by arrival
-//	P:{R}:if:qd       the same tickets, scored by the deadline of their waiter's last sign of life
+//	P:{R}:if:q        one ticket per process with waiters, scored by its first waiter's arrival
+//	P:{R}:if:qd       the same tickets, scored by the deadline of that waiter's last sign of life
 //	P:{R}:if:wake     the channel on which a waiter is told that its turn came
 //
 // The hash tag {R} puts every key of a call in one cluster slot.
@@ -67,7 +67,8 @@ const pending = 1 << 52
 // keyLife is how long a set or queue outlives the latest deadline in it.
 const keyLife = time.Second
 
-// A ticket is a waiter's place in line.
+// A ticket is a process's place in Redis's line, as its first waiter
+// holds it.
 type ticket struct {
 	id      string
 	arrival float64   // its place in line: see arrivals
