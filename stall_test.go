@@ -19,39 +19,69 @@ import (
 	"github.com/leakybucket/leakybucket/internal/txn"
 )
 
-// stallRounds is how many pairs of admissions TestStallBeforeSend checks
-// per strategy, alternating stalls of 20 and 40 ms.
+// stallRounds is how many pairs of admissions TestStallBeforeSend and
+// TestStallBeforeSendFixed check per strategy and lag.
 const stallRounds = 10
 
-// A process that stalls between stamping a batch and sending it (a GC
-// pause, a starved CPU: here a hook that sleeps before MULTI, until the
-// first call is admitted, and not after) never has two calls of Per(1,
-// time.Second) admitted within one second of Redis's time: each call
-// counts from no earlier than the transaction that recorded it. The check
-// allows 1 ms for Redis's clock, which the strategies read in whole
-// milliseconds.
+// stallLags are the lags they put between stamping a decision and sending
+// it: under a millisecond, one or two (a transaction Redis runs in a later
+// millisecond than its stamp's), and tens (a GC pause, a starved CPU).
+var stallLags = []time.Duration{500 * time.Microsecond, ms, 1500 * time.Microsecond, 2 * ms, 20 * ms, 40 * ms}
+
+// A process that stalls between stamping a batch and sending it (here a
+// hook that sleeps before MULTI, until the first call is admitted, and not
+// after) never has two calls of Per(1, time.Second) admitted within one
+// second of Redis's time: each call counts from no earlier than the
+// transaction that recorded it. Each lag has a client, a hook and a
+// Bucket of its own, and runs beside the others. The check allows 1 ms for
+// Redis's clock, which the strategies read in whole milliseconds.
 func TestStallBeforeSend(t *testing.T) {
-	eachOf(t, []Strategy{Logs, SortedSet, Windows(50 * ms)}, func(t *testing.T, e *env) {
+	eachOf(t, []Strategy{Logs, SortedSet, Windows(50 * ms), Windows(ms)}, func(t *testing.T, e *env) {
 		e.needsRedis(t, "the stall is a Redis client's hook")
-		hook := &stallHook{}
-		e.addHook(hook)
-		for round := range stallRounds {
-			stall := 20 * ms
-			if round%2 == 1 {
-				stall = 40 * ms
-			}
-			hook.stall.Store(int64(stall))
+		eachLag(t, e, PerClient(Per(1, time.Second)), func(round int, lag time.Duration, b *Bucket, hook *stallHook) error {
 			// Each round stamps its first call at another point of an
 			// interval, so that on fake time too some stalls cross into
 			// the next one.
 			time.Sleep(time.Duration(round*13%50) * ms)
-			b := e.bucket(t, PerClient(Per(1, time.Second)))
-			first, second := admitTwice(t, b, hook, fmt.Sprint("stall", round))
-			if gap := second.Sub(first); gap < time.Second-ms {
-				t.Errorf("round %d, a stall of %v: two calls admitted %v apart in Redis time, want at least 1s", round, stall, gap)
+			first, second, err := admitTwice(b, hook, fmt.Sprint("stall", lag, round))
+			if err == nil && second.Sub(first) < time.Second-ms {
+				err = fmt.Errorf("two calls admitted %v apart in Redis time, want at least 1s", second.Sub(first))
 			}
-		}
+			return err
+		})
 	})
+}
+
+// eachLag runs stallRounds rounds of round for each of stallLags, the lags
+// side by side, each on a client of e's server with a stallHook of its own
+// that stalls its decisions by the lag, and a Bucket of rule on it. A
+// round's error fails the test, naming its lag and round.
+func eachLag(t *testing.T, e *env, rule Option, round func(round int, lag time.Duration, b *Bucket, hook *stallHook) error) {
+	t.Helper()
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed []string
+	)
+	for _, lag := range stallLags {
+		client, hook := e.secondClient(t), &stallHook{}
+		addHookOn(client, hook)
+		b := e.bucketOn(t, client, rule)
+		wg.Go(func() {
+			for r := range stallRounds {
+				hook.stall.Store(int64(lag))
+				if err := round(r, lag, b, hook); err != nil {
+					mu.Lock()
+					failed = append(failed, fmt.Sprintf("a stall of %v, round %d: %v", lag, r, err))
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, f := range failed {
+		t.Error(f)
+	}
 }
 
 // Under FixedWindows a call counts in the window of its stamp, unless
@@ -63,50 +93,43 @@ func TestStallBeforeSend(t *testing.T) {
 func TestStallBeforeSendFixed(t *testing.T) {
 	eachOf(t, []Strategy{FixedWindows}, func(t *testing.T, e *env) {
 		e.needsRedis(t, "the stall is a Redis client's hook")
-		hook := &stallHook{}
-		e.addHook(hook)
 		const window = 250 * ms
-		for round := range stallRounds {
-			stall := 20 * ms
-			if round%2 == 1 {
-				stall = 40 * ms
-			}
-			b := e.bucket(t, PerClient(Per(1, window)))
-			resource := fmt.Sprint("stall", round)
+		eachLag(t, e, PerClient(Per(1, window)), func(round int, lag time.Duration, b *Bucket, hook *stallHook) error {
+			resource := fmt.Sprint("stall", lag, round)
+			hook.stall.Store(0)
 			if _, err := b.Peek(context.Background(), resource, "c"); err != nil { // the first estimate of Redis's clock
-				t.Fatal(err)
+				return err
 			}
 			// Stamped half the stall before a window starts, run after.
-			time.Sleep(time.Until(time.Now().Truncate(window).Add(window - stall/2)))
-			hook.stall.Store(int64(stall))
-			first, second := admitTwice(t, b, hook, resource)
-			if first.UnixMilli()/window.Milliseconds() == second.UnixMilli()/window.Milliseconds() && first.UnixMilli()%window.Milliseconds() > 1 {
-				t.Errorf("round %d, a stall of %v: two calls admitted at %v and %v of Redis time, in one fixed window of %v", round, stall, first, second, window)
+			time.Sleep(time.Until(time.Now().Truncate(window).Add(window - lag/2)))
+			hook.stall.Store(int64(lag))
+			first, second, err := admitTwice(b, hook, resource)
+			if err == nil && first.UnixMilli()/window.Milliseconds() == second.UnixMilli()/window.Milliseconds() && first.UnixMilli()%window.Milliseconds() > 1 {
+				err = fmt.Errorf("two calls admitted at %v and %v of Redis time, in one fixed window of %v", first, second, window)
 			}
-		}
+			return err
+		})
 	})
 }
 
 // admitTwice calls b until two calls of resource are admitted, and returns
 // the Redis time of the decision of each.
-func admitTwice(t *testing.T, b *Bucket, hook *stallHook, resource string) (first, second time.Time) {
-	t.Helper()
+func admitTwice(b *Bucket, hook *stallHook, resource string) (first, second time.Time, err error) {
 	var at []time.Time
 	for range 2000 {
 		res, err := b.Allow(context.Background(), resource, "c")
 		if err != nil {
-			t.Fatal(err)
+			return first, second, err
 		}
 		if res.Allowed {
 			hook.stall.Store(0) // the next admission's decision is not late
 			if at = append(at, hook.latest()); len(at) == 2 {
-				return at[0], at[1]
+				return at[0], at[1], nil
 			}
 		}
 		time.Sleep(5 * ms)
 	}
-	t.Fatalf("%d admissions in 2000 calls, want 2", len(at))
-	return
+	return first, second, fmt.Errorf("%d admissions in 2000 calls, want 2", len(at))
 }
 
 // stallHook sleeps for stall before each transaction it sends, or until
