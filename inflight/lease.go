@@ -84,7 +84,7 @@ func (le *Lease) setDeadline(d time.Time) {
 // ParseID reads an ID, as Limiter.Release does. The lease it returns
 // belongs to no Limiter: use Limiter.Release.
 func ParseID(id string) (*Lease, error) {
-	bad := fmt.Errorf("%w: lease id %q", ErrInvalid, id)
+	bad := fmt.Errorf("%w: lease id %q: want one that Lease.ID returned", ErrInvalid, id)
 	parts := strings.Split(id, ".")
 	if len(parts) != 4 || parts[2] == "" {
 		return nil, bad
@@ -154,10 +154,10 @@ func (le *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return errNilLease
 	}
 	if ttl < time.Millisecond {
-		return fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)
+		return fmt.Errorf("%w: Extend(%v): want a time to live of 1ms or more", ErrInvalid, ttl)
 	}
 	if le.limiter == nil {
-		return fmt.Errorf("%w: a lease from ParseID", ErrInvalid)
+		return fmt.Errorf("%w: a lease from ParseID: use Limiter.Release, or extend the Lease that Acquire returned", ErrInvalid)
 	}
 	return le.limiter.store.extend(ctx, le, ttl)
 }
