@@ -169,21 +169,28 @@ func retryAfter(res leakybucket.Result) int64 {
 	return max(ceilSeconds(res.RetryAfter), 1)
 }
 
-// reset returns the RateLimit field's t for a rule, and whether it has
-// one. On an admitted call: the seconds until every call the rule counts
-// has left its window, so that its quota is all back; none if it counts
-// nothing. On a denied call: for a rule that denied, the seconds until it
-// has room for the call (so never later than Retry-After); none for a rule
-// that had room, whose own time would say nothing of when the request may
-// come back, nor for one that can never hold it (RetryAfter Never).
-func reset(rr leakybucket.RuleResult, allowed bool) (t int64, ok bool) {
+// reset returns the RateLimit field's t for a rule of res, and whether it
+// has one. For a rule that denied res for now: the seconds until it has
+// room for the call (so never later than Retry-After). On a denial with a
+// Retry-After, none for a rule that had room, whose own time would say
+// nothing of when the request may come back. Else (an admitted call, or
+// one that can never be, which has no Retry-After to contradict): the
+// seconds until every call the rule counts has left its window, so that
+// its quota is all back; none if it counts nothing.
+func reset(rr leakybucket.RuleResult, res leakybucket.Result) (t int64, ok bool) {
 	switch {
-	case !allowed:
-		return ceilSeconds(rr.RetryAfter), rr.RetryAfter > 0
-	case rr.ResetAfter > 0:
-		return ceilSeconds(rr.ResetAfter), true
+	case !res.Allowed && rr.RetryAfter > 0:
+		return ceilSeconds(rr.RetryAfter), true
+	case !res.Allowed && res.RetryAfter != leakybucket.Never:
+		return 0, false
 	}
-	return 0, false
+	return resetAll(rr)
+}
+
+// resetAll is the seconds until rr's quota is all back, if it counts
+// anything.
+func resetAll(rr leakybucket.RuleResult) (t int64, ok bool) {
+	return ceilSeconds(rr.ResetAfter), rr.ResetAfter > 0
 }
 
 // write sets the RateLimit fields of res on h for the rules shown, and
@@ -196,7 +203,7 @@ func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
 	for j, i := range p.shown {
 		rr := res.Rules[i]
 		items[j] = p.quoted[i] + ";r=" + strconv.Itoa(rr.Remaining)
-		if t, ok := reset(rr, res.Allowed); ok {
+		if t, ok := reset(rr, res); ok {
 			items[j] += ";t=" + strconv.FormatInt(t, 10)
 		}
 	}
@@ -209,7 +216,7 @@ func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
 
 // writeLegacy sets draft -06's trio for rr, the rule closest to its limit.
 func writeLegacy(h http.Header, rr leakybucket.RuleResult, res leakybucket.Result) {
-	t, _ := reset(rr, true)
+	t, _ := resetAll(rr)
 	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		t = retryAfter(res) // -06: Reset names the same time as Retry-After
 	}

@@ -22,7 +22,9 @@
 // that denied only, the seconds until each has room for the request (at
 // most Retry-After); a policy that had room has no t there, since the
 // request is not counted and Retry-After, not that policy, says when to
-// come back. WithoutResourcePolicies leaves the per-resource rules out.
+// come back. A request that can never pass has no Retry-After: each
+// policy whose quota is in use has its t, as on an admitted request.
+// WithoutResourcePolicies leaves the per-resource rules out.
 //
 // A denied request gets 429 Too Many Requests with Retry-After in whole
 // seconds, rounded up (never 0), and a text body, or with

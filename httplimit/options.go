@@ -137,8 +137,8 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 //
 // A cost above the Requests of a rule can never be admitted: the request
 // is denied (429, the denied handler), with the RateLimit fields as they
-// stand (r: what remains; no t for a policy that can never hold it) and no
-// Retry-After, since no wait lets it pass; DeniedPolicies names the
+// stand (r: what remains; t: when the quota of each policy in use is all
+// back) and no Retry-After, since no wait lets it pass; DeniedPolicies names the
 // policies it is too heavy for (and any full for now), and
 // WithProblemDetails says that it costs more than the quota. A cost of 0
 // is served uncounted, with the fields as they stand (one read, within
