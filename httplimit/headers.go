@@ -19,7 +19,16 @@ const (
 	headerLimit      = "RateLimit-Limit"     // draft -06
 	headerRemaining  = "RateLimit-Remaining" // draft -06
 	headerReset      = "RateLimit-Reset"     // draft -06
+	headerXLimit     = "X-RateLimit-Limit"     // go-chi/httprate
+	headerXRemaining = "X-RateLimit-Remaining" // go-chi/httprate
+	headerXReset     = "X-RateLimit-Reset"     // go-chi/httprate: a Unix time
 )
+
+// extraFields are the fields set beside draft -10's.
+type extraFields struct {
+	legacy   bool // WithLegacyHeaders: draft -06's
+	httprate bool // WithHTTPRateHeaders: go-chi/httprate's
+}
 
 // policies are the Bucket's rules as the RateLimit fields name them.
 type policies struct {
@@ -194,8 +203,8 @@ func resetAll(rr leakybucket.RuleResult) (t int64, ok bool) {
 }
 
 // write sets the RateLimit fields of res on h for the rules shown, and
-// with legacy those of draft -06.
-func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
+// the extra ones asked for.
+func (p policies) write(h http.Header, res leakybucket.Result, extra extraFields) {
 	if len(p.shown) == 0 {
 		return
 	}
@@ -209,8 +218,11 @@ func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
 	}
 	h.Set(headerPolicy, p.fieldFor(res))
 	h.Set(headerRateLimit, strings.Join(items, ", "))
-	if legacy {
+	if extra.legacy {
 		writeLegacy(h, p.closest(res), res)
+	}
+	if extra.httprate {
+		writeHTTPRate(h, p.closest(res), res, time.Now())
 	}
 }
 
@@ -223,6 +235,22 @@ func writeLegacy(h http.Header, rr leakybucket.RuleResult, res leakybucket.Resul
 	h.Set(headerLimit, strconv.Itoa(rr.Rule.Limit.Requests))
 	h.Set(headerRemaining, strconv.Itoa(rr.Remaining))
 	h.Set(headerReset, strconv.FormatInt(t, 10))
+}
+
+// writeHTTPRate sets go-chi/httprate's fields for rr, the rule closest to
+// its limit, as of now: X-RateLimit-Reset is the Unix time, rounded up to
+// the next whole second, when rr's quota is all back or, on a denial with
+// a Retry-After, when the request may come back; so it is always after
+// now, as httprate's end of window is. (httprate's Retry-After, on a
+// denial, is the middleware's own.)
+func writeHTTPRate(h http.Header, rr leakybucket.RuleResult, res leakybucket.Result, now time.Time) {
+	wait := rr.ResetAfter
+	if !res.Allowed && res.RetryAfter != leakybucket.Never {
+		wait = res.RetryAfter
+	}
+	h.Set(headerXLimit, strconv.Itoa(rr.Rule.Limit.Requests))
+	h.Set(headerXRemaining, strconv.Itoa(rr.Remaining))
+	h.Set(headerXReset, strconv.FormatInt(now.Add(wait).Unix()+1, 10))
 }
 
 // closest returns, of the rules shown, the one that waits longest on a
@@ -263,7 +291,7 @@ func Fields(res leakybucket.Result) (policy, rateLimit, retry string) {
 	}
 	p, _ := newPolicies(rules, nil, false) // default names always fit
 	h := http.Header{}
-	p.write(h, res, false)
+	p.write(h, res, extraFields{})
 	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		retry = strconv.FormatInt(retryAfter(res), 10)
 	}
