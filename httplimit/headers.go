@@ -16,9 +16,9 @@ const (
 	headerPolicy     = "RateLimit-Policy"
 	headerRateLimit  = "RateLimit"
 	headerRetryAfter = "Retry-After"
-	headerLimit      = "RateLimit-Limit"     // draft -06
-	headerRemaining  = "RateLimit-Remaining" // draft -06
-	headerReset      = "RateLimit-Reset"     // draft -06
+	headerLimit      = "RateLimit-Limit"       // draft -06
+	headerRemaining  = "RateLimit-Remaining"   // draft -06
+	headerReset      = "RateLimit-Reset"       // draft -06
 	headerXLimit     = "X-RateLimit-Limit"     // go-chi/httprate
 	headerXRemaining = "X-RateLimit-Remaining" // go-chi/httprate
 	headerXReset     = "X-RateLimit-Reset"     // go-chi/httprate: a Unix time
