@@ -27,6 +27,13 @@ func TestNilLease(t *testing.T) {
 	if ok || err != nil || le != nil {
 		t.Fatalf("TryAcquire with no room = %v, %v, %v; want a nil Lease, false, nil", le, ok, err)
 	}
+	checkNilLease(t, le)
+}
+
+// checkNilLease checks what the methods of le, a nil Lease, say.
+func checkNilLease(t *testing.T, le *Lease) {
+	t.Helper()
+	ctx := context.Background()
 	if err := le.Release(ctx); !errors.Is(err, ErrNotHeld) {
 		t.Errorf("nil Release = %v, want ErrNotHeld", err)
 	}
@@ -41,8 +48,13 @@ func TestNilLease(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("nil KeepAlive said nothing")
 	}
-	if le.ID() != "" || le.Resource() != "" || le.Client() != "" || le.Weight() != 0 || !le.Deadline().IsZero() {
-		t.Errorf("nil accessors: %q %q %q %d %v, want zero values", le.ID(), le.Resource(), le.Client(), le.Weight(), le.Deadline())
+	type accessors struct {
+		id, resource, client string
+		weight               int
+		deadline             time.Time
+	}
+	if got := (accessors{le.ID(), le.Resource(), le.Client(), le.Weight(), le.Deadline()}); got != (accessors{}) {
+		t.Errorf("nil accessors: %+v, want zero values", got)
 	}
 }
 

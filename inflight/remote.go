@@ -162,10 +162,10 @@ func (r *remote) siteOf(ctx context.Context, resource string) (site, error) {
 // await runs f in the background and returns its result, as the Bucket
 // waits for a decision (see package breaker): once it has waited
 // SuspectAfter, the breaker's probe looks whether the server is gone
-// (go-redis retries a refused dial for half a second and more, the
-// probe's is refused at once); should ctx end, or the breaker open,
-// first, it returns false at once, and late, if not nil, gets f's result
-// once it comes.
+// (with its default options go-redis retries a refused dial for hundreds
+// of milliseconds, the probe's is refused at once); should ctx end, or
+// the breaker open, first, it returns false at once, and late, if not
+// nil, gets f's result once it comes.
 func await[T any](ctx context.Context, st site, f func() T, late func(T)) (T, bool) {
 	defer st.br.Suspecting()()
 	done := make(chan T, 1)
