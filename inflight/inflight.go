@@ -37,8 +37,9 @@ var (
 	// ErrExpired: the lease's time to live ran out before it was released
 	// or extended: it had stopped counting, and others may hold its room.
 	ErrExpired = errors.New("inflight: lease expired")
-	// ErrNotHeld: no such lease is held: it was released already, or the
-	// id names no lease this limiter gave.
+	// ErrNotHeld: no such lease is held: it was released already, the id
+	// names no lease this limiter gave, or the Lease is nil (none was
+	// acquired).
 	ErrNotHeld = errors.New("inflight: lease not held")
 	// ErrInvalid: bad input, and the text says which and what would be
 	// accepted: no limit, or one outside [1, MaxLimit] (New, NewLocal); a
