@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -16,11 +17,11 @@ import (
 // from its description, not its code. The free permits are a counter; the
 // held ones, each a random id, are a sorted set scored by the lease's
 // expiry. An acquisition is one script: it takes the expired leases back
-// into the counter (lazily: nothing else reclaims them), then takes a
-// permit if the counter has one, else returns how long until the earliest
-// lease expires. A release is one script: it removes the lease and, if it
-// was held, gives its permit back and publishes on the semaphore's
-// channel. A waiter subscribes to that channel, as Redisson's do: each
+// into the counter (lazily: nothing else reclaims them), then takes the
+// lease's permits (n, named in its id "n:uuid", as Redisson's acquire(n))
+// if the counter has them, else returns how long until the earliest lease
+// expires. A release is one script: it removes the lease and, if it was
+// held, gives its permits back and publishes on the semaphore's channel. A waiter subscribes to that channel, as Redisson's do: each
 // message wakes one waiter, which tries again; without one, it tries again
 // when the earliest lease expires.
 type luaSemaphore struct {
@@ -35,20 +36,25 @@ type luaSemaphore struct {
 }
 
 // luaAcquire: KEYS: the counter, the sorted set, the channel; ARGV: the
-// new lease's id, its time to live in ms. Returns 0 when it took a permit,
-// else the ms until the earliest lease expires (at least 1). Times are
-// Redis's clock's.
+// new lease's id ("n:uuid", n its permits), its time to live in ms.
+// Returns 0 when it took its permits, else the ms until the earliest
+// lease expires (at least 1). Times are Redis's clock's.
 var luaAcquire = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 if #expired > 0 then
+  local freed = 0
+  for _, id in ipairs(expired) do
+    freed = freed + tonumber(string.match(id, '^(%d+):'))
+  end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  redis.call('INCRBY', KEYS[1], #expired)
-  redis.call('PUBLISH', KEYS[3], #expired)
+  redis.call('INCRBY', KEYS[1], freed)
+  redis.call('PUBLISH', KEYS[3], freed)
 end
-if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then
-  redis.call('DECR', KEYS[1])
+local n = tonumber(string.match(ARGV[1], '^(%d+):'))
+if tonumber(redis.call('GET', KEYS[1]) or '0') >= n then
+  redis.call('DECRBY', KEYS[1], n)
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
   return 0
 end
@@ -65,8 +71,9 @@ var luaRelease = redis.NewScript(`
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
   return 0
 end
-redis.call('INCR', KEYS[1])
-redis.call('PUBLISH', KEYS[3], 1)
+local n = tonumber(string.match(ARGV[1], '^(%d+):'))
+redis.call('INCRBY', KEYS[1], n)
+redis.call('PUBLISH', KEYS[3], n)
 return 1
 `)
 
@@ -106,10 +113,12 @@ func (s *luaSemaphore) listen(msgs <-chan *redis.Message) {
 	}
 }
 
-// acquire counts itself among the waiters before its first try, so that
-// no message sent after that try is lost to it.
-func (s *luaSemaphore) acquire(ctx context.Context) (any, error) {
-	id := uuid.NewString()
+func (s *luaSemaphore) acquire(ctx context.Context) (any, error) { return s.acquireN(ctx, 1) }
+
+// acquireN takes n permits; it counts itself among the waiters before its
+// first try, so that no message sent after that try is lost to it.
+func (s *luaSemaphore) acquireN(ctx context.Context, n int) (any, error) {
+	id := strconv.Itoa(n) + ":" + uuid.NewString()
 	ttl := leaseTTL.Milliseconds()
 	s.waiting.Add(1)
 	defer s.waiting.Add(-1)

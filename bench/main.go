@@ -118,11 +118,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 func (f flags) config() (config, error) {
 	cfg := config{timeout: f.timeout, window: f.window, limits: throughputLimits, quick: f.quick, out: f.out,
 		workloads: fullWorkloads(), cell: 4 * time.Second, hammer: fullHammer, noisy: fullNoisy, costLimits: fullCostLimits,
-		abuser: fullAbuser, procs: fullProcs, steady: fullSteady, memory: fullMemory, inflight: fullInflight, replicas: fullReplicas}
+		abuser: fullAbuser, procs: fullProcs, steady: fullSteady, memory: fullMemory, inflight: fullInflight, contention: fullContention, replicas: fullReplicas}
 	if f.quick {
 		cfg.workloads, cfg.cell, cfg.hammer, cfg.noisy = quickWorkloads(), 150*time.Millisecond, quickHammer, quickNoisy
 		cfg.costLimits, cfg.abuser, cfg.procs, cfg.steady, cfg.memory = quickCostLimits, quickAbuser, quickProcs, quickSteady, quickMemory
-		cfg.inflight, cfg.replicas = quickInflight, quickReplicas
+		cfg.inflight, cfg.contention, cfg.replicas = quickInflight, quickContention, quickReplicas
 	} else if cfg.out == "" {
 		cfg.out = "."
 	}

@@ -29,6 +29,7 @@ type config struct {
 	steady     []steadySpec
 	memory     memorySpec
 	inflight   []inflightSpec
+	contention []contentionSpec
 	replicas   []replicasSpec
 	costLimits []int  // of the SortedSet cost table
 	out        string // where BENCHMARKS.md and the PNG go; "" for nowhere
@@ -139,17 +140,18 @@ func (r *runner) sideOf(im impl) *side {
 
 // results is what one run measured, table by table, in the order they run.
 type results struct {
-	rows      []row // the throughput table
-	steady    []steadyRow
-	hammer    []hammerRow
-	noisy     []noisyRow
-	abuser    []abuserRow
-	procs     []procsRow
-	cost      []costRow // SortedSet's cost by limit
-	memory    []memoryRow
-	inProcess []inProcessRow // NewLocal
-	inflight  []inflightRow  // package inflight's acquisitions and releases
-	replicas  []replicasRow  // WithReplicas beside the default
+	rows       []row // the throughput table
+	steady     []steadyRow
+	hammer     []hammerRow
+	noisy      []noisyRow
+	abuser     []abuserRow
+	procs      []procsRow
+	cost       []costRow // SortedSet's cost by limit
+	memory     []memoryRow
+	inProcess  []inProcessRow  // NewLocal
+	inflight   []inflightRow   // package inflight's acquisitions and releases
+	contention []contentionRow // the same under short waits from several clients
+	replicas   []replicasRow   // WithReplicas beside the default
 }
 
 // impls are the implementations that -impl selects and keep keeps.

@@ -97,7 +97,7 @@ func overAdmitted[R any](rep report[R], rows []R) []string {
 // reported; replicas is last: its replica stays attached to the library's
 // server until it ends.
 var benchTables = []table{throughputTable, steadyTable, hammerTable, noisyTable, abuserTable, procsTable,
-	costTable, memoryTable, inProcessTable, inflightTable, replicasTable}
+	costTable, memoryTable, inProcessTable, inflightTable, contentionTable, replicasTable}
 
 // tableNames are the tables' names, for -table.
 func tableNames() []string {

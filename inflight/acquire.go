@@ -2,6 +2,7 @@ package inflight
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/leakybucket/leakybucket/internal/txn"
@@ -12,9 +13,10 @@ import (
 //	TIME
 //	per set:  ZREMRANGEBYSCORE set -inf (now          the expired leases
 //	          ZRANGE set 0 0 WITHSCORES               the earliest deadline
+//	          ZCARD set                               the room before it writes
 //	the line: ZREMRANGEBYSCORE qd -inf (now; [ZADD qd life ticket];
-//	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q NX arrival ticket]
-//	          ZRANGE q 0 1                            who is first in line, and next
+//	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q GT arrival ticket]
+//	          PEXPIREAT q, qd; ZRANGE q 0 1 WITHSCORES  who is first in line, and next
 //	if it writes, per set:
 //	          ZADD set 2^52 m1..mn                    pending: ranked last
 //	          ZREMRANGEBYRANK set limit -1            the cap: only ours go
@@ -27,6 +29,7 @@ import (
 // line in a transaction of its own, which tells the next one.
 type attempt struct {
 	st       site
+	sets     []zset
 	le       *Lease
 	tk       *ticket
 	write    bool
@@ -36,16 +39,19 @@ type attempt struct {
 	t        *txn.Txn
 	time     int
 	earliest []int
+	held     []int // each set's size before the attempt writes
 	line     int
 	capped   []int
 }
 
 // attemptResult is what an attempt learned.
 type attemptResult struct {
-	admitted   bool
-	head, next string // the first two tickets in line, "" if none
-	earliest   int64  // the earliest deadline held, 0 if none
-	now        int64  // Redis's time (ms)
+	admitted    bool
+	head, next  string  // the first two tickets in line, "" if none
+	nextArrival float64 // next's arrival, +Inf if none
+	earliest    int64   // the earliest deadline held, 0 if none
+	room        int     // the weight that fitted under every limit before the attempt wrote
+	now         int64   // Redis's time (ms)
 }
 
 func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64) *attempt {
@@ -53,9 +59,11 @@ func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64
 	t := a.t
 	a.time = t.Add("time")
 	sets := r.sets(st.space, le.client)
+	a.sets = sets
 	for _, z := range sets {
 		t.Add("zremrangebyscore", z.key, "-inf", "("+itoa(at))
 		a.earliest = append(a.earliest, t.Add("zrange", z.key, 0, 0, "withscores"))
+		a.held = append(a.held, t.Add("zcard", z.key))
 	}
 	var life int64
 	if tk != nil {
@@ -94,8 +102,8 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 			return attemptResult{}, a.write, err // kept, perhaps: take it back
 		}
 	}
-	res := attemptResult{earliest: a.earliestHeld()}
-	res.head, res.next = a.firstInLine()
+	res := attemptResult{earliest: a.earliestHeld(), room: a.room()}
+	res.head, res.next, res.nextArrival = a.firstInLine()
 	removed := 0
 	for _, i := range a.capped {
 		removed += int(txn.ReplyInt(a.t.Replies[i]))
@@ -106,16 +114,37 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 	return res, kept && !res.admitted, nil
 }
 
-// firstInLine reads the first two tickets in line ("" if none).
-func (a *attempt) firstInLine() (head, next string) {
+// firstInLine reads the first two tickets in line ("" if none), and the
+// second one's arrival (+Inf if none).
+func (a *attempt) firstInLine() (head, next string, nextArrival float64) {
 	line, _ := a.t.Replies[a.line].([]any)
-	if len(line) > 0 {
-		head = txn.ReplyString(line[0])
+	var names []string
+	for i := 0; i < len(line); i++ {
+		if pair, ok := line[i].([]any); ok && len(pair) == 2 { // RESP3: [member, score]
+			names = append(names, txn.ReplyString(pair[0]))
+			continue
+		}
+		names = append(names, txn.ReplyString(line[i])) // RESP2: member, score, ...
+		i++
 	}
-	if len(line) > 1 {
-		next = txn.ReplyString(line[1])
+	scores := txn.ReplyScores(line)
+	nextArrival = math.Inf(1)
+	if len(names) > 0 {
+		head = names[0]
 	}
-	return head, next
+	if len(names) > 1 && len(scores) > 1 {
+		next, nextArrival = names[1], scores[1]
+	}
+	return head, next, nextArrival
+}
+
+// room reads the weight that fitted under every limit, before a wrote.
+func (a *attempt) room() int {
+	room := MaxLimit
+	for i, z := range a.sets {
+		room = min(room, z.limit-int(txn.ReplyInt(a.t.Replies[a.held[i]])))
+	}
+	return room
 }
 
 // earliestHeld reads the earliest deadline held in any set (0 if none).
@@ -129,15 +158,20 @@ func (a *attempt) earliestHeld() int64 {
 	return earliest
 }
 
-// lostAttempt is what to do once a's reply is lost: the members it may
-// have written must not stay held, so they are taken back once Redis has
-// run what it read. An attempt that only looks wrote none.
-func (r *remote) lostAttempt(a *attempt) func() {
+// lostAttempt is what to do once a's caller has its answer without a's
+// reply: the members it may have written must not stay held. One that
+// ran after its caller left is taken back at once, as waiters that give
+// up leave often under contention, and every member left behind refuses
+// others; one whose reply was lost, once Redis has run what it read. An
+// attempt that only looks wrote none.
+func (r *remote) lostAttempt(a *attempt) func(ran bool) {
 	if !a.write {
 		return nil
 	}
-	return func() {
-		a.t.Resolve(a.st.node, false)
+	return func(ran bool) {
+		if !ran {
+			a.t.Resolve(a.st.node, false)
+		}
 		r.takeBack(a.le, nil, true)
 	}
 }
@@ -155,9 +189,6 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 	at, err := st.stamp(ctx)
 	if err != nil {
 		return nil, attemptResult{}, st.settle(ctx, err)
-	}
-	if tk != nil && tk.arrival == 0 {
-		tk.arrival = r.arrivals.next(at)
 	}
 	a := r.newAttempt(st, le, tk, write, at)
 	sent := time.Now()

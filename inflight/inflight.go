@@ -339,7 +339,7 @@ func (l *Limiter) Held(ctx context.Context, resource string) (Usage, error) {
 type Usage struct {
 	Limit   int      // the per-resource limit (0 if none)
 	Held    int      // the weight held, by every client
-	Waiters int      // how many wait in line
+	Waiters int      // how many wait in line (on Redis: each process's first, and this process's others)
 	Holders []Holder // the live leases, soonest deadline first
 }
 
@@ -357,7 +357,7 @@ type Holder struct {
 // prefix, so `~prefix:*` and `&prefix:*` grant them. None is a script.
 var Commands = []string{
 	"multi", "exec", "time", // every transaction
-	"zremrangebyscore", "zrange", "zadd", "zremrangebyrank", "pexpireat", "zinterstore", // acquire
+	"zremrangebyscore", "zrange", "zcard", "zadd", "zremrangebyrank", "pexpireat", "zinterstore", // acquire
 	"zrem", "zscore", "publish", // release, extend, take-backs
 	"subscribe", "unsubscribe", "ping", // waiting (ping: the subscription's health check)
 	"zrangebyscore", "zcount", // Held

@@ -135,7 +135,7 @@ func (r *remote) held(ctx context.Context, resource string) (Usage, error) {
 			u.Held += h.Weight
 		}
 	}
-	u.Waiters = int(waiters.Val())
+	u.Waiters = int(waiters.Val()) + r.wakes.behind(st.channel())
 	slices.SortFunc(u.Holders, func(a, b Holder) int { return a.Deadline.Compare(b.Deadline) })
 	return u, nil
 }

@@ -25,8 +25,8 @@ import (
 //	P:{R}:if:r:L      the resource's leases: one member C.T.n.i per unit i of weight,
 //	                  scored by the lease's deadline (Redis ms)
 //	P:{R}:if:c:L:C    the same, for client c's limit
-//	P:{R}:if:q        the waiters' tickets, scored by arrival
-//	P:{R}:if:qd       the same tickets, scored by the deadline of their waiter's last sign of life
+//	P:{R}:if:q        one ticket per process with waiters, scored by its first waiter's arrival
+//	P:{R}:if:qd       the same tickets, scored by the deadline of that waiter's last sign of life
 //	P:{R}:if:wake     the channel on which a waiter is told that its turn came
 //
 // The hash tag {R} puts every key of a call in one cluster slot.
@@ -36,7 +36,6 @@ type remote struct {
 	clocks   clock.Set
 	breakers breaker.Breakers
 	wakes    *wakes
-	arrivals arrivals
 }
 
 func newRemote(rdb redis.UniversalClient, cfg config) (*remote, error) {
@@ -68,7 +67,8 @@ const pending = 1 << 52
 // keyLife is how long a set or queue outlives the latest deadline in it.
 const keyLife = time.Second
 
-// A ticket is a waiter's place in line.
+// A ticket is a process's place in Redis's line, as its first waiter
+// holds it.
 type ticket struct {
 	id      string
 	arrival float64   // its place in line: see arrivals
@@ -247,25 +247,26 @@ func classify(err error) error {
 
 // run sends t on st's node, and returns by ctx's end, or the breaker's
 // opening, whatever Redis does (see await): a transaction still under
-// way then goes on in the background, and lost, if not nil, is called
-// with it once it ends without a reply.
-func (st site) run(ctx context.Context, t *txn.Txn, lost func()) (txn.Outcome, error) {
+// way then goes on in the background, and undo, if not nil, is called
+// once it ends unanswered: ran is true if its reply came after its caller
+// had left (what it wrote is there now), false if the reply was lost (it
+// may run yet).
+func (st site) run(ctx context.Context, t *txn.Txn, undo func(ran bool)) (txn.Outcome, error) {
 	type result struct {
 		out txn.Outcome
 		err error
 	}
 	res, ok := await(ctx, st, func() result {
 		out, err := t.Exec(context.WithoutCancel(ctx), st.node)
-		if out == txn.Unknown && lost != nil {
-			go lost()
+		if out == txn.Unknown && undo != nil {
+			go undo(false)
 		}
 		return result{out, err}
 	}, func(res result) {
-		// Its own goroutine calls lost if the reply is lost, and a reply
-		// that comes is judged as ran: lost must also undo one that ran
-		// after its caller gave up.
-		if res.out == txn.Ran && lost != nil {
-			lost()
+		// Its own goroutine calls undo if the reply is lost, and one whose
+		// reply comes is undone at once: its caller has gone.
+		if res.out == txn.Ran && undo != nil {
+			undo(true)
 		}
 	})
 	if !ok {
@@ -334,7 +335,7 @@ func replyFirst(v any) string {
 // pruneTickets queues the commands that drop the tickets of waiters not
 // seen alive since at, and (re)register tk's if not nil, alive until
 // life; it returns the index of the reply naming the first two tickets in
-// line.
+// line, with their arrivals.
 func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
 	t.Add("zremrangebyscore", s.queueLife(), "-inf", "("+strconv.FormatInt(at, 10))
 	if tk != nil {
@@ -342,14 +343,16 @@ func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
 	}
 	t.Add("zinterstore", s.queue(), 2, s.queue(), s.queueLife(), "weights", 1, 0)
 	if tk != nil {
-		t.Add("zadd", s.queue(), "nx", tk.arrival, tk.id)
-		for _, k := range []string{s.queue(), s.queueLife()} {
-			for _, c := range txn.ExtendTo(k, life+keyLife.Milliseconds()) {
-				t.Add(c...)
-			}
+		t.Add("zadd", s.queue(), "gt", tk.arrival, tk.id)
+	}
+	// ZINTERSTORE made q anew, without a deadline: every ticket in it
+	// lives at most ticketTTL past a stamp no later than Redis's time.
+	for _, k := range []string{s.queue(), s.queueLife()} {
+		for _, c := range txn.ExtendTo(k, max(life, at+ticketTTL.Milliseconds())+keyLife.Milliseconds()) {
+			t.Add(c...)
 		}
 	}
-	return t.Add("zrange", s.queue(), 0, 1)
+	return t.Add("zrange", s.queue(), 0, 1, "withscores")
 }
 
 // takeBack removes le's members from every set, and tells the first
@@ -397,10 +400,13 @@ func (r *remote) takeBackNow(ctx context.Context, le *Lease, tk *ticket) {
 const retryFor = 10 * time.Second
 
 // undo is what a transaction of undo takes back: a lease's members, a
-// ticket out of line (and the waiter then told, tell, if not "").
+// ticket out of line (and the waiter then told, tell, if not ""), or a
+// process's ticket passed to its next waiter (pass: scored by that one's
+// arrival, alive until its life).
 type undo struct {
 	lease *Lease
 	drop  *ticket
+	pass  *ticket
 	tell  string
 }
 
@@ -421,10 +427,16 @@ func (r *remote) undo(ctx context.Context, st site, u undo) (string, error) {
 		t.Add("zrem", st.queue(), u.drop.id)
 		t.Add("zrem", st.queueLife(), u.drop.id)
 	}
+	life := int64(0)
+	if u.pass != nil {
+		life = u.pass.life(at)
+		t.Add("zadd", st.queueLife(), "xx", life, u.pass.id)
+		t.Add("zadd", st.queue(), "xx", "gt", u.pass.arrival, u.pass.id)
+	}
 	if u.tell != "" {
 		t.Add("publish", st.channel(), u.tell)
 	}
-	head := pruneTickets(t, st.space, at, nil, 0)
+	head := pruneTickets(t, st.space, at, nil, life)
 	out, err := t.Exec(ctx, st.node)
 	if out != txn.Ran {
 		return "", err // ZREM and ZADD are idempotent: simply try again

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -37,11 +38,14 @@ const (
 	childVar         = "INFLIGHT_STRESS_CHILD" // set in a child: "redis" or "cluster"
 )
 
-func stressDuration() time.Duration {
-	if s, err := strconv.Atoi(os.Getenv("INFLIGHT_STRESS_SECONDS")); err == nil && s > 0 {
+func stressDuration() time.Duration { return secondsOf("INFLIGHT_STRESS_SECONDS", 3*time.Second) }
+
+// secondsOf is the whole seconds in the environment variable name, or def.
+func secondsOf(name string, def time.Duration) time.Duration {
+	if s, err := strconv.Atoi(os.Getenv(name)); err == nil && s > 0 {
 		return time.Duration(s) * time.Second
 	}
-	return 3 * time.Second
+	return def
 }
 
 // span is one acquisition: asked, granted and released in unix ns.
@@ -79,30 +83,50 @@ func TestStressProcesses(t *testing.T) {
 // stressProcesses runs the child processes on the kind of server, and
 // returns their spans.
 func stressProcesses(t *testing.T, kind string) []span {
-	pfx := uniquePrefix()
-	dir := t.TempDir()
 	// Every child starts at once, its connections made: the
 	// property is about the limiter, not process start-up.
 	start := time.Now().Add(time.Second).UnixNano()
+	var spans []span
+	for _, out := range runChildren(t, "TestStressChild", stressProcs, childVar+"="+kind, "INFLIGHT_START="+strconv.FormatInt(start, 10)) {
+		spans = append(spans, readSpans(t, out)...)
+	}
+	return spans
+}
+
+// runChildren runs n child processes of the test binary, each running the
+// test named run, with env added to this process's environment, a prefix
+// of their own (INFLIGHT_PREFIX) and a file of its own to write
+// (INFLIGHT_OUT); it returns those files' paths once every child is done.
+func runChildren(t *testing.T, run string, n int, env ...string) []string {
+	dir := t.TempDir()
+	env = append(append(os.Environ(), env...), "INFLIGHT_PREFIX="+uniquePrefix())
 	var cmds []*exec.Cmd
-	for i := range stressProcs {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestStressChild$", "-test.count=1")
-		cmd.Env = append(os.Environ(), childVar+"="+kind, "INFLIGHT_PREFIX="+pfx, "INFLIGHT_START="+strconv.FormatInt(start, 10),
-			"INFLIGHT_OUT="+filepath.Join(dir, strconv.Itoa(i)))
+	var outs []string
+	for i := range n {
+		outs = append(outs, filepath.Join(dir, strconv.Itoa(i)))
+		cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1")
+		cmd.Env = append(slices.Clone(env), "INFLIGHT_OUT="+outs[i])
 		cmd.Stderr, cmd.Stdout = os.Stderr, os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		cmds = append(cmds, cmd)
 	}
-	var spans []span
 	for i, cmd := range cmds {
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("child %d: %v", i, err)
 		}
-		spans = append(spans, readSpans(t, filepath.Join(dir, strconv.Itoa(i)))...)
 	}
-	return spans
+	return outs
+}
+
+// childClient is a child process's client of the server of kind
+// ("redis" or "cluster"), with a pool of pool connections.
+func childClient(kind string, pool int) redis.UniversalClient {
+	if kind == "cluster" {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv(clusterAddrsVar), ","), PoolSize: pool})
+	}
+	return redis.NewClient(&redis.Options{Addr: os.Getenv(redisAddrVar), PoolSize: pool})
 }
 
 // TestStressChild is one child process of TestStressProcesses.
@@ -111,36 +135,45 @@ func TestStressChild(t *testing.T) {
 	if kind == "" {
 		t.Skip("a child of TestStressProcesses")
 	}
-	var rdb redis.UniversalClient
-	if kind == "cluster" {
-		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv(clusterAddrsVar), ","), PoolSize: 4 * stressGoroutines})
-	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: os.Getenv(redisAddrVar), PoolSize: 4 * stressGoroutines})
-	}
+	rdb := childClient(kind, 4*stressGoroutines)
 	defer rdb.Close()
 	l, err := New(rdb, PerResource(stressLimit), WithPrefix(os.Getenv("INFLIGHT_PREFIX")))
 	if err != nil {
 		t.Fatal(err)
 	}
+	childReady(t, rdb, l, stressGoroutines, "stress")
+	spans := stressRun(t, l, stressGoroutines)
+	writeOut(t, func(w io.Writer) {
+		for _, s := range spans {
+			fmt.Fprintf(w, "%d %d %d %d\n", s.asked, s.granted, s.released, s.weight)
+		}
+	})
+}
+
+// childReady readies a child process: its pool filled for goroutines, its
+// clock sampled by a call on resource, it waits until $INFLIGHT_START, when
+// every child starts at once.
+func childReady(t *testing.T, rdb redis.UniversalClient, l *Limiter, goroutines int, resource string) {
 	var wg sync.WaitGroup
-	for range stressGoroutines { // fill the pool
+	for range goroutines { // fill the pool
 		wg.Go(func() { _ = rdb.Ping(context.Background()).Err() })
 	}
 	wg.Wait()
-	if _, err := l.Held(context.Background(), "stress"); err != nil {
+	if _, err := l.Held(context.Background(), resource); err != nil {
 		t.Fatal(err)
 	}
 	start, _ := strconv.ParseInt(os.Getenv("INFLIGHT_START"), 10, 64)
 	time.Sleep(time.Until(time.Unix(0, start)))
-	spans := stressRun(t, l, stressGoroutines)
+}
+
+// writeOut writes a child's output file, $INFLIGHT_OUT, with write.
+func writeOut(t *testing.T, write func(w io.Writer)) {
 	f, err := os.Create(os.Getenv("INFLIGHT_OUT"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := bufio.NewWriter(f)
-	for _, s := range spans {
-		fmt.Fprintf(w, "%d %d %d %d\n", s.asked, s.granted, s.released, s.weight)
-	}
+	write(w)
 	if err := errors.Join(w.Flush(), f.Close()); err != nil {
 		t.Fatal(err)
 	}

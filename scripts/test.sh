@@ -93,10 +93,13 @@ go vet ./...
 go test -race -shuffle=on -count=1 -timeout 30m "$@" ./...
 # The in-flight limiter's timing properties (a released slot reaches a
 # waiter within 10 ms p99; with waiters, at least 8 of 10 held 90 % of the
-# time, across 4 processes) hold on this machine's loopback, not under the
-# race detector, which stretches every handoff many times over: the run
-# above checks only the limit there, so they run again without it.
-go test -count=1 -run '^(TestStressProcesses|TestHandoff)$' ./inflight
+# time, across 4 processes) hold on this machine's loopback, not under
+# the race detector, which stretches every handoff many times over: the
+# run above checks only the limit there, so they run again without it.
+# TestContentionProcesses (waits of 20 ms to 2 s from 4 processes) checks
+# the limit and logs the share held: issue #52's targets for it are not
+# met yet (INFLIGHT_CONTENTION_SECONDS=6 runs it with them).
+go test -count=1 -run '^(TestStressProcesses|TestHandoff|TestContentionProcesses)$' ./inflight
 # TestThousandClients' miniredis half (a thousand Logs clients at once on
 # miniredis with ClockTTL, as the HTTP example runs it) skips itself under
 # the race detector, which slows miniredis's SCAN past 500 s; without it,

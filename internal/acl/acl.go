@@ -93,7 +93,7 @@ var Cluster = map[string]map[Method][]string{
 	"windows":   {FlushAll: {"exists"}},
 }
 
-// A Conn is a command go-redis (v9.23) itself sends on each new
+// A Conn is a command go-redis (v9.24) itself sends on each new
 // connection, before any of the library's.
 type Conn struct {
 	Name    string
@@ -112,7 +112,8 @@ var Conns = []Conn{
 		"where the server has it (open-source Redis 7 does not)", false, false},
 	{"client|setinfo", "every new connection, unless `DisableIdentity`; go-redis ignores a refusal", true,
 		"on Redis 7.2 and later (7.0 refuses the rule)", false, false},
-	{"cluster|slots", "a `*redis.ClusterClient`, to map the slots", true, "", true, true},
+	{"cluster|shards", "a `*redis.ClusterClient`, to map the slots (go-redis v9.24 asks it first)", true, "", true, true},
+	{"cluster|slots", "a `*redis.ClusterClient`, to map the slots where `CLUSTER SHARDS` is refused or missing", true, "", true, true},
 }
 
 // OfMethod returns what method m of strategy s sends, the lock's commands
