@@ -65,15 +65,15 @@ func costSteps(t *testing.T, rdb *redis.Client, prefix string, realClock bool) {
 	}{
 		{"/free", response{200, `"per-resource-60s";r=100, "per-client-60s";r=10`, "", "10", "10", "0"}, "", nil},
 		{"/export", response{200, `"per-resource-60s";r=96;t=60, "per-client-60s";r=6;t=60`, "", "10", "6", "60"}, "", nil},
-		// Never: each policy's r as it stands, no t (the resource had room,
-		// the client's quota can never hold 11), no Retry-After; -06's
+		// Never: each policy's r as it stands, and t, when its quota is
+		// all back (no Retry-After says otherwise: there is none); -06's
 		// trio names the client's policy, its quota back in 60 s.
-		{"/huge", response{429, `"per-resource-60s";r=96, "per-client-60s";r=6`, "", "10", "6", "60"}, never, []string{"per-client-60s"}},
+		{"/huge", response{429, `"per-resource-60s";r=96;t=60, "per-client-60s";r=6;t=60`, "", "10", "6", "60"}, never, []string{"per-client-60s"}},
 		{"/free", response{200, `"per-resource-60s";r=96;t=60, "per-client-60s";r=6;t=60`, "", "10", "6", "60"}, "", nil},
 		{"/export", response{200, `"per-resource-60s";r=92;t=60, "per-client-60s";r=2;t=60`, "", "10", "2", "60"}, "", nil},
 		// Full for now, not for ever: Retry-After as usual.
 		{"/big", response{429, `"per-resource-60s";r=92, "per-client-60s";r=2;t=60`, "60", "10", "2", "60"}, "retry after 60 s", []string{"per-client-60s"}},
-		{"/huge", response{429, `"per-resource-60s";r=92, "per-client-60s";r=2`, "", "10", "2", "60"}, never, []string{"per-client-60s"}},
+		{"/huge", response{429, `"per-resource-60s";r=92;t=60, "per-client-60s";r=2;t=60`, "", "10", "2", "60"}, never, []string{"per-client-60s"}},
 		// Neither the free requests nor the denied ones counted.
 		{"/lookup", response{200, `"per-resource-60s";r=91;t=60, "per-client-60s";r=1;t=60`, "", "10", "1", "60"}, "", nil},
 	} {

@@ -153,7 +153,7 @@ func ExampleWithCost() {
 	// Output:
 	// /export: 200 RateLimit: "per-client-60s";r=6;t=60 Retry-After: ""
 	// /status: 200 RateLimit: "per-client-60s";r=6;t=60 Retry-After: ""
-	// /dump: 429 RateLimit: "per-client-60s";r=6 Retry-After: ""
+	// /dump: 429 RateLimit: "per-client-60s";r=6;t=60 Retry-After: ""
 	//     429 too many requests: the request costs more than the quota: it can never be served
 	// /search: 200 RateLimit: "per-client-60s";r=5;t=60 Retry-After: ""
 }

@@ -16,10 +16,19 @@ const (
 	headerPolicy     = "RateLimit-Policy"
 	headerRateLimit  = "RateLimit"
 	headerRetryAfter = "Retry-After"
-	headerLimit      = "RateLimit-Limit"     // draft -06
-	headerRemaining  = "RateLimit-Remaining" // draft -06
-	headerReset      = "RateLimit-Reset"     // draft -06
+	headerLimit      = "RateLimit-Limit"       // draft -06
+	headerRemaining  = "RateLimit-Remaining"   // draft -06
+	headerReset      = "RateLimit-Reset"       // draft -06
+	headerXLimit     = "X-RateLimit-Limit"     // go-chi/httprate
+	headerXRemaining = "X-RateLimit-Remaining" // go-chi/httprate
+	headerXReset     = "X-RateLimit-Reset"     // go-chi/httprate: a Unix time
 )
+
+// extraFields are the fields set beside draft -10's.
+type extraFields struct {
+	legacy   bool // WithLegacyHeaders: draft -06's
+	httprate bool // WithHTTPRateHeaders: go-chi/httprate's
+}
 
 // policies are the Bucket's rules as the RateLimit fields name them.
 type policies struct {
@@ -169,26 +178,33 @@ func retryAfter(res leakybucket.Result) int64 {
 	return max(ceilSeconds(res.RetryAfter), 1)
 }
 
-// reset returns the RateLimit field's t for a rule, and whether it has
-// one. On an admitted call: the seconds until every call the rule counts
-// has left its window, so that its quota is all back; none if it counts
-// nothing. On a denied call: for a rule that denied, the seconds until it
-// has room for the call (so never later than Retry-After); none for a rule
-// that had room, whose own time would say nothing of when the request may
-// come back, nor for one that can never hold it (RetryAfter Never).
-func reset(rr leakybucket.RuleResult, allowed bool) (t int64, ok bool) {
+// reset returns the RateLimit field's t for a rule of res, and whether it
+// has one. For a rule that denied res for now: the seconds until it has
+// room for the call (so never later than Retry-After). On a denial with a
+// Retry-After, none for a rule that had room, whose own time would say
+// nothing of when the request may come back. Else (an admitted call, or
+// one that can never be, which has no Retry-After to contradict): the
+// seconds until every call the rule counts has left its window, so that
+// its quota is all back; none if it counts nothing.
+func reset(rr leakybucket.RuleResult, res leakybucket.Result) (t int64, ok bool) {
 	switch {
-	case !allowed:
-		return ceilSeconds(rr.RetryAfter), rr.RetryAfter > 0
-	case rr.ResetAfter > 0:
-		return ceilSeconds(rr.ResetAfter), true
+	case !res.Allowed && rr.RetryAfter > 0:
+		return ceilSeconds(rr.RetryAfter), true
+	case !res.Allowed && res.RetryAfter != leakybucket.Never:
+		return 0, false
 	}
-	return 0, false
+	return resetAll(rr)
+}
+
+// resetAll is the seconds until rr's quota is all back, if it counts
+// anything.
+func resetAll(rr leakybucket.RuleResult) (t int64, ok bool) {
+	return ceilSeconds(rr.ResetAfter), rr.ResetAfter > 0
 }
 
 // write sets the RateLimit fields of res on h for the rules shown, and
-// with legacy those of draft -06.
-func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
+// the extra ones asked for.
+func (p policies) write(h http.Header, res leakybucket.Result, extra extraFields) {
 	if len(p.shown) == 0 {
 		return
 	}
@@ -196,26 +212,45 @@ func (p policies) write(h http.Header, res leakybucket.Result, legacy bool) {
 	for j, i := range p.shown {
 		rr := res.Rules[i]
 		items[j] = p.quoted[i] + ";r=" + strconv.Itoa(rr.Remaining)
-		if t, ok := reset(rr, res.Allowed); ok {
+		if t, ok := reset(rr, res); ok {
 			items[j] += ";t=" + strconv.FormatInt(t, 10)
 		}
 	}
 	h.Set(headerPolicy, p.fieldFor(res))
 	h.Set(headerRateLimit, strings.Join(items, ", "))
-	if legacy {
+	if extra.legacy {
 		writeLegacy(h, p.closest(res), res)
+	}
+	if extra.httprate {
+		writeHTTPRate(h, p.closest(res), res, time.Now())
 	}
 }
 
 // writeLegacy sets draft -06's trio for rr, the rule closest to its limit.
 func writeLegacy(h http.Header, rr leakybucket.RuleResult, res leakybucket.Result) {
-	t, _ := reset(rr, true)
+	t, _ := resetAll(rr)
 	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		t = retryAfter(res) // -06: Reset names the same time as Retry-After
 	}
 	h.Set(headerLimit, strconv.Itoa(rr.Rule.Limit.Requests))
 	h.Set(headerRemaining, strconv.Itoa(rr.Remaining))
 	h.Set(headerReset, strconv.FormatInt(t, 10))
+}
+
+// writeHTTPRate sets go-chi/httprate's fields for rr, the rule closest to
+// its limit, as of now: X-RateLimit-Reset is the Unix time, rounded up to
+// the next whole second, when rr's quota is all back or, on a denial with
+// a Retry-After, when the request may come back; so it is always after
+// now, as httprate's end of window is. (httprate's Retry-After, on a
+// denial, is the middleware's own.)
+func writeHTTPRate(h http.Header, rr leakybucket.RuleResult, res leakybucket.Result, now time.Time) {
+	wait := rr.ResetAfter
+	if !res.Allowed && res.RetryAfter != leakybucket.Never {
+		wait = res.RetryAfter
+	}
+	h.Set(headerXLimit, strconv.Itoa(rr.Rule.Limit.Requests))
+	h.Set(headerXRemaining, strconv.Itoa(rr.Remaining))
+	h.Set(headerXReset, strconv.FormatInt(now.Add(wait).Unix()+1, 10))
 }
 
 // closest returns, of the rules shown, the one that waits longest on a
@@ -256,7 +291,7 @@ func Fields(res leakybucket.Result) (policy, rateLimit, retry string) {
 	}
 	p, _ := newPolicies(rules, nil, false) // default names always fit
 	h := http.Header{}
-	p.write(h, res, false)
+	p.write(h, res, extraFields{})
 	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		retry = strconv.FormatInt(retryAfter(res), 10)
 	}

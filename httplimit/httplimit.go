@@ -22,7 +22,9 @@
 // that denied only, the seconds until each has room for the request (at
 // most Retry-After); a policy that had room has no t there, since the
 // request is not counted and Retry-After, not that policy, says when to
-// come back. WithoutResourcePolicies leaves the per-resource rules out.
+// come back. A request that can never pass has no Retry-After: each
+// policy whose quota is in use has its t, as on an admitted request.
+// WithoutResourcePolicies leaves the per-resource rules out.
 //
 // A denied request gets 429 Too Many Requests with Retry-After in whole
 // seconds, rounded up (never 0), and a text body, or with
@@ -30,7 +32,9 @@
 // (WithCost) is above a policy's quota can never pass: it gets 429 with
 // the fields as they stand and no Retry-After. WithLegacyHeaders adds the
 // older RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset fields of
-// draft -06, which many clients still read.
+// draft -06, which many clients still read, and WithHTTPRateHeaders the
+// X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (a Unix
+// time) of go-chi/httprate, for a service that moves from it.
 //
 // When the limiter cannot decide (Redis down or slow, the decision's
 // deadline passed), the middleware fails closed by default (503 Service
@@ -245,7 +249,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		m.failed(next, w, r, req, err)
 		return
 	}
-	req.policies.write(w.Header(), res, m.legacy)
+	req.policies.write(w.Header(), res, m.extra)
 	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, decided{res, req.policies.denied(res)}))
 	if !res.Allowed {
 		if res.RetryAfter != leakybucket.Never {

@@ -30,7 +30,7 @@ type config struct {
 	failOpen     bool
 	report       func(*http.Request, error)
 	timeout      time.Duration
-	legacy       bool
+	extra        extraFields // WithLegacyHeaders, WithHTTPRateHeaders
 	skip         func(*http.Request) bool
 	cost         func(*http.Request) int
 	ipv6Bits     int
@@ -121,7 +121,19 @@ func WithDecisionTimeout(d time.Duration) Option {
 // seconds: on a denial Retry-After, else the policy's t. (Draft -06's own
 // RateLimit-Policy is not sent: draft -10 gave that name another form.)
 func WithLegacyHeaders() Option {
-	return func(c *config) { c.legacy = true }
+	return func(c *config) { c.extra.legacy = true }
+}
+
+// WithHTTPRateHeaders also sets the fields that go-chi/httprate sends, so
+// that a service moving from httprate keeps its clients working:
+// X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset, a Unix
+// time in seconds, for the advertised policy closest to its limit (as
+// WithLegacyHeaders picks it). Reset is when that policy's quota is all
+// back, or on a denial with a Retry-After the time it names, rounded up
+// to the next whole second. Retry-After, in seconds, is on every denial
+// that a wait can end, as without the option.
+func WithHTTPRateHeaders() Option {
+	return func(c *config) { c.extra.httprate = true }
 }
 
 // WithSkip leaves the requests for which skip returns true to the next
@@ -137,8 +149,8 @@ func WithSkip(skip func(r *http.Request) bool) Option {
 //
 // A cost above the Requests of a rule can never be admitted: the request
 // is denied (429, the denied handler), with the RateLimit fields as they
-// stand (r: what remains; no t for a policy that can never hold it) and no
-// Retry-After, since no wait lets it pass; DeniedPolicies names the
+// stand (r: what remains; t: when the quota of each policy in use is all
+// back) and no Retry-After, since no wait lets it pass; DeniedPolicies names the
 // policies it is too heavy for (and any full for now), and
 // WithProblemDetails says that it costs more than the quota. A cost of 0
 // is served uncounted, with the fields as they stand (one read, within

@@ -49,8 +49,8 @@ func TestCost(t *testing.T) {
 		{"/lookup", response{status: 200, rateLimit: `"per-client-60s";r=1;t=60`}},
 		// Served, counted nowhere: the fields as they stand.
 		{"/free", response{status: 200, rateLimit: `"per-client-60s";r=1;t=60`}},
-		// Never: what remains, no t, no Retry-After.
-		{"/huge", response{status: 429, rateLimit: `"per-client-60s";r=1`}},
+		// Never: what remains, when it is all back, no Retry-After.
+		{"/huge", response{status: 429, rateLimit: `"per-client-60s";r=1;t=60`}},
 		{"/negative", response{status: 500}},
 		// Neither /free nor /huge counted.
 		{"/lookup", response{status: 200, rateLimit: `"per-client-60s";r=0;t=60`}},

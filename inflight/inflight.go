@@ -37,18 +37,24 @@ var (
 	// ErrExpired: the lease's time to live ran out before it was released
 	// or extended: it had stopped counting, and others may hold its room.
 	ErrExpired = errors.New("inflight: lease expired")
-	// ErrNotHeld: no such lease is held: it was released already, or the
-	// id names no lease this limiter gave.
+	// ErrNotHeld: no such lease is held: it was released already, the id
+	// names no lease this limiter gave, or the Lease is nil (none was
+	// acquired).
 	ErrNotHeld = errors.New("inflight: lease not held")
-	// ErrInvalid: bad input (a limit, a weight, a time to live, an id); nothing
-	// was written.
+	// ErrInvalid: bad input, and the text says which and what would be
+	// accepted: no limit, or one outside [1, MaxLimit] (New, NewLocal); a
+	// time to live under a millisecond or an empty prefix (New, NewLocal,
+	// LeaseTTL, Extend); an empty resource or client, or a weight under 1
+	// (the acquisitions, Held); a malformed lease id (ParseID,
+	// Limiter.Release); a Lease from ParseID released or extended itself.
+	// Nothing was sent to Redis.
 	ErrInvalid = errors.New("inflight: invalid argument")
 	// ErrTooHeavy: the weight asked for exceeds a limit, so it can never
-	// be held.
+	// be held (the acquisitions; nothing was sent to Redis).
 	ErrTooHeavy = errors.New("inflight: weight exceeds the limit")
-	// ErrUnsupportedClient: New was given a client other than
+	// ErrUnsupportedClient: New was given a nil client, or one other than
 	// *redis.Client, *redis.ClusterClient or *redis.Ring.
-	ErrUnsupportedClient = errors.New("inflight: unsupported redis client")
+	ErrUnsupportedClient = errors.New("inflight: unsupported redis client: want *redis.Client, *redis.ClusterClient or *redis.Ring")
 )
 
 // Defaults.
@@ -79,8 +85,10 @@ type backend interface {
 type Option func(*config)
 
 type config struct {
-	resourceLimit int // 0: none
-	clientLimit   int // 0: none
+	resourceLimit int  // 0: none
+	clientLimit   int  // 0: none
+	resourceSet   bool // PerResource was given (so a 0 is its, and refused)
+	clientSet     bool // PerClient was given
 	ttl           time.Duration
 	prefix        string
 	observer      Observer
@@ -88,11 +96,15 @@ type config struct {
 
 // PerResource limits the weight held at once at each resource, by every
 // client together, to n.
-func PerResource(n int) Option { return func(c *config) { c.resourceLimit = n } }
+func PerResource(n int) Option {
+	return func(c *config) { c.resourceLimit, c.resourceSet = n, true }
+}
 
 // PerClient limits the weight held at once by each client at each
 // resource to n.
-func PerClient(n int) Option { return func(c *config) { c.clientLimit = n } }
+func PerClient(n int) Option {
+	return func(c *config) { c.clientLimit, c.clientSet = n, true }
+}
 
 // WithTTL sets how long a lease lives unless extended (DefaultTTL). A
 // holder that dies stops counting this long after its lease was last
@@ -117,18 +129,36 @@ func configure(opts []Option) (config, error) {
 			opt(&cfg)
 		}
 	}
-	outOfRange := func(n int) bool { return n < 0 || n > MaxLimit }
+	if err := cfg.checkLimits(); err != nil {
+		return cfg, err
+	}
 	switch {
-	case cfg.resourceLimit == 0 && cfg.clientLimit == 0:
-		return cfg, fmt.Errorf("%w: no limit (PerResource, PerClient)", ErrInvalid)
-	case outOfRange(cfg.resourceLimit) || outOfRange(cfg.clientLimit):
-		return cfg, fmt.Errorf("%w: a limit must be in [1, %d]", ErrInvalid, MaxLimit)
 	case cfg.ttl < time.Millisecond:
-		return cfg, fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)
+		return cfg, fmt.Errorf("%w: WithTTL(%v): want 1ms or more", ErrInvalid, cfg.ttl)
 	case cfg.prefix == "":
-		return cfg, fmt.Errorf("%w: empty prefix", ErrInvalid)
+		return cfg, fmt.Errorf("%w: WithPrefix(\"\"): want a non-empty prefix (default %q)", ErrInvalid, DefaultPrefix)
 	}
 	return cfg, nil
+}
+
+// checkLimits requires a limit, and each limit given in [1, MaxLimit]: a
+// PerResource(0) beside a PerClient(1) is a mistake, not "no per-resource
+// limit", which is said by leaving PerResource out.
+func (cfg config) checkLimits() error {
+	if !cfg.resourceSet && !cfg.clientSet {
+		return fmt.Errorf("%w: no limit: give PerResource(n) or PerClient(n), n in [1, %d]", ErrInvalid, MaxLimit)
+	}
+	limits := []struct {
+		option string
+		n      int
+		set    bool
+	}{{"PerResource", cfg.resourceLimit, cfg.resourceSet}, {"PerClient", cfg.clientLimit, cfg.clientSet}}
+	for _, l := range limits {
+		if l.set && (l.n < 1 || l.n > MaxLimit) {
+			return fmt.Errorf("%w: %s(%d): a limit must be in [1, %d] (leave %[2]s out for none)", ErrInvalid, l.option, l.n, MaxLimit)
+		}
+	}
+	return nil
 }
 
 // New returns a Limiter that keeps its leases in rdb (a *redis.Client, a
@@ -179,15 +209,44 @@ func (l *Limiter) check(resource, client string, n int, opts []AcquireOption) (c
 			opt(&c)
 		}
 	}
-	switch {
+	if err := checkNames(resource, client); err != nil {
+		return c, err
+	}
+	switch most := l.cfg.most(); {
 	case n < 1:
-		return c, fmt.Errorf("%w: weight %d", ErrInvalid, n)
+		return c, fmt.Errorf("%w: weight %d: want 1 or more", ErrInvalid, n)
+	case n > most:
+		return c, fmt.Errorf("%w: weight %d: the limits hold at most %d", ErrTooHeavy, n, most)
 	case c.ttl < time.Millisecond:
-		return c, fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)
-	case l.cfg.resourceLimit > 0 && n > l.cfg.resourceLimit, l.cfg.clientLimit > 0 && n > l.cfg.clientLimit:
-		return c, fmt.Errorf("%w: weight %d", ErrTooHeavy, n)
+		return c, fmt.Errorf("%w: LeaseTTL(%v): want 1ms or more", ErrInvalid, c.ttl)
 	}
 	return c, nil
+}
+
+// checkNames refuses an empty resource or client, as the Bucket does: a
+// lease names both (its keys, its ID, Held's holders).
+func checkNames(resource, client string) error {
+	switch {
+	case resource == "":
+		return errEmptyResource
+	case client == "":
+		return fmt.Errorf("%w: empty client: want a non-empty name (a lease names its holder)", ErrInvalid)
+	}
+	return nil
+}
+
+// errEmptyResource is the error of a call at the empty resource.
+var errEmptyResource = fmt.Errorf("%w: empty resource: want a non-empty name", ErrInvalid)
+
+// most is the heaviest weight that every limit can hold.
+func (cfg config) most() int {
+	most := MaxLimit
+	for _, limit := range []int{cfg.resourceLimit, cfg.clientLimit} {
+		if limit > 0 {
+			most = min(most, limit)
+		}
+	}
+	return most
 }
 
 // Acquire is shorthand for AcquireN(ctx, resource, client, 1, opts...).
@@ -270,6 +329,9 @@ func (l *Limiter) Release(ctx context.Context, id string) error {
 // per-resource limit (on Redis, a Limiter with per-client limits only
 // reports none: they are kept per client).
 func (l *Limiter) Held(ctx context.Context, resource string) (Usage, error) {
+	if resource == "" {
+		return Usage{}, errEmptyResource
+	}
 	return l.store.held(ctx, resource)
 }
 

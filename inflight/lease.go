@@ -16,6 +16,11 @@ import (
 
 // A Lease is weight held at a resource until it is released or its
 // deadline passes. Its methods are safe for concurrent use.
+//
+// A nil *Lease, which TryAcquire and AcquireWithin return when there was
+// no room, holds nothing: Release, Extend and KeepAlive on it report an
+// error matching ErrNotHeld, and its accessors return zero values, so
+// that a deferred Release never panics.
 type Lease struct {
 	limiter  *Limiter
 	resource string
@@ -33,17 +38,36 @@ type Lease struct {
 // ID names the lease, for Limiter.Release in another process. It holds
 // the resource, the client and the weight, encoded.
 func (le *Lease) ID() string {
+	if le == nil {
+		return ""
+	}
 	return keys.Encode(le.resource) + "." + keys.Encode(le.client) + "." + le.token + "." + strconv.Itoa(le.n)
 }
 
-// Resource, Client and Weight are what the lease holds.
-func (le *Lease) Resource() string { return le.resource }
-func (le *Lease) Client() string   { return le.client }
-func (le *Lease) Weight() int      { return le.n }
+// Resource, Client and Weight are what the lease holds (zero values for
+// a nil Lease).
+func (le *Lease) Resource() string { return le.orZero().resource }
+func (le *Lease) Client() string   { return le.orZero().client }
+func (le *Lease) Weight() int      { return le.orZero().n }
+
+// orZero returns le, or for a nil Lease one that holds nothing, whose
+// fields read as zero values.
+func (le *Lease) orZero() *Lease {
+	if le == nil {
+		return &Lease{}
+	}
+	return le
+}
+
+// errNilLease is what the methods of a nil Lease return.
+var errNilLease = fmt.Errorf("%w: a nil Lease (none was acquired: no room, or an error)", ErrNotHeld)
 
 // Deadline is when the lease stops counting unless extended, in Redis's
 // clock (the host's, in process).
 func (le *Lease) Deadline() time.Time {
+	if le == nil {
+		return time.Time{}
+	}
 	le.mu.Lock()
 	defer le.mu.Unlock()
 	return le.deadline
@@ -60,7 +84,7 @@ func (le *Lease) setDeadline(d time.Time) {
 // ParseID reads an ID, as Limiter.Release does. The lease it returns
 // belongs to no Limiter: use Limiter.Release.
 func ParseID(id string) (*Lease, error) {
-	bad := fmt.Errorf("%w: lease id %q", ErrInvalid, id)
+	bad := fmt.Errorf("%w: lease id %q: want one that Lease.ID returned", ErrInvalid, id)
 	parts := strings.Split(id, ".")
 	if len(parts) != 4 || parts[2] == "" {
 		return nil, bad
@@ -94,6 +118,9 @@ func newLease(l *Limiter, c call) *Lease {
 // ctx that has already ended, it runs anyway, for at most a second, as a
 // holder releases on its way out.
 func (le *Lease) Release(ctx context.Context) error {
+	if le == nil {
+		return errNilLease
+	}
 	if le.limiter == nil {
 		return fmt.Errorf("%w: a lease from ParseID: use Limiter.Release", ErrInvalid)
 	}
@@ -123,11 +150,14 @@ const releaseTimeout = time.Second
 // lease that expired or was released is not revived: Extend returns an
 // error matching ErrExpired or ErrNotHeld.
 func (le *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if le == nil {
+		return errNilLease
+	}
 	if ttl < time.Millisecond {
-		return fmt.Errorf("%w: a time to live under a millisecond", ErrInvalid)
+		return fmt.Errorf("%w: Extend(%v): want a time to live of 1ms or more", ErrInvalid, ttl)
 	}
 	if le.limiter == nil {
-		return fmt.Errorf("%w: a lease from ParseID", ErrInvalid)
+		return fmt.Errorf("%w: a lease from ParseID: use Limiter.Release, or extend the Lease that Acquire returned", ErrInvalid)
 	}
 	return le.limiter.store.extend(ctx, le, ttl)
 }
@@ -140,6 +170,11 @@ func (le *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // until its deadline) and is closed when KeepAlive stops.
 func (le *Lease) KeepAlive(ctx context.Context) <-chan error {
 	out := make(chan error, 1)
+	if le == nil {
+		out <- errNilLease
+		close(out)
+		return out
+	}
 	go func() {
 		defer close(out)
 		every := le.ttl / 3

@@ -116,7 +116,11 @@ func (r *remote) held(ctx context.Context, resource string) (Usage, error) {
 	pipe := st.node.Pipeline()
 	leases := pipe.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: itoa(at), Max: "+inf"})
 	waiters := pipe.ZCount(ctx, st.queueLife(), itoa(at), "+inf")
-	if _, err := pipe.Exec(ctx); err != nil {
+	err, ok := await(ctx, st, func() error { _, err := pipe.Exec(ctx); return err }, nil)
+	if !ok {
+		err = st.cutShort(ctx)
+	}
+	if err != nil {
 		return u, st.settle(ctx, err)
 	}
 	byID := map[string]*Holder{}

@@ -140,6 +140,7 @@ type site struct {
 	node  *redis.Client
 	clock *clock.Clock
 	br    *breaker.Breaker
+	cut   <-chan struct{} // closed when br opens: the server was found gone
 }
 
 // siteOf finds resource's server, and refuses at once while its breaker
@@ -151,10 +152,49 @@ func (r *remote) siteOf(ctx context.Context, resource string) (site, error) {
 		return site{}, classify(err)
 	}
 	br := r.breakers.Of(node)
+	cut := br.Watch() // before Admit: an opening in between cuts the call
 	if err := br.Admit(); err != nil {
 		return site{}, err
 	}
-	return site{space: s, node: node, clock: r.clocks.Of(node.Options().Addr), br: br}, nil
+	return site{space: s, node: node, clock: r.clocks.Of(node.Options().Addr), br: br, cut: cut}, nil
+}
+
+// await runs f in the background and returns its result, as the Bucket
+// waits for a decision (see package breaker): once it has waited
+// SuspectAfter, the breaker's probe looks whether the server is gone
+// (with its default options go-redis retries a refused dial for hundreds
+// of milliseconds, the probe's is refused at once); should ctx end, or
+// the breaker open, first, it returns false at once, and late, if not
+// nil, gets f's result once it comes.
+func await[T any](ctx context.Context, st site, f func() T, late func(T)) (T, bool) {
+	defer st.br.Suspecting()()
+	done := make(chan T, 1)
+	go func() { done <- f() }()
+	select {
+	case v := <-done:
+		return v, true
+	case <-ctx.Done():
+	case <-st.cut:
+	}
+	select {
+	case v := <-done:
+		return v, true // it ended meanwhile
+	default:
+	}
+	if late != nil {
+		go func() { late(<-done) }()
+	}
+	var zero T
+	return zero, false
+}
+
+// cutShort is the error of a call that await gave up on: ctx's, or the
+// open breaker's (ErrUnavailable with the cause the probe found).
+func (st site) cutShort(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return st.br.Refusal()
 }
 
 // settle is what a call that ended with err returns, and feeds the
@@ -205,43 +245,56 @@ func classify(err error) error {
 	return fmt.Errorf("inflight: %w", err)
 }
 
-// run sends t on st's node, and returns by ctx's end whatever Redis does:
-// a transaction still under way then goes on in the background, and
-// undo, if not nil, is called once it ends unanswered: ran is true if its
-// reply came after its caller had left (what it wrote is there now),
-// false if the reply was lost (it may run yet).
+// run sends t on st's node, and returns by ctx's end, or the breaker's
+// opening, whatever Redis does (see await): a transaction still under
+// way then goes on in the background, and undo, if not nil, is called
+// once it ends unanswered: ran is true if its reply came after its caller
+// had left (what it wrote is there now), false if the reply was lost (it
+// may run yet).
 func (st site) run(ctx context.Context, t *txn.Txn, undo func(ran bool)) (txn.Outcome, error) {
 	type result struct {
 		out txn.Outcome
 		err error
 	}
-	done := make(chan result, 1)
-	go func() {
+	res, ok := await(ctx, st, func() result {
 		out, err := t.Exec(context.WithoutCancel(ctx), st.node)
 		if out == txn.Unknown && undo != nil {
 			go undo(false)
 		}
-		done <- result{out, err}
-	}()
-	select {
-	case res := <-done:
-		return res.out, res.err
-	case <-ctx.Done():
-		// The transaction may still run; its own goroutine calls undo if
-		// its reply is lost, and one whose reply comes is undone at once:
-		// its caller has gone.
-		go func() {
-			if res := <-done; res.out == txn.Ran && undo != nil {
-				undo(true)
-			}
-		}()
-		return txn.Unknown, ctx.Err()
+		return result{out, err}
+	}, func(res result) {
+		// Its own goroutine calls undo if the reply is lost, and one whose
+		// reply comes is undone at once: its caller has gone.
+		if res.out == txn.Ran && undo != nil {
+			undo(true)
+		}
+	})
+	if !ok {
+		return txn.Unknown, st.cutShort(ctx)
 	}
+	return res.out, res.err
 }
 
-// stamp returns the server's time, never later than it (ms).
+// stamp returns the server's time, never later than it (ms): the
+// clock's estimate, or, until it has one, a TIME round trip that await
+// bounds (the first call to a server never started must not wait out
+// go-redis's dial retries).
 func (st site) stamp(ctx context.Context) (int64, error) {
-	return st.clock.Estimate(ctx, st.node)
+	if now, ok := st.clock.Earliest(); ok {
+		return now, nil
+	}
+	type result struct {
+		at  int64
+		err error
+	}
+	res, ok := await(ctx, st, func() result {
+		at, err := st.clock.Estimate(ctx, st.node)
+		return result{at, err}
+	}, nil)
+	if !ok {
+		return 0, st.cutShort(ctx)
+	}
+	return res.at, res.err
 }
 
 // sample feeds the clock the TIME reply of a transaction sent at sent.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -35,7 +36,9 @@ with -replicas), whether scripting is allowed (for information), for
 it, and the cluster state. -replicas N says that the service passes N to
 WithReplicas: then each primary must have at least N replicas online. A
 check that the user may not run (CONFIG, INFO or ACL denied) says so, as a
-WARN. Rules are not needed. Exit status 0 if nothing FAILs, 3 if a check
+WARN. Rules are not needed. Each server is first dialed once, within a
+second: a refused connection, an unknown host or a refused user is
+reported at once. Exit status 0 if nothing FAILs, 3 if a check
 FAILs.`,
 	bind: func(fs *flag.FlagSet) action {
 		d := &doctor{}
@@ -71,14 +74,17 @@ func (d *doctor) check(*globals) error {
 }
 
 func (d *doctor) do(ctx context.Context, s *session, stdout io.Writer) error {
+	if err := dialSeeds(ctx, s.rdb); err != nil {
+		return err
+	}
 	nodes, err := masters(ctx, s.rdb)
 	if err != nil {
 		return err
 	}
 	failed := 0
 	for _, node := range nodes {
-		if err := node.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("%s: %w", node.Options().Addr, err)
+		if err := dialOnce(ctx, node.Options()); err != nil {
+			return err
 		}
 		where := ""
 		if len(nodes) > 1 {
@@ -95,6 +101,51 @@ func (d *doctor) do(ctx context.Context, s *session, stdout io.Writer) error {
 		return fmt.Errorf("%w: %d FAIL", errChecksFailed, failed)
 	}
 	return nil
+}
+
+// dialTimeout bounds doctor's first dial of a server, and its PING: a
+// server that is there answers in milliseconds, one that refuses the
+// connection (or whose host is unknown, or that refuses the user) says so
+// at once, and go-redis's own retries would spend -timeout before they
+// say it, or say only that the deadline passed.
+const dialTimeout = time.Second
+
+// dialOnce connects to the server of opt and sends PING, once, without
+// go-redis's retries, within dialTimeout (and ctx): the error names the
+// address and keeps the dial's cause (refused, unknown host, auth).
+func dialOnce(ctx context.Context, opt *redis.Options) error {
+	once := *opt
+	once.DialerRetries, once.MaxRetries, once.PoolSize, once.MinIdleConns = 1, -1, 1, 0
+	once.DialTimeout = dialTimeout
+	rdb := redis.NewClient(&once)
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("%s: %w", opt.Addr, err)
+	}
+	return nil
+}
+
+// dialSeeds dials the nodes of -cluster (dialOnce) before the cluster
+// client asks them for its masters, which it would retry until -timeout:
+// an error if none answers, the first one's. A single server is dialed
+// with the masters.
+func dialSeeds(ctx context.Context, rdb redis.UniversalClient) error {
+	c, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return nil
+	}
+	opt := c.Options()
+	var first error
+	for _, addr := range opt.Addrs {
+		err := dialOnce(ctx, &redis.Options{Addr: addr, Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLSConfig})
+		if err == nil {
+			return nil
+		}
+		first = cmp.Or(first, err)
+	}
+	return first
 }
 
 // masters returns the client of each master: rdb itself, or each master

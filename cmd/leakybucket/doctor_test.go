@@ -235,3 +235,25 @@ func TestDoctorACL(t *testing.T) {
 	_, lines = doctorRun(t, "redis://nowait:pw@"+addr, "-replicas", "1")
 	want(t, lines, "acl", `FAIL user "nowait" may not run WAIT`)
 }
+
+// TestDoctorAuthError: a server that refuses the user is reported at
+// once, with the server's own error, whatever -timeout.
+func TestDoctorAuthError(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a redis-server")
+	}
+	addr := server(t, noPersistence...)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	if err := admin.ConfigSet(context.Background(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, url := range []string{"redis://" + addr + "/0", "redis://:wrong@" + addr + "/0"} {
+		start := time.Now()
+		code, _, stderr := cli("-redis", url, "doctor")
+		took := time.Since(start)
+		if code != exitRedis || !strings.Contains(stderr, "NOAUTH") && !strings.Contains(stderr, "WRONGPASS") || took > time.Second {
+			t.Errorf("%s: exit %d after %v, stderr %q; want exit %d with the server's NOAUTH or WRONGPASS within 1s", url, code, took, stderr, exitRedis)
+		}
+	}
+}

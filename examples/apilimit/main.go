@@ -62,7 +62,7 @@ of n items costs n. It sends a fast burst, then a steady trickle, for three
 minutes, so that the second's, then the minute's, then the hour's limit is the
 one that denies. It prints each batch as it is answered (which limits denied
 it, its Retry-After, and each limit's count), then a summary per limit.`,
-	Real: "3 minutes",
+	Real: "the program sleeps for real: it takes 3 minutes",
 }
 
 func main() {

@@ -57,7 +57,7 @@ var program = demo.Program{
 and 3 per 10 s from each. Four consumers call it at their own pace for 25 s.
 It prints each request as it is answered (allowed, or which limit denied it,
 and its Retry-After), then a summary per consumer.`,
-	Real: "25 s",
+	Real: "the program sleeps for real: it takes 25 s",
 }
 
 func main() {

@@ -43,7 +43,7 @@ most 10 notifications per 30 minutes, and all types together at most 100. It
 sends a burst of 300 events, printing each as it is sent or dropped, and by
 which cap (a call both caps refuse is dropped by both), then a table of what
 was sent and dropped per type and in total.`,
-	Real: "a moment (a burst, no sleeping)",
+	Real: "the burst is sent at once: nothing sleeps",
 }
 
 func main() {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"strings"
 	"testing"
@@ -101,3 +102,16 @@ func printed(line string, i int, c demo.Call) bool {
 }
 
 func TestUsage(t *testing.T) { demotest.Usage(t, program) }
+
+// TestUsageSaysNoSleep: notify sends one burst, so its -h must not say
+// that it sleeps on a real server.
+func TestUsageSaysNoSleep(t *testing.T) {
+	var out strings.Builder
+	fs := flag.NewFlagSet(program.Name, flag.ContinueOnError)
+	fs.SetOutput(&out)
+	demo.Flags(fs, program)
+	_ = fs.Parse([]string{"-h"})
+	if strings.Contains(out.String(), "sleeps for real") {
+		t.Errorf("-h says the burst sleeps:\n%s", out.String())
+	}
+}

@@ -29,7 +29,7 @@ type Run func(ctx context.Context, env Env) ([]Call, error)
 type Program struct {
 	Name  string // as run: "notify" for go run ./examples/notify
 	About string // what it does and prints, wrapped to fit 80 columns
-	Real  string // how long it runs on a real server: "25 s", "a moment"
+	Real  string // how it runs on a real server, after "There ": "the program sleeps for real: it takes 25 s"
 }
 
 // Main runs a program from the command line: it reads the -strategy flag
@@ -71,7 +71,7 @@ func Usage(fs *flag.FlagSet, p Program) func() {
 		fmt.Fprintf(out, `
 environment:
   REDIS_URL  a Redis to run on, as redis://[user:password@]host:port/db.
-             There the program sleeps for real: it takes %s.
+             There %s.
              Unset: an embedded miniredis whose clock jumps when the program
              sleeps, so the run is instant. Each run first forgets the
              previous run's counts.
