@@ -1,6 +1,7 @@
 package leakybucket
 
 import (
+	"context"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -11,6 +12,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
 )
 
 // TestDocsNameWhatExists: no comment of the code, no page under docs/ and
@@ -290,4 +295,38 @@ func TestEveryPackageHasADoc(t *testing.T) {
 			t.Errorf("%s: no package doc (go doc ./%s shows none)", dir, dir)
 		}
 	}
+}
+
+// The SCAN pattern docs/strategies.md shows for Logs is the one a Bucket
+// writes under: a Bucket whose longest window is 10 s, at resource
+// "GET /x", makes its logs under that prefix (issue #55: the page once
+// showed a pattern without the layout's tag, which matched no key).
+func TestDocsLogsScanPattern(t *testing.T) {
+	const prefix = "leakybucket:w10000:{R0VUIC94}:log:"
+	doc, err := os.ReadFile("docs/strategies.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "`"+prefix+"*`") {
+		t.Errorf("docs/strategies.md does not show the SCAN pattern %s*", prefix)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		m := miniredis.NewMiniRedis()
+		if err := m.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		rdb := miniClient(m)
+		defer rdb.Close()
+		b, err := New(rdb, PerClient(Per(5, 10*time.Second)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Allow(context.Background(), "GET /x", "c"); err != nil {
+			t.Fatal(err)
+		}
+		if logs := m.Keys(); len(logs) != 1 || !strings.HasPrefix(logs[0], prefix) {
+			t.Errorf("a Logs Bucket wrote %v, want one key under %s", logs, prefix)
+		}
+	})
 }
