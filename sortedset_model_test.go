@@ -3,9 +3,7 @@ package leakybucket
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"slices"
-	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -153,45 +151,15 @@ func (l *fullLog) flush(client *string) {
 	l.calls = slices.DeleteFunc(l.calls, func(c loggedCall) bool { return client == nil || c.client == *client })
 }
 
-// compareFullLog makes 2000 random calls of weight up to most, each to a
-// random one of procs, and fails at the first whose Result is not the
-// full log's. Flush and FlushAll go to every process, so that none
-// answers from its denial cache what another process's flush changed
-// (which is seen within a second, by design).
+// compareFullLog makes randomCalls to procs, and fails at the first
+// whose Result is not the full log's.
 func compareFullLog(t *testing.T, procs []*Bucket, rules []Rule, most int, seed uint64) {
 	t.Helper()
-	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(seed, 7))
 	log := &fullLog{rules: rules}
 	var admitted, denied int
-	for i := range 2000 {
-		wait := time.Duration(rng.IntN(30)) * ms
-		if rng.IntN(100) == 0 {
-			wait = time.Duration(2+rng.IntN(3)) * time.Second // a step past every window
-		}
-		time.Sleep(wait)
-		p := procs[rng.IntN(len(procs))]
-		client, n := "c"+strconv.Itoa(rng.IntN(4)), 1+rng.IntN(most)
-		switch rng.IntN(60) {
-		case 0:
-			for _, q := range procs {
-				if err := q.Flush(ctx, "r", client); err != nil {
-					t.Fatal(err)
-				}
-			}
-			log.flush(&client)
-			continue
-		case 1:
-			for _, q := range procs {
-				if err := q.FlushAll(ctx, "r"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			log.flush(nil)
-			continue
-		}
+	randomCalls(t, procs, most, seed, log.flush, func(i int, p *Bucket, client string, n int) {
 		want := log.result(client, n, time.Now())
-		got, err := p.AllowN(ctx, "r", client, n)
+		got, err := p.AllowN(context.Background(), "r", client, n)
 		if err != nil {
 			t.Fatalf("call %d: AllowN(%s, %d): %v", i, client, n, err)
 		}
@@ -203,7 +171,7 @@ func compareFullLog(t *testing.T, procs []*Bucket, rules []Rule, most int, seed 
 		} else {
 			denied++
 		}
-	}
+	})
 	t.Logf("%d admitted, %d denied", admitted, denied)
 	if admitted == 0 || denied == 0 {
 		t.Errorf("%d admitted and %d denied: the calls tested too little", admitted, denied)

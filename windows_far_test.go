@@ -117,17 +117,47 @@ func (c *confirmCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
-// compareWholeRead makes 2000 random calls of weight up to most, each to
-// a random one of procs, and fails at the first whose Result is not
-// within the bounds of the whole read's. A call whose reply was lost is
-// an error. Flush and FlushAll go to every process, so that none answers
-// from its denial cache what another process's flush changed (which is
-// seen within a second, by design).
+// compareWholeRead makes randomCalls to procs, and fails at the first
+// whose Result is not within the bounds of the whole read's. A call whose
+// reply was lost is an error.
 func compareWholeRead(t *testing.T, e *env, procs []*Bucket, most int, seed uint64) {
+	t.Helper()
+	lost, bounded, denied := 0, 0, 0
+	randomCalls(t, procs, most, seed, nil, func(i int, p *Bucket, client string, n int) {
+		want := wholeRead(t, e, p, client, n)
+		got, err := p.AllowN(context.Background(), "r", client, n)
+		if errors.Is(err, errLost) {
+			lost++
+			time.Sleep(100 * ms) // the Bucket takes the calls back, in the background
+			return
+		}
+		if err != nil || !withinBounds(got, want, p.Rules()) {
+			t.Fatalf("call %d, AllowN(%s, %d): %+v, %v; the whole read: %+v", i, client, n, got, err, want)
+		}
+		if !got.Allowed {
+			denied++
+		} else if !reflect.DeepEqual(got, want) {
+			bounded++
+		}
+	})
+	t.Logf("%s: %d replies lost, %d denials, %d admissions answered with a bound", t.Name(), lost, denied, bounded)
+	if lost == 0 || denied == 0 || bounded == 0 {
+		t.Errorf("lost %d replies, denied %d calls and bounded %d admissions: the test tested too little", lost, denied, bounded)
+	}
+}
+
+// randomCalls makes the property tests' 2000 random calls to resource
+// "r": each after a random wait (now and then a step past every window),
+// to a random one of procs, by one of four clients, of a weight up to
+// most, handed to call. One in sixty is a Flush of its client instead,
+// one in sixty a FlushAll, sent to every process, so that none answers
+// from its denial cache what another process's flush changed (which is
+// seen within a second, by design), and then told to flushed, if not nil
+// (its client nil for FlushAll).
+func randomCalls(t *testing.T, procs []*Bucket, most int, seed uint64, flushed func(client *string), call func(i int, p *Bucket, client string, n int)) {
 	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 7))
-	lost, bounded, denied := 0, 0, 0
 	for i := range 2000 {
 		wait := time.Duration(rng.IntN(30)) * ms
 		if rng.IntN(100) == 0 {
@@ -136,41 +166,39 @@ func compareWholeRead(t *testing.T, e *env, procs []*Bucket, most int, seed uint
 		time.Sleep(wait)
 		p := procs[rng.IntN(len(procs))]
 		client, n := "c"+strconv.Itoa(rng.IntN(4)), 1+rng.IntN(most)
+		var who *string // a Flush of who, or if nil a FlushAll
 		switch rng.IntN(60) {
 		case 0:
-			for _, p := range procs {
-				if err := p.Flush(ctx, "r", client); err != nil {
-					t.Fatalf("call %d, Flush: %v", i, err)
-				}
-			}
+			who = &client
 		case 1:
-			for _, p := range procs {
-				if err := p.FlushAll(ctx, "r"); err != nil {
-					t.Fatalf("call %d, FlushAll: %v", i, err)
-				}
-			}
 		default:
-			want := wholeRead(t, e, p, client, n)
-			got, err := p.AllowN(ctx, "r", client, n)
-			if errors.Is(err, errLost) {
-				lost++
-				time.Sleep(100 * ms) // the Bucket takes the calls back, in the background
-				continue
-			}
-			if err != nil || !withinBounds(got, want, p.Rules()) {
-				t.Fatalf("call %d, AllowN(%s, %d): %+v, %v; the whole read: %+v", i, client, n, got, err, want)
-			}
-			if !got.Allowed {
-				denied++
-			} else if !reflect.DeepEqual(got, want) {
-				bounded++
-			}
+			call(i, p, client, n)
+			continue
+		}
+		if err := flushEvery(ctx, procs, who); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if flushed != nil {
+			flushed(who)
 		}
 	}
-	t.Logf("%s: %d replies lost, %d denials, %d admissions answered with a bound", t.Name(), lost, denied, bounded)
-	if lost == 0 || denied == 0 || bounded == 0 {
-		t.Errorf("lost %d replies, denied %d calls and bounded %d admissions: the test tested too little", lost, denied, bounded)
+}
+
+// flushEvery has every one of procs Flush client of resource "r", or
+// FlushAll if client is nil.
+func flushEvery(ctx context.Context, procs []*Bucket, client *string) error {
+	for _, b := range procs {
+		var err error
+		if client != nil {
+			err = b.Flush(ctx, "r", *client)
+		} else {
+			err = b.FlushAll(ctx, "r")
+		}
+		if err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // wholeRead is PeekN's Result for a call of weight n by client, checked
