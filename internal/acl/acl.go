@@ -102,18 +102,21 @@ type Conn struct {
 	Where   string // for the README: on which servers the rule applies, if not all
 	Cluster bool   // only on a *redis.ClusterClient
 	Paste   bool   // in the README's ACL SETUSER lines, which Redis 7.0 must accept
+	// Instead names the command this one stands in for, sent only where
+	// that one is refused or missing; "" if it is always sent.
+	Instead string
 }
 
 // Conns are the connection's commands.
 var Conns = []Conn{
-	{"hello", "every new connection; it carries `AUTH`", false, "", false, false},
-	{"select", "`DB` in `redis.Options` is not 0", true, "", false, true},
+	{"hello", "every new connection; it carries `AUTH`", false, "", false, false, ""},
+	{"select", "`DB` in `redis.Options` is not 0", true, "", false, true, ""},
 	{"client|maint_notifications", "every new connection, unless `MaintNotificationsConfig` disables it; once refused, go-redis stops sending it", true,
-		"where the server has it (open-source Redis 7 does not)", false, false},
+		"where the server has it (open-source Redis 7 does not)", false, false, ""},
 	{"client|setinfo", "every new connection, unless `DisableIdentity`; go-redis ignores a refusal", true,
-		"on Redis 7.2 and later (7.0 refuses the rule)", false, false},
-	{"cluster|shards", "a `*redis.ClusterClient`, to map the slots (go-redis v9.24 asks it first)", true, "", true, true},
-	{"cluster|slots", "a `*redis.ClusterClient`, to map the slots where `CLUSTER SHARDS` is refused or missing", true, "", true, true},
+		"on Redis 7.2 and later (7.0 refuses the rule)", false, false, ""},
+	{"cluster|shards", "a `*redis.ClusterClient`, to map the slots (go-redis v9.24 asks it first)", true, "", true, true, ""},
+	{"cluster|slots", "a `*redis.ClusterClient`, to map the slots where `CLUSTER SHARDS` is refused or missing", true, "", true, true, "cluster|shards"},
 }
 
 // OfMethod returns what method m of strategy s sends, the lock's commands
