@@ -41,10 +41,12 @@ type Strategy interface {
 
 // counting is how a strategy counts calls: in the intervals of a layout
 // (Windows), or one by one, capped at each rule's Requests (SortedSet with
-// WithRecordDenied), or neither (Logs, and SortedSet otherwise).
+// WithRecordDenied), or neither (Logs, and SortedSet otherwise); or, tats,
+// in one bucket per rule and scope (GCRA).
 type counting struct {
 	layout *intervals.Layout
 	capped bool
+	tats   bool
 }
 
 var (
@@ -128,11 +130,13 @@ type plan struct {
 	fallback bool
 	// locking is the Logs store's alone (WithLockTTL, WithLockWait).
 	locking store.Locking
+	// replicas is WithReplicas', which GCRA refuses.
+	replicas int
 }
 
 func newPlan(cfg config) plan {
 	p := plan{public: cfg.rules, Plan: store.Plan{ClientScoped: true, RecordDenied: cfg.recordDenied, ScanCount: cfg.scanCount},
-		locking: store.Locking{TTL: cfg.lockTTL, Wait: cfg.lockWait}, maxN: math.MaxInt}
+		locking: store.Locking{TTL: cfg.lockTTL, Wait: cfg.lockWait}, maxN: math.MaxInt, replicas: cfg.replicas}
 	for _, public := range cfg.rules {
 		r := public.model()
 		p.Rules = append(p.Rules, r)
