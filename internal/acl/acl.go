@@ -75,11 +75,11 @@ var Strategies = map[string]map[Method]Sends{
 		Flush:    {false, []string{"time", "multi", "hgetall", "del", "get", "exec", "hincrby", "pexpireat", "set", "hdel"}, []string{"watch", "unwatch", "hset"}},
 		FlushAll: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},
 	},
-	// GCRA: SET of the fence, WATCH, MGET, TIME and PTTL, then MULTI, SET,
+	// GCRA: WATCH, PEXPIRETIME and TIME, then MULTI, SET, PEXPIREAT,
 	// EXEC, or UNWATCH when nothing is to write.
 	"gcra": {
-		Allow:    {false, append(slices.Clone(Txn), "set", "watch", "mget", "time", "pttl", "unwatch"), nil},
-		Peek:     {false, []string{"mget", "time"}, nil},
+		Allow:    {false, append(slices.Clone(Txn), "watch", "pexpiretime", "time", "set", "pexpireat", "unwatch"), nil},
+		Peek:     {false, []string{"pexpiretime", "time"}, nil},
 		Flush:    {false, []string{"del"}, nil},
 		FlushAll: {false, []string{"scan", "del"}, nil},
 	},

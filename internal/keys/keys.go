@@ -11,10 +11,9 @@
 //	P:T:{R}:hash[@G][:C]:<g>.<e>  Windows: weight per interval of span g's epoch e
 //	                              in generation G, the resource's or the client's
 //	P:T:{R}:gen                   Windows: the generation, once FlushAll ran
-//	P:T:{R}:fence:<id>            SortedSet, Windows: one transaction's marker;
-//	                              GCRA: one line's time fence
-//	P:T:{R}:tat:I:B[:C]           GCRA: the TAT of a bucket of interval I ns and
-//	                              burst B, the resource's or the client's
+//	P:T:{R}:fence:<id>            SortedSet, Windows: one transaction's marker
+//	P:T:{R}:tat:I:B[:C]           GCRA: a bucket of interval I ns and burst B, the
+//	                              resource's or the client's: its TAT is the key's expiry
 //
 // The hash tag {R} keeps every key of a resource in one cluster slot, so
 // that no lock, WATCH or MULTI/EXEC crosses slots. base64url has no ':',

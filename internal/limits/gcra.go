@@ -4,22 +4,25 @@ import "math"
 
 // A Bucket is a rule as GCRA keeps it, a leaky bucket: it drains one unit
 // of weight per Interval and holds at most Burst. Its whole state is a
-// theoretical arrival time (TAT): when the bucket will be empty, in ns
-// since the Unix epoch. A call of weight n fits at now if the bucket,
-// drained until now, has room for n: max(tat, now) + n*Interval - now <=
-// Burst*Interval. Both the Redis store and NewLocal's counts decide with
-// these few lines, so that they agree to the nanosecond.
+// theoretical arrival time (TAT): when the bucket will be empty, in ms
+// since the Unix epoch, the resolution of Redis's expiry, which keeps it. A
+// call of weight n fits at now if the bucket, drained until now, has room
+// for n: max(tat, now) + n*Interval - now <= Burst*Interval; and then
+// the TAT moves to max(tat, now) + Cost(n). The Redis store and NewLocal's
+// buckets decide with these few lines, so that they agree to the
+// millisecond.
 type Bucket struct {
 	Interval int64 // ns per unit of weight
 	Burst    int
 	window   int64 // the rule's Window, ms: what the Count is expressed in
 }
 
-// nsPerMs converts between the ns of a TAT and the ms of a Count.
+// nsPerMs converts between ns and the ms of TATs and Counts.
 const nsPerMs = 1_000_000
 
-// MaxBucketSpan bounds Burst*Interval, the most a bucket holds in time, so
-// that no sum of a TAT and the weight of a call overflows: about 146 years.
+// MaxBucketSpan bounds Burst*Interval (ns), the most a bucket holds in
+// time, so that no sum of a level and the weight of a call overflows:
+// about 73 years.
 const MaxBucketSpan = math.MaxInt64 / 4
 
 // BucketOf returns r's bucket: r.Requests is its burst, and it drains
@@ -35,40 +38,36 @@ func BucketOf(r Rule) Bucket {
 }
 
 // Span is Burst*Interval, or more than MaxBucketSpan if it overflows.
-func (b Bucket) Span() int64 {
-	if b.Interval > 0 && int64(b.Burst) > MaxBucketSpan/b.Interval {
-		return math.MaxInt64
-	}
-	return int64(b.Burst) * b.Interval
-}
+func (b Bucket) Span() int64 { return b.weight(b.Burst) }
 
-// Advance returns the TAT once a call of weight n is counted from from:
-// the bucket as it was, drained no further than from, plus the call.
-func (b Bucket) Advance(tat, from int64, n int) int64 {
-	return max(tat, from) + int64(n)*b.Interval
-}
+// Cost is what a call of weight n adds to the TAT: n intervals, rounded
+// up to the ms (the TAT's resolution), so that a bucket never drains
+// faster than its rule says.
+func (b Bucket) Cost(n int) int64 { return ceilMs(min(b.weight(n), MaxBucketSpan)) }
 
-// Count is what the bucket of tat counts at now (ns) for a call of weight
-// n <= Burst, in the terms every strategy's Result is made of (see the
-// root package's fill), with nowMs, now in ms rounded down, as the View's
-// Now: Used is the weight still in the bucket, rounded up to a whole unit
-// (so that Burst-Used, the Remaining, is whole units of room); the
-// "newest call" leaves the "window" when the bucket is empty (ResetAfter),
-// the call's stamp when it would be empty after the call, and the one
-// "oldest call" of a denial, of just the weight that must drain for n to
-// fit, when it has drained (RetryAfter). Every duration is rounded up to
-// the ms: never sooner than the bucket says.
-func (b Bucket) Count(tat, now, nowMs int64, n int) Count {
+// Advance returns the TAT once a call of weight n is counted at now (ms).
+func (b Bucket) Advance(tat, now int64, n int) int64 { return max(tat, now) + b.Cost(n) }
+
+// Count is what the bucket of tat counts at now (ms) for a call of weight
+// n, in the terms every strategy's Result is made of (see the root
+// package's fill): Used is the weight still in the bucket, rounded up to
+// a whole unit (so that Burst-Used, the Remaining, is whole units of
+// room); the "newest call" leaves the "window" when the bucket is empty
+// (ResetAfter), the call's stamp when it would be empty after the call,
+// and the one "oldest call" of a denial, of just the weight that must
+// drain for n to fit, when it has drained (RetryAfter), rounded up to the
+// ms: never sooner than the bucket says.
+func (b Bucket) Count(tat, now int64, n int) Count {
 	// A TAT further ahead than any bucket holds (a burst lowered since, or a
 	// value this code never wrote) is read as that far: it still denies.
-	level := min(max(tat, now)-now, MaxBucketSpan)
-	weight := min(b.weight(n), MaxBucketSpan)
-	c := Count{Used: b.units(level), Stamp: nowMs + ceilMs(level+weight) - b.window}
+	level := min(max(tat, now)-now, MaxBucketSpan/nsPerMs)
+	c := Count{Used: b.units(level * nsPerMs), Stamp: now + level + b.Cost(n) - b.window}
 	if level > 0 {
-		c.Newest = nowMs + ceilMs(level) - b.window
+		c.Newest = now + level - b.window
 	}
-	if over := level + weight - b.Span(); over > 0 && c.Used > 0 {
-		c.Oldest = []Entry{{At: nowMs + ceilMs(over) - b.window, Weight: c.Used - (b.Burst - n)}}
+	over := level*nsPerMs + min(b.weight(n), MaxBucketSpan) - b.Span()
+	if over > 0 && c.Used > 0 {
+		c.Oldest = []Entry{{At: now + ceilMs(over) - b.window, Weight: c.Used - (b.Burst - n)}}
 	}
 	return c
 }
@@ -82,7 +81,7 @@ func (b Bucket) weight(n int) int64 {
 	return int64(n) * b.Interval
 }
 
-// units is level in whole units of weight, rounded up, at most MaxInt.
+// units is level (ns) in whole units of weight, rounded up, at most MaxInt.
 func (b Bucket) units(level int64) int {
 	u := (level + b.Interval - 1) / b.Interval
 	if u > math.MaxInt {

@@ -12,8 +12,8 @@ import (
 )
 
 // TATs are the buckets of one Bucket under GCRA, in this process: one TAT
-// per rule and scope (limits.Bucket), decided with the arithmetic of the
-// Redis store, counted from the time of the decision. Every method may be
+// per rule and scope (limits.Bucket), in ms, decided with the arithmetic
+// of the Redis store, counted from the time of the decision. Every method may be
 // called from any goroutine against any other.
 type TATs struct {
 	rules   []limits.Rule
@@ -70,9 +70,11 @@ func NewTATs(rules []limits.Rule, byClient bool) *TATs {
 	return t
 }
 
-// now is the time in ns since the Unix epoch, on the monotonic clock from
+// now is the time in ms since the Unix epoch, on the monotonic clock from
 // the wall time the TATs were made at: it never goes back.
-func (t *TATs) now() int64 { return t.start.UnixNano() + time.Since(t.start).Nanoseconds() }
+func (t *TATs) now() int64 {
+	return (t.start.UnixNano() + time.Since(t.start).Nanoseconds()) / int64(time.Millisecond)
+}
 
 func (t *TATs) shardOf(resource, client string) *tatShard {
 	h := maphash.String(t.seed, resource)
@@ -111,9 +113,9 @@ func (t *TATs) Decide(resource, client string, n int, evaluate func(limits.View)
 
 // view is what the buckets of a call hold at now; sh's lock is held.
 func (t *TATs) view(sh *tatShard, resource, client string, n int, now int64) limits.View {
-	v := limits.View{Now: now / 1_000_000, Counts: make([]limits.Count, len(t.rules))}
+	v := limits.View{Now: now, Counts: make([]limits.Count, len(t.rules))}
 	for r, b := range t.buckets {
-		v.Counts[r] = b.Count(sh.tats[t.key(r, resource, client)], now, v.Now, n)
+		v.Counts[r] = b.Count(sh.tats[t.key(r, resource, client)], now, n)
 	}
 	return v
 }

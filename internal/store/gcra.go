@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -18,8 +17,7 @@ import (
 
 // NewGCRA returns the store of GCRA for p.
 func NewGCRA(p Plan) Store {
-	s := gcraStore{Plan: p, lockFree: lockFree{clientScoped: p.ClientScoped},
-		id: strconv.FormatUint(rand.Uint64(), 36)}
+	s := gcraStore{Plan: p, lockFree: lockFree{clientScoped: p.ClientScoped}}
 	for _, r := range p.Rules {
 		b := limits.BucketOf(r)
 		s.buckets = append(s.buckets, b)
@@ -29,51 +27,40 @@ func NewGCRA(p Plan) Store {
 }
 
 // gcraStore is the GCRA strategy: a leaky bucket per rule and scope, each
-// one number, its TAT (limits.Bucket), in a string key that expires when
-// the bucket is empty. A batch of a line is decided by compare-and-swap,
-// without a script, in two round trips:
+// one number, its TAT (limits.Bucket), kept as the expiry of a key with an
+// empty value, which Redis drops once the bucket is empty. A batch of a
+// line is decided by compare-and-swap, without a script, in two round
+// trips on one connection:
 //
-//  1. SET fence PX margin, WATCH the batch's TATs and the fence, MGET the
-//     TATs, TIME and PTTL fence. The fence is this line's own key, so
-//     nothing but this line writes it, and it expires margin after the SET
-//     ran: no later than s = TIME + margin + 1ms (Redis keeps a key
-//     through its deadline's millisecond). PTTL shows it still there after
-//     the WATCH; else the round trip was late, and the batch starts again.
-//  2. The calls are decided, in order, at the time TIME read, each on the
-//     buckets as the calls before it left them; each admitted call
-//     advances its buckets from s. Then MULTI, SET each changed TAT PXAT
-//     its end, EXEC. EXEC applies only if no TAT changed since the WATCH
-//     and the fence has not expired, so before s; else it applies
-//     nothing, and the batch is decided again.
+//  1. WATCH the batch's keys, PEXPIRETIME of each (its TAT, or -2 where
+//     the bucket is empty), TIME.
+//  2. The calls are decided, in order, at the time TIME read (now), each
+//     on the buckets as the calls before it left them. For each bucket an
+//     admitted call changed, by cost, MULTI, SET key "" PX cost, and if
+//     it held a TAT, PEXPIREAT key TAT+cost GT; EXEC. Redis sets the
+//     expiry from its own clock when EXEC runs (at w): the TAT becomes
+//     max(TAT, w) + cost, which is GCRA's at w, however late the EXEC
+//     runs. EXEC applies nothing if a watched key changed or expired
+//     since the WATCH; then the batch is decided again.
 //
-// So a call is decided on the TATs as they stand when it is written, at a
-// time no later than the write (TIME ran before EXEC), and counted from a
-// time no earlier than it (s): no call is counted before it ran, so the
-// calls admitted are calls GCRA admits at the times Redis ran them. A
-// batch whose calls are all denied writes nothing and costs one round
-// trip and an UNWATCH. The calls are evaluated (Evaluate) only once their
-// write has applied: a batch that fails returns its error, and no call of
-// it reads as admitted.
+// So every admitted call is counted in its buckets at the time Redis
+// ran its write, exactly as GCRA counts a call then; and it was decided
+// on what those buckets held at now, no later than w, when they held as
+// much or more: the calls admitted are calls GCRA admits at the times
+// Redis ran them (it may deny one that GCRA at w would admit, by up to
+// the drain between now and w). A batch whose calls are all denied
+// writes nothing and costs one round trip and an UNWATCH. The calls are
+// evaluated (Evaluate) only once their write has applied: a batch that
+// fails returns its error, and no call of it reads as admitted.
 type gcraStore struct {
 	Plan
 	lockFree
 	buckets []limits.Bucket // by rule
 	names   []string        // by rule: its bucket's part of the key, "I:B"
-	id      string          // names this store's fences, one per line
 }
 
-// The fence's margin, the time it leaves the second round trip: longer,
-// the margin is charged to a call that finds its bucket holding less (see
-// docs/strategies.md); shorter, a slow round trip aborts the EXEC. A batch
-// that saw its round trips take longer than the margin doubles it for its
-// next attempt, up to maxFenceMargin.
-const (
-	fenceMargin    = 10 * time.Millisecond
-	maxFenceMargin = time.Second
-)
-
 // casFirstWait and casLongestWait pace a batch's attempts after its EXEC
-// found a TAT changed: jittered, so that the processes that lost do not
+// found a key changed: jittered, so that the processes that lost do not
 // all come back at once, and short, since the winner's write is done.
 const (
 	casFirstWait   = 100 * time.Microsecond
@@ -103,15 +90,9 @@ func (gcraStore) Tag() string { return "g" }
 
 func (s gcraStore) Decide(ctx context.Context, where Site, calls []limits.Call, evaluate Evaluate) error {
 	b := s.newBatch(where.Keys, calls)
-	line := "0"
-	if s.Line(where.Keys, calls[0].Client) != where.Keys.Slot() {
-		line = "1"
-	}
-	fence := where.Keys.Fence(s.id + line)
 	pace := backoff.Jittered(casFirstWait, casLongestWait)
-	margin := fenceMargin
 	for {
-		done, slow, err := b.attempt(ctx, where, fence, margin)
+		done, err := b.attempt(ctx, where)
 		if err != nil {
 			return err
 		}
@@ -120,9 +101,6 @@ func (s gcraStore) Decide(ctx context.Context, where Site, calls []limits.Call, 
 				evaluate(i, b.views[i])
 			}
 			return nil
-		}
-		if slow {
-			margin = min(2*margin, maxFenceMargin)
 		}
 		if err := backoff.Sleep(ctx, pace.NextBackoff()); err != nil {
 			return err
@@ -138,8 +116,9 @@ type gcraBatch struct {
 	calls []limits.Call
 	keys  []string // the distinct keys of the calls' buckets
 	keyOf [][]int  // by call, by rule: its bucket's key, in keys
-	tats  []int64  // by key: as read, then as the calls decided leave them
-	dirty []bool   // by key: changed by an admitted call
+	read  []int64  // by key: the TAT read, 0 if none
+	tats  []int64  // by key: as the calls decided leave it at now
+	cost  []int64  // by key: what the admitted calls add to it, ms
 	views []limits.View
 }
 
@@ -159,105 +138,92 @@ func (s gcraStore) newBatch(ks keys.Space, calls []limits.Call) *gcraBatch {
 			b.keyOf[i][r] = at
 		}
 	}
-	b.tats, b.dirty = make([]int64, len(b.keys)), make([]bool, len(b.keys))
+	b.read, b.tats, b.cost = make([]int64, len(b.keys)), make([]int64, len(b.keys)), make([]int64, len(b.keys))
 	return b
 }
 
 // attempt makes one compare-and-swap of the batch (see gcraStore). done:
-// it applied, or nothing was to write; slow: it did not, and its round
-// trips took longer than margin, which may be why.
-func (b *gcraBatch) attempt(ctx context.Context, where Site, fence string, margin time.Duration) (done, slow bool, err error) {
+// it applied, or nothing was to write; else a watched key changed.
+func (b *gcraBatch) attempt(ctx context.Context, where Site) (done bool, err error) {
 	conn := where.Node.Conn()
 	defer conn.Close()
 	sent := time.Now()
-	now, alive, err := b.read(ctx, conn, fence, margin)
-	if err != nil || !alive {
+	now, err := b.readOn(ctx, conn, true)
+	if err != nil {
 		unwatch(ctx, conn)
-		return false, true, err
+		return false, err
 	}
 	where.Clock.Observe(now, sent, time.Now())
-	s := (now.UnixMilli() + margin.Milliseconds() + 1) * 1_000_000
-	if !b.decide(now.UnixNano(), now.UnixMilli(), s) {
+	if !b.decide(now.UnixMilli()) {
 		unwatch(ctx, conn)
-		return true, false, nil
+		return true, nil
 	}
 	t := txn.New(b.ks, false)
 	for k, key := range b.keys {
-		if b.dirty[k] {
-			t.Add("set", key, b.tats[k], "pxat", (b.tats[k]+999_999)/1_000_000+1)
+		if b.cost[k] == 0 {
+			continue
+		}
+		t.Add("set", key, "", "px", b.cost[k])
+		if b.read[k] > 0 {
+			t.Add("pexpireat", key, b.read[k]+b.cost[k], "gt")
 		}
 	}
 	outcome, err := t.ExecOn(ctx, conn, where.Node.Options().ReadTimeout)
 	switch {
 	case outcome == txn.Ran:
-		return true, false, nil
+		return true, nil
 	case errors.Is(err, redis.TxFailedErr):
-		return false, time.Since(sent) >= margin, nil
+		return false, nil
 	}
-	return false, false, err
+	return false, err
 }
 
-// read sends the first round trip on conn, and reads the TATs into
-// b.tats; it returns Redis's time, and whether the fence was still there
-// after the WATCH.
-func (b *gcraBatch) read(ctx context.Context, conn *redis.Conn, fence string, margin time.Duration) (time.Time, bool, error) {
-	watch := make([]any, 0, len(b.keys)+2)
-	watch = append(watch, "watch")
-	for _, k := range b.keys {
-		watch = append(watch, k)
-	}
-	watch = append(watch, fence)
-	var tats *redis.SliceCmd
+// readOn reads the TATs into b.read on conn, under WATCH if watch, and
+// returns Redis's time.
+func (b *gcraBatch) readOn(ctx context.Context, conn pipeliner, watch bool) (time.Time, error) {
+	tats := make([]*redis.Cmd, len(b.keys))
 	var clock *redis.TimeCmd
-	var pttl *redis.Cmd
 	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		// SET before WATCH: a connection's own write to a key it watches
-		// would abort its EXEC.
-		pipe.Do(ctx, "set", fence, "1", "px", margin.Milliseconds())
-		pipe.Do(ctx, watch...)
-		tats = pipe.MGet(ctx, b.keys...)
+		if watch {
+			args := make([]any, 0, len(b.keys)+1)
+			args = append(args, "watch")
+			for _, k := range b.keys {
+				args = append(args, k)
+			}
+			pipe.Do(ctx, args...)
+		}
+		for k, key := range b.keys {
+			tats[k] = pipe.Do(ctx, "pexpiretime", key)
+		}
 		clock = pipe.Time(ctx)
-		pttl = pipe.Do(ctx, "pttl", fence)
 		return nil
 	})
 	if err != nil {
-		return time.Time{}, false, err
+		return time.Time{}, err
 	}
-	if err := parseTATs(tats.Val(), b.keys, b.tats); err != nil {
-		return time.Time{}, false, err
-	}
-	left, err := pttl.Int64()
-	return clock.Val(), left > 0, err
-}
-
-// parseTATs reads MGET's replies into tats: 0 for a bucket with no key.
-func parseTATs(replies []any, keys []string, tats []int64) error {
-	for k, v := range replies {
-		tats[k] = 0
-		s, ok := v.(string)
-		if !ok {
-			continue // nil: no key, an empty bucket
-		}
-		tat, err := strconv.ParseInt(s, 10, 64)
+	for k, tat := range tats {
+		// -2: no key, an empty bucket; -1, a key without an expiry, is
+		// none this code wrote: read as empty, it is written over.
+		at, err := tat.Int64()
 		if err != nil {
-			return fmt.Errorf("leakybucket: the TAT %q holds %q, not a time: %w", keys[k], s, err)
+			return time.Time{}, err
 		}
-		tats[k] = tat
+		b.read[k] = max(at, 0)
 	}
-	return nil
+	return clock.Val(), nil
 }
 
-// decide decides the calls, in order, at now (ns; nowMs in ms), each on
-// the buckets the calls before it left, advancing those of an admitted
-// call from s; it reports whether any was admitted.
-func (b *gcraBatch) decide(now, nowMs, s int64) bool {
-	clear(b.dirty)
+// decide decides the calls, in order, at now (ms), each on the buckets
+// the calls before it left; it reports whether any was admitted.
+func (b *gcraBatch) decide(now int64) bool {
+	copy(b.tats, b.read)
+	clear(b.cost)
 	admitted := false
 	for i, c := range b.calls {
-		v := limits.View{Now: nowMs, Counts: make([]limits.Count, len(b.Rules))}
+		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
 		fits := true
 		for r, rule := range b.Rules {
-			v.Counts[r] = b.buckets[r].Count(b.tats[b.keyOf[i][r]], now, nowMs, c.N)
+			v.Counts[r] = b.buckets[r].Count(b.tats[b.keyOf[i][r]], now, c.N)
 			fits = fits && rule.HasRoom(v.Counts[r].Used, c.N)
 		}
 		b.views[i] = v
@@ -267,8 +233,8 @@ func (b *gcraBatch) decide(now, nowMs, s int64) bool {
 		admitted = true
 		for r := range b.Rules {
 			if k := b.keyOf[i][r]; !b.sharesKey(i, r) {
-				b.tats[k] = b.buckets[r].Advance(b.tats[k], s, c.N)
-				b.dirty[k] = true
+				b.tats[k] = b.buckets[r].Advance(b.tats[k], now, c.N)
+				b.cost[k] += b.buckets[r].Cost(c.N)
 			}
 		}
 	}
@@ -297,20 +263,11 @@ func unwatch(ctx context.Context, conn *redis.Conn) {
 
 func (s gcraStore) Peek(ctx context.Context, where Site, client string, n int) (limits.View, error) {
 	b := s.newBatch(where.Keys, []limits.Call{{Client: client, N: n}})
-	var tats *redis.SliceCmd
-	var clock *redis.TimeCmd
-	_, err := where.conn().Pipelined(ctx, func(pipe redis.Pipeliner) error {
-		tats, clock = pipe.MGet(ctx, b.keys...), pipe.Time(ctx)
-		return nil
-	})
+	now, err := b.readOn(ctx, where.conn(), false)
 	if err != nil {
 		return limits.View{}, err
 	}
-	if err := parseTATs(tats.Val(), b.keys, b.tats); err != nil {
-		return limits.View{}, err
-	}
-	now := clock.Val()
-	b.decide(now.UnixNano(), now.UnixMilli(), 0)
+	b.decide(now.UnixMilli())
 	return b.views[0], nil
 }
 

@@ -1,0 +1,263 @@
+package leakybucket
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// eachGCRA runs test under GCRA on miniredis and in process on fake time,
+// on the real Redis and on the real cluster.
+func eachGCRA(t *testing.T, test func(t *testing.T, e *env)) {
+	t.Helper()
+	eachOf(t, []Strategy{GCRA}, test)
+}
+
+// onFakeTime runs test under GCRA on miniredis and in process, in a
+// synctest bubble: for cases whose numbers hold only where no time passes
+// unseen.
+func onFakeTime(t *testing.T, test func(t *testing.T, e *env)) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) { test(t, newMiniEnv(t, GCRA)) })
+	})
+	t.Run("local", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) { test(t, newLocalEnv(GCRA)) })
+	})
+}
+
+// The cases of go-redis/redis_rate v10's rate_test.go (TestAllow), with
+// its inputs and expected numbers: PerSecond(10), whose burst is 10. Two
+// differ by design: a weight above the burst is denied with RetryAfter
+// Never (redis_rate says 99s, a wait after which it is denied again), and
+// an allowed call's RetryAfter is 0 (redis_rate's is -1).
+func TestGCRARedisRateAllow(t *testing.T) {
+	eachGCRA(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerResource(PerSecond(10)))
+		deny := []Rule{{Limit: PerSecond(10)}}
+		e.run(t, b, "test_id", []step{
+			{0, "c", 1, false, want{true, 9, 0, 100 * ms, nil}},
+		})
+		if err := b.FlushAll(context.Background(), "test_id"); err != nil {
+			t.Fatal(err)
+		}
+		e.clock.recorded = nil
+		e.run(t, b, "test_id", []step{
+			{0, "c", 1, false, want{true, 9, 0, 100 * ms, nil}},
+			{0, "c", 2, false, want{true, 7, 0, 300 * ms, nil}},
+			{0, "c", 7, false, want{true, 0, 0, time.Second, nil}},
+			{0, "c", 1000, false, want{false, 0, Never, time.Second, deny}},
+		})
+	})
+}
+
+// redis_rate's TestRetryAfter: a rate of 1 per ms, burst 1; a denied
+// call's RetryAfter is at most 1ms.
+func TestGCRARedisRateRetryAfter(t *testing.T) {
+	eachGCRA(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerResource(Per(1, time.Millisecond)))
+		for i := range 1000 {
+			res, err := b.Allow(context.Background(), "test_id", "c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !res.Allowed && res.RetryAfter > time.Millisecond {
+				t.Fatalf("call %d: RetryAfter = %v, want at most 1ms", i, res.RetryAfter)
+			}
+		}
+	})
+}
+
+// xallow is a step of x/time/rate's rate_test.go: at t (in steps of
+// 100ms), the tokens before the call, its weight, and whether AllowN
+// admits it.
+type xallow struct {
+	t    int
+	toks int
+	n    int
+	ok   bool
+}
+
+// runXTime runs x/time/rate's steps on a Bucket of NewLimiter(10, burst):
+// Remaining is the tokens left after an admitted call, and before a
+// denied one.
+func runXTime(t *testing.T, e *env, burst int, steps []xallow) {
+	t.Helper()
+	b := e.bucket(t, PerResource(Per(10, time.Second).WithBurst(burst)))
+	start := time.Now()
+	for i, s := range steps {
+		time.Sleep(time.Until(start.Add(time.Duration(s.t) * 100 * ms)))
+		res, err := b.AllowN(context.Background(), "r", "c", s.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := s.toks
+		if s.ok {
+			left -= s.n
+		}
+		if res.Allowed != s.ok || res.Remaining != left {
+			t.Errorf("step %d: AllowN(n=%d) at t%d = {Allowed:%v Remaining:%d}, want {%v %d}", i, s.n, s.t, res.Allowed, res.Remaining, s.ok, left)
+		}
+	}
+}
+
+// x/time/rate's TestLimiterBurst1 and TestLimiterBurst3 (its inputs and
+// expected results; its last step, of weight 0, is not a call here).
+func TestGCRATimeRateBurst(t *testing.T) {
+	onFakeTime(t, func(t *testing.T, e *env) {
+		runXTime(t, e, 1, []xallow{
+			{0, 1, 1, true}, {0, 0, 1, false}, {0, 0, 1, false},
+			{1, 1, 1, true}, {1, 0, 1, false}, {1, 0, 1, false},
+			{2, 1, 2, false}, // burst size is 1, so n=2 always fails
+			{2, 1, 1, true}, {2, 0, 1, false},
+		})
+	})
+	onFakeTime(t, func(t *testing.T, e *env) {
+		runXTime(t, e, 3, []xallow{
+			{0, 3, 2, true}, {0, 1, 2, false}, {0, 1, 1, true}, {0, 0, 1, false},
+			{1, 1, 4, false},
+			{2, 2, 1, true}, {3, 2, 1, true},
+			{4, 2, 1, true}, {4, 1, 1, true}, {4, 0, 1, false}, {4, 0, 1, false},
+			{9, 3, 3, true},
+		})
+	})
+}
+
+// A call is admitted only if every rule's bucket has room, and then fills
+// every one; a denied call fills none. Per(4, time.Second) drains one
+// every 250ms.
+func TestGCRAAllOrNothing(t *testing.T) {
+	eachGCRA(t, func(t *testing.T, e *env) {
+		total, each := Per(4, time.Second), Per(2, time.Second)
+		b := e.bucket(t, PerResource(total), PerClient(each))
+		byClient, byTotal := []Rule{{PerClient: true, Limit: each}}, []Rule{{Limit: total}}
+		e.run(t, b, "notify", []step{
+			{0, "a", 1, false, want{true, 1, 0, 500 * ms, nil}},
+			{0, "a", 1, false, want{true, 0, 0, time.Second, nil}},
+			// a's bucket is full until 500ms have drained one.
+			{0, "a", 1, false, want{false, 0, 500 * ms, time.Second, byClient}},
+			{0, "b", 1, false, want{true, 1, 0, 750 * ms, nil}},
+			// The denied call of a filled nothing: one is left in the total.
+			{0, "c", 1, false, want{true, 0, 0, time.Second, nil}},
+			{0, "c", 1, false, want{false, 0, 250 * ms, time.Second, byTotal}},
+			{250 * ms, "c", 1, false, want{true, 0, 0, time.Second, nil}},
+		})
+	})
+}
+
+// A burst above the rate: Per(10, time.Second).WithBurst(50) admits 50
+// at once, then one every 100ms.
+func TestGCRABurst(t *testing.T) {
+	eachGCRA(t, func(t *testing.T, e *env) {
+		l := Per(10, time.Second).WithBurst(50)
+		b := e.bucket(t, PerClient(l))
+		deny := []Rule{{PerClient: true, Limit: l}}
+		e.run(t, b, "r", []step{
+			{0, "a", 49, false, want{true, 1, 0, 4900 * ms, nil}},
+			{0, "a", 2, false, want{false, 1, 100 * ms, 4900 * ms, deny}},
+			{0, "a", 1, false, want{true, 0, 0, 5 * time.Second, nil}},
+			{0, "a", 51, false, want{false, 0, Never, 5 * time.Second, deny}},
+			{200 * ms, "a", 2, true, want{true, 0, 0, 5 * time.Second, nil}},
+		})
+	})
+}
+
+// GCRA refuses what means nothing to it, and the others refuse a burst.
+func TestGCRARefusesOptions(t *testing.T) {
+	rule := PerClient(PerSecond(10))
+	for name, opts := range map[string][]Option{
+		"record denied": {WithStrategy(GCRA), rule, WithRecordDenied()},
+		"lock ttl":      {WithStrategy(GCRA), rule, WithLockTTL(time.Second)},
+		"lock wait":     {WithStrategy(GCRA), rule, WithLockWait(time.Millisecond, time.Second)},
+		"replicas":      {WithStrategy(GCRA), rule, WithReplicas(1, time.Second)},
+		"precision":     {WithStrategy(GCRA), PerClient(PerSecond(10).WithPrecision(time.Millisecond))},
+		"sorted set":    {WithStrategy(SortedSet), PerClient(PerSecond(10).WithBurst(20))},
+		"negative":      {WithStrategy(GCRA), PerClient(PerSecond(10).WithBurst(-1))},
+		"span":          {WithStrategy(GCRA), PerClient(Per(1, 100*365*24*time.Hour).WithBurst(1000))},
+	} {
+		if _, err := NewLocal(opts...); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: NewLocal: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+// The stall test: a lag of 0.5 to 40ms between a decision's read and its
+// write, from 20 goroutines, on a burst-1 rule: no two admissions run
+// closer than its interval in Redis's time. On miniredis in a synctest
+// bubble, Redis's time is the fake clock when the EXEC is sent; on the
+// real Redis, on this host, an EXEC ran between its send and its reply.
+func TestGCRAStall(t *testing.T) {
+	const interval = 20 * ms
+	run := func(t *testing.T, e *env, calls int) {
+		lag := &execLag{}
+		e.addHook(lag)
+		b := e.bucket(t, PerResource(Per(1, interval)))
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() {
+				for range calls {
+					if _, err := b.Allow(context.Background(), "r", "c"); err != nil {
+						t.Error(err)
+						return
+					}
+					time.Sleep(time.Duration(rand.IntN(10)) * ms)
+				}
+			})
+		}
+		wg.Wait()
+		lag.check(t, interval)
+	}
+	t.Run("miniredis", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) { run(t, newMiniEnv(t, GCRA), 50) })
+	})
+	t.Run("redis", func(t *testing.T) { run(t, newRealEnv(t, GCRA), 20) })
+}
+
+// execLag delays every EXEC by 0.5 to 40ms before it is sent, and keeps
+// when each that applied was sent and answered.
+type execLag struct {
+	mu      sync.Mutex
+	applied [][2]time.Time
+}
+
+func (h *execLag) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *execLag) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *execLag) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		last := cmds[len(cmds)-1]
+		if last.Name() != "exec" {
+			return next(ctx, cmds)
+		}
+		time.Sleep(500*time.Microsecond + time.Duration(rand.Int64N(int64(40*ms))))
+		sent := time.Now()
+		err := next(ctx, cmds)
+		if last.Err() == nil {
+			h.mu.Lock()
+			h.applied = append(h.applied, [2]time.Time{sent, time.Now()})
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+
+// check fails if two applied EXECs surely ran closer than interval.
+func (h *execLag) check(t *testing.T, interval time.Duration) {
+	t.Helper()
+	slices.SortFunc(h.applied, func(a, b [2]time.Time) int { return a[0].Compare(b[0]) })
+	for i := 1; i < len(h.applied); i++ {
+		if gap := h.applied[i][1].Sub(h.applied[i-1][0]); gap < interval {
+			t.Errorf("admissions %d and %d ran within %v, interval %v", i-1, i, gap, interval)
+		}
+	}
+	if len(h.applied) < 2 {
+		t.Errorf("%d admissions", len(h.applied))
+	}
+}
