@@ -261,3 +261,102 @@ func (h *execLag) check(t *testing.T, interval time.Duration) {
 		t.Errorf("%d admissions", len(h.applied))
 	}
 }
+
+// Peek writes nothing; Flush empties a client's own buckets, FlushAll
+// every bucket of the resource; WaitN waits exactly until the call fits.
+func TestGCRAPeekFlushWait(t *testing.T) {
+	eachGCRA(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		b := e.bucket(t, PerResource(Per(10, time.Second)), PerClient(Per(2, time.Second)))
+		for range 3 {
+			if res, err := b.Peek(ctx, "r", "a"); err != nil || !res.Allowed || res.Remaining != 1 {
+				t.Fatalf("Peek = %+v, %v; want allowed, 1 remaining", res, err)
+			}
+		}
+		allow := func(client string, want bool) {
+			t.Helper()
+			if res, err := b.Allow(ctx, "r", client); err != nil || res.Allowed != want {
+				t.Fatalf("Allow(%s) = %+v, %v; want Allowed %v", client, res, err, want)
+			}
+		}
+		allow("a", true)
+		allow("a", true)
+		allow("a", false)
+		if err := b.Flush(ctx, "r", "a"); err != nil {
+			t.Fatal(err)
+		}
+		allow("a", true)
+		allow("a", true)
+		if err := b.FlushAll(ctx, "r"); err != nil {
+			t.Fatal(err)
+		}
+		if keys := e.countKeys(t); len(keys) != 0 {
+			t.Errorf("after FlushAll: %q", keys)
+		}
+		allow("a", true)
+		allow("a", true)
+		start := time.Now()
+		if err := b.Wait(ctx, "r", "a"); err != nil {
+			t.Fatal(err)
+		}
+		// a's bucket drains one every 500ms; Wait adds a jitter of up to a
+		// tenth. On a real clock, a loaded machine may make it longer.
+		if waited := time.Since(start); !e.real && (waited < 500*ms || waited > 550*ms) {
+			t.Errorf("Wait waited %v, want 500ms to 550ms", waited)
+		}
+	})
+}
+
+// Flush of a Bucket whose rules are all per-resource has no client's
+// bucket to empty.
+func TestGCRAFlushWithoutClientRule(t *testing.T) {
+	onFakeTime(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerResource(PerSecond(10)))
+		if err := b.Flush(context.Background(), "r", "a"); !errors.Is(err, errors.ErrUnsupported) {
+			t.Errorf("Flush = %v, want errors.ErrUnsupported", err)
+		}
+	})
+}
+
+// Each method sends only the commands listed for GCRA, and on miniredis,
+// whose fake time makes every path certain, all of them.
+func TestGCRACommandsPerMethod(t *testing.T) {
+	eachGCRA(t, func(t *testing.T, e *env) {
+		e.needsRedis(t, "commands")
+		ctx := context.Background()
+		_, cluster := e.rdb.(*redis.ClusterClient)
+		sent := map[method][]string{}
+		record := func(m method, f func() error) {
+			t.Helper()
+			var err error
+			cmds := e.sent.during(func() { err = f() })
+			if err != nil {
+				t.Fatalf("%s: %v", m, err)
+			}
+			for _, c := range cmds {
+				if !slices.Contains(methodCommands("gcra", m, cluster), c) {
+					t.Errorf("%s sent %s, which is not listed for it", m, c)
+				}
+			}
+			sent[m] = unique(append(sent[m], cmds...))
+		}
+		b := e.bucket(t, PerResource(PerSecond(10)), PerClient(PerSecond(1)))
+		record(peekMethod, func() error { _, err := b.Peek(ctx, "r", "a"); return err })
+		for range 2 {
+			record(allowMethod, func() error { _, err := b.Allow(ctx, "r", "a"); return err })
+		}
+		record(allowMethod, func() error { _, err := b.Allow(ctx, "r", "b"); return err })
+		record(flushMethod, func() error { return b.Flush(ctx, "r", "a") })
+		record(flushAllMethod, func() error { return b.FlushAll(ctx, "r") })
+		if e.mini == nil {
+			return
+		}
+		for _, m := range methods {
+			for _, c := range methodCommands("gcra", m, false) {
+				if !slices.Contains(sent[m], c) {
+					t.Errorf("%s never sent %s, which is listed for it", m, c)
+				}
+			}
+		}
+	})
+}
