@@ -360,3 +360,37 @@ func TestGCRACommandsPerMethod(t *testing.T) {
 		}
 	})
 }
+
+// WithFallback under GCRA: once Redis is down, the breaker opens and the
+// calls are decided in process by the rule's share, its rate and burst
+// divided by the instances; once Redis is back, on Redis again.
+func TestGCRAFallback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sw := newOutageSwitch(t, true)
+		limit := Per(10, time.Minute).WithBurst(30)
+		share := Rule{PerClient: true, Limit: Per(3, time.Minute).WithBurst(10)}
+		b := fallbackNew(t, sw.client(t, redis.Options{}), WithStrategy(GCRA), PerClient(limit), WithFallback(3))
+		ctx := context.Background()
+		if res, err := b.Allow(ctx, "r", "c"); err != nil || !res.Allowed || res.Fallback || res.Remaining != 29 {
+			t.Fatalf("on Redis: %+v, %v; want admitted by Redis, 29 left", res, err)
+		}
+		sw.Down()
+		for i := range 10 {
+			res, err := b.Allow(ctx, "r", "c")
+			if err != nil || !res.Allowed || !res.Fallback || res.Remaining != 9-i || res.Rules[0].Rule != share {
+				t.Fatalf("step %d in process: %+v, %v; want admitted in process, %d left of %v", i, res, err, 9-i, share)
+			}
+		}
+		// The share drains 3 a minute: one every 20s.
+		res, err := b.Allow(ctx, "r", "c")
+		if err != nil || res.Allowed || !res.Fallback || res.RetryAfter != 20*time.Second {
+			t.Errorf("the 11th in process: %+v, %v; want denied, retry after 20s", res, err)
+		}
+		sw.Up()
+		time.Sleep(time.Second)
+		res, err = b.Allow(ctx, "r", "c")
+		if err != nil || !res.Allowed || res.Fallback || res.Remaining != 28 {
+			t.Errorf("back on Redis: %+v, %v; want admitted by Redis, 28 left", res, err)
+		}
+	})
+}
