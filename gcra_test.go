@@ -5,12 +5,15 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/leakybucket/leakybucket/internal/keys"
 )
 
 // eachGCRA runs test under GCRA on miniredis and in process on fake time,
@@ -393,4 +396,33 @@ func TestGCRAFallback(t *testing.T) {
 			t.Errorf("back on Redis: %+v, %v; want admitted by Redis, 28 left", res, err)
 		}
 	})
+}
+
+// What a bucket costs Redis, with the names of the bench's memory table
+// (prefix "lb", a resource of 6 characters, "client-123", 3 calls under
+// PerClient(Per(10, 10*time.Second))): at most 1.1x redis_rate's 104 B
+// (MEMORY USAGE, Redis 7.0.15), its one string per client.
+func TestGCRAMemoryPerClient(t *testing.T) {
+	admin := realAdmin(t)
+	ctx := context.Background()
+	resource := "m" + strconv.Itoa(100000+rand.IntN(900000))[1:]
+	b, err := New(admin, WithStrategy(GCRA), WithPrefix("lb"), PerClient(Per(10, 10*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.FlushAll(ctx, resource)
+	for range 3 {
+		if _, err := b.Allow(ctx, resource, "client-123"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	found, _, err := admin.Scan(ctx, 0, "lb:g:{"+keys.Encode(resource)+"}:*", 1000).Result()
+	if err != nil || len(found) != 1 {
+		t.Fatalf("keys %q, %v; want one", found, err)
+	}
+	usage, err := admin.MemoryUsage(ctx, found[0]).Result()
+	t.Logf("%s: MEMORY USAGE %d B", found[0], usage)
+	if err != nil || usage > 114 {
+		t.Errorf("MEMORY USAGE = %d, %v; want at most 114 B (1.1x redis_rate's 104 B)", usage, err)
+	}
 }
