@@ -405,7 +405,7 @@ func TestGCRAFallback(t *testing.T) {
 func TestGCRAMemoryPerClient(t *testing.T) {
 	admin := realAdmin(t)
 	ctx := context.Background()
-	resource := "m" + strconv.Itoa(100000+rand.IntN(900000))[1:]
+	resource := "m" + strconv.Itoa(100000 + rand.IntN(900000))[1:]
 	b, err := New(admin, WithStrategy(GCRA), WithPrefix("lb"), PerClient(Per(10, 10*time.Second)))
 	if err != nil {
 		t.Fatal(err)
