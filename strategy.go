@@ -10,7 +10,8 @@ import (
 )
 
 // A Strategy is how a Bucket keeps its counts in Redis: Logs (the default),
-// SortedSet or Windows(precision). Every strategy answers the same calls
+// SortedSet or Windows(precision), sliding windows; or GCRA, a leaky
+// bucket, which counts a rate and a burst instead of a window. Every strategy answers the same calls
 // with the same Results and errors, and every one counts in Redis time, so
 // hosts with skewed clocks share one window. They differ in round trips, in
 // what a decision costs as the database grows, in memory, and in
