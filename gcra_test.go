@@ -3,6 +3,7 @@ package leakybucket
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -276,38 +277,42 @@ func TestGCRAPeekFlushWait(t *testing.T) {
 				t.Fatalf("Peek = %+v, %v; want allowed, 1 remaining", res, err)
 			}
 		}
-		allow := func(client string, want bool) {
-			t.Helper()
-			if res, err := b.Allow(ctx, "r", client); err != nil || res.Allowed != want {
-				t.Fatalf("Allow(%s) = %+v, %v; want Allowed %v", client, res, err, want)
-			}
-		}
-		allow("a", true)
-		allow("a", true)
-		allow("a", false)
-		if err := b.Flush(ctx, "r", "a"); err != nil {
-			t.Fatal(err)
-		}
-		allow("a", true)
-		allow("a", true)
-		if err := b.FlushAll(ctx, "r"); err != nil {
-			t.Fatal(err)
-		}
+		allow := func(want ...bool) { t.Helper(); allowEach(t, b, "a", want...) }
+		allow(true, true, false)
+		must(t, b.Flush(ctx, "r", "a"))
+		allow(true, true)
+		must(t, b.FlushAll(ctx, "r"))
 		if keys := e.countKeys(t); len(keys) != 0 {
 			t.Errorf("after FlushAll: %q", keys)
 		}
-		allow("a", true)
-		allow("a", true)
+		allow(true, true)
 		start := time.Now()
-		if err := b.Wait(ctx, "r", "a"); err != nil {
-			t.Fatal(err)
-		}
+		must(t, b.Wait(ctx, "r", "a"))
 		// a's bucket drains one every 500ms; Wait adds a jitter of up to a
 		// tenth. On a real clock, a loaded machine may make it longer.
 		if waited := time.Since(start); !e.real && (waited < 500*ms || waited > 550*ms) {
 			t.Errorf("Wait waited %v, want 500ms to 550ms", waited)
 		}
 	})
+}
+
+// allowEach makes one Allow of client at "r" per want, each of which
+// must be Allowed as want says.
+func allowEach(t *testing.T, b *Bucket, client string, want ...bool) {
+	t.Helper()
+	for _, w := range want {
+		if res, err := b.Allow(context.Background(), "r", client); err != nil || res.Allowed != w {
+			t.Fatalf("Allow(%s) = %+v, %v; want Allowed %v", client, res, err, w)
+		}
+	}
+}
+
+// must fails the test on an error.
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Flush of a Bucket whose rules are all per-resource has no client's
@@ -371,30 +376,24 @@ func TestGCRAFallback(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sw := newOutageSwitch(t, true)
 		limit := Per(10, time.Minute).WithBurst(30)
-		share := Rule{PerClient: true, Limit: Per(3, time.Minute).WithBurst(10)}
 		b := fallbackNew(t, sw.client(t, redis.Options{}), WithStrategy(GCRA), PerClient(limit), WithFallback(3))
-		ctx := context.Background()
-		if res, err := b.Allow(ctx, "r", "c"); err != nil || !res.Allowed || res.Fallback || res.Remaining != 29 {
-			t.Fatalf("on Redis: %+v, %v; want admitted by Redis, 29 left", res, err)
-		}
-		sw.Down()
-		for i := range 10 {
-			res, err := b.Allow(ctx, "r", "c")
-			if err != nil || !res.Allowed || !res.Fallback || res.Remaining != 9-i || res.Rules[0].Rule != share {
-				t.Fatalf("step %d in process: %+v, %v; want admitted in process, %d left of %v", i, res, err, 9-i, share)
+		allow := func(what string, want Result) {
+			t.Helper()
+			res, err := b.Allow(context.Background(), "r", "c")
+			if err != nil || res.Allowed != want.Allowed || res.Fallback != want.Fallback || res.Remaining != want.Remaining || res.RetryAfter != want.RetryAfter {
+				t.Fatalf("%s: %+v, %v; want %+v", what, res, err, want)
 			}
 		}
-		// The share drains 3 a minute: one every 20s.
-		res, err := b.Allow(ctx, "r", "c")
-		if err != nil || res.Allowed || !res.Fallback || res.RetryAfter != 20*time.Second {
-			t.Errorf("the 11th in process: %+v, %v; want denied, retry after 20s", res, err)
+		allow("on Redis", Result{Allowed: true, Remaining: 29})
+		sw.Down()
+		// The share: 3 a minute, a burst of 10.
+		for i := range 10 {
+			allow(fmt.Sprintf("call %d in process", i), Result{Allowed: true, Fallback: true, Remaining: 9 - i})
 		}
+		allow("the 11th in process, a 20s drain away", Result{Fallback: true, RetryAfter: 20 * time.Second})
 		sw.Up()
 		time.Sleep(time.Second)
-		res, err = b.Allow(ctx, "r", "c")
-		if err != nil || !res.Allowed || res.Fallback || res.Remaining != 28 {
-			t.Errorf("back on Redis: %+v, %v; want admitted by Redis, 28 left", res, err)
-		}
+		allow("back on Redis", Result{Allowed: true, Remaining: 28})
 	})
 }
 
