@@ -68,7 +68,7 @@ func (st gcraStrategy) check(p plan) error {
 	}
 	for i, r := range p.Rules {
 		if limits.BucketOf(r).Span() > limits.MaxBucketSpan {
-			return invalidStrategy(st, "rule %v: its burst drains in more than %v", p.public[i], millis(limits.MaxBucketSpan/1_000_000))
+			return invalidStrategy(st, "rule %v: its burst drains in more than %v ms", p.public[i], limits.MaxBucketSpan)
 		}
 	}
 	return nil

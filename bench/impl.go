@@ -23,10 +23,23 @@ type limiter interface {
 var strategies = []struct {
 	name string
 	opts []leakybucket.Option
+	// bucket: a leaky bucket (GCRA), bound as redis_rate is, and without
+	// WithReplicas, which it refuses.
+	bucket bool
 }{
-	{logsName, nil}, // the default strategy
-	{sortedSetName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}},
-	{windowsName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(windowsPrecision))}},
+	{logsName, nil, false}, // the default strategy
+	{sortedSetName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}, false},
+	{windowsName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(windowsPrecision))}, false},
+	{gcraName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.GCRA)}, true},
+}
+
+// strategyBound is the bound of a strategy's rows: a sliding window's, or
+// GCRA's for the leaky bucket.
+func strategyBound(bucket bool) func(limit int, window, elapsed time.Duration) int64 {
+	if bucket {
+		return gcraBound
+	}
+	return windowBound
 }
 
 // Names of this library's rows, which the report's prose refers to.
@@ -34,6 +47,7 @@ const (
 	logsName         = "leakybucket Logs"
 	sortedSetName    = "leakybucket SortedSet"
 	windowsName      = "leakybucket Windows(50ms)"
+	gcraName         = "leakybucket GCRA"
 	windowsPrecision = 50 * time.Millisecond
 )
 
@@ -88,7 +102,7 @@ func implementations() []impl {
 	for _, s := range strategies {
 		opts := s.opts
 		all = append(all, impl{
-			name: s.name, ours: true, bound: windowBound, exact: true,
+			name: s.name, ours: true, bound: strategyBound(s.bucket), exact: !s.bucket,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				b, err := newBucket(rdb, limit, window, opts...)
 				if err != nil {

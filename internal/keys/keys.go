@@ -12,8 +12,8 @@
 //	                              in generation G, the resource's or the client's
 //	P:T:{R}:gen                   Windows: the generation, once FlushAll ran
 //	P:T:{R}:fence:<id>            SortedSet, Windows: one transaction's marker
-//	P:T:{R}:t:I.B[:C]             GCRA: a bucket of interval I ns and burst B (both
-//	                              in base 36), the resource's or the client's: its
+//	P:T:{R}:t:W.R.B[:C]           GCRA: a bucket draining R per W ms, of burst B (in
+//	                              base 36), the resource's or the client's: its
 //	                              TAT is the key's expiry
 //
 // The hash tag {R} keeps every key of a resource in one cluster slot, so

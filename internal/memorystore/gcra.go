@@ -56,7 +56,7 @@ func NewTATs(rules []limits.Rule, byClient bool) *TATs {
 	for _, r := range rules {
 		b := limits.BucketOf(r)
 		t.buckets = append(t.buckets, b)
-		kind := limits.Rule{PerClient: r.PerClient, Requests: b.Burst, Window: b.Interval}
+		kind := limits.Rule{PerClient: r.PerClient, Requests: b.Burst, Window: b.Window, Rate: int(b.Rate)}
 		at := slices.Index(kinds, kind)
 		if at < 0 {
 			at = len(kinds)

@@ -24,7 +24,7 @@ func NewGCRA(p Plan) Store {
 		// In base 36, and short: a key's name is most of what a bucket
 		// costs Redis (104 B with a name of up to 44 characters, 120 B
 		// beyond, on Redis 7.0).
-		s.names = append(s.names, strconv.FormatInt(b.Interval, 36)+"."+strconv.FormatInt(int64(b.Burst), 36))
+		s.names = append(s.names, strconv.FormatInt(b.Window, 36)+"."+strconv.FormatInt(b.Rate, 36)+"."+strconv.FormatInt(int64(b.Burst), 36))
 	}
 	return s
 }
@@ -59,7 +59,7 @@ type gcraStore struct {
 	Plan
 	lockFree
 	buckets []limits.Bucket // by rule
-	names   []string        // by rule: its bucket's part of the key, "I.B"
+	names   []string        // by rule: its bucket's part of the key, "W.R.B"
 }
 
 // casFirstWait and casLongestWait pace a batch's attempts after its EXEC
