@@ -157,7 +157,8 @@ func (b *gcraBatch) attempt(ctx context.Context, where Site) (done bool, err err
 		return false, err
 	}
 	where.Clock.Observe(now, sent, time.Now())
-	if !b.decide(now.UnixMilli()) {
+	ms := now.UnixMilli()
+	if !b.decide(ms) {
 		unwatch(ctx, conn)
 		return true, nil
 	}
@@ -167,7 +168,9 @@ func (b *gcraBatch) attempt(ctx context.Context, where Site) (done bool, err err
 			continue
 		}
 		t.Add("set", key, "", "px", b.cost[k])
-		if b.read[k] > 0 {
+		// A bucket empty at the time read is empty at the EXEC's, later:
+		// there max(TAT, w) is w, which PX alone counts from.
+		if b.read[k] > ms {
 			t.Add("pexpireat", key, b.read[k]+b.cost[k], "gt")
 		}
 	}
