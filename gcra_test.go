@@ -425,3 +425,23 @@ func TestGCRAMemoryPerClient(t *testing.T) {
 		t.Errorf("MEMORY USAGE = %d, %v; want at most 114 B (1.1x redis_rate's 104 B)", usage, err)
 	}
 }
+
+// An uncontended decision costs two round trips: the read under WATCH,
+// then the EXEC, or the UNWATCH of a batch that writes nothing.
+func TestGCRARoundTrips(t *testing.T) {
+	eachGCRA(t, func(t *testing.T, e *env) {
+		e.needsRedis(t, "round trips")
+		b := e.bucket(t, PerClient(PerSecond(1)))
+		const calls = 50
+		for _, admitted := range []bool{true, false} {
+			n := e.trips.count(func() {
+				for i := range calls {
+					allowEach(t, b, "c"+strconv.Itoa(i), admitted)
+				}
+			})
+			if n != 2*calls {
+				t.Errorf("%d calls (admitted %v): %d round trips, want %d", calls, admitted, n, 2*calls)
+			}
+		}
+	})
+}
