@@ -179,8 +179,11 @@ func (b *gcraBatch) attempt(ctx context.Context, where Site) (done bool, err err
 	case outcome == txn.Ran:
 		return true, nil
 	case errors.Is(err, redis.TxFailedErr):
-		return false, nil
+		return false, nil // the EXEC ran, and ended the WATCH
 	}
+	// The EXEC may never have been sent (the caller gave up first): the
+	// WATCH would go back to the pool with the connection.
+	unwatch(ctx, conn)
 	return false, err
 }
 
