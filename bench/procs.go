@@ -216,7 +216,7 @@ func summariseProcs(im impl, spec procsSpec, reports []childReport) (procsRow, e
 	out.Check = "ok"
 	if bound := im.bound(spec.Limit, spec.Window, all.Elapsed); out.Units > bound {
 		out.Check, out.Violation = im.overAdmitted(fmt.Sprintf("%d in %v, more than %d", out.Units, all.Elapsed.Round(time.Millisecond), bound))
-	} else if im.ours && out.MostInCheck > int64(spec.Limit) {
+	} else if im.ours && out.MostInCheck > im.bound(spec.Limit, spec.Window, spec.checkSpan()) {
 		out.Violation, out.Check = true, fmt.Sprintf("OVER-ADMITTED: %d sent and answered within %v", out.MostInCheck, spec.checkSpan())
 	}
 	return out, nil
