@@ -148,9 +148,9 @@ func hammerTargets(_ config, rows []hammerRow) []target {
 	for _, h := range rows {
 		where := fmt.Sprintf("hammer, %d Buckets x %d goroutines, %d/s, %v", h.Spec.Buckets, h.Spec.Goroutines, h.Spec.Limit, h.Spec.Duration)
 		out = append(out, target{
-			Target: fmt.Sprintf("never more than %d in any second", h.Spec.Limit), Impl: h.Impl, Where: where,
+			Target: spanTarget(h.Impl, h.Spec.Limit, "second"), Impl: h.Impl, Where: where,
 			Measured: fmt.Sprintf("at most %d in any %v (%d in any %v)", h.MostInCheck, h.Spec.checkSpan(), h.MostInWindow, h.Spec.Window),
-			Met:      h.MostInCheck <= int64(h.Spec.Limit),
+			Met:      !h.Violation,
 		}, target{
 			Target: "admitted >= 80% of the ideal", Impl: h.Impl, Where: where,
 			Measured: fmt.Sprintf("%.0f%% (%d of %d)", h.ofIdeal(), h.Admitted, h.Ideal), Met: h.ofIdeal() >= 80,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -87,6 +88,16 @@ func (im impl) implName() string { return im.name }
 // length elapsed at most limit + elapsed*limit/period (+1 for rounding).
 func gcraBound(limit int, window, elapsed time.Duration) int64 {
 	return int64(limit) + int64(float64(limit)*elapsed.Seconds()/window.Seconds()) + 1
+}
+
+// spanTarget is the target of what one span may hold, for strategy name
+// under limit per window: a sliding window's limit, or a leaky bucket's
+// burst and what drains in the span (the rows' check says which).
+func spanTarget(name string, limit int, window string) string {
+	if name == gcraName {
+		return fmt.Sprintf("never more than the burst, %d, and what drains in any span", limit)
+	}
+	return fmt.Sprintf("never more than %d in any %s", limit, window)
 }
 
 // Names of the implementations that the ratios refer to.

@@ -254,9 +254,9 @@ func procsTargets(_ config, rows []procsRow) []target {
 			Target: "admitted >= 90% of the most possible", Impl: p.Impl, Where: where,
 			Measured: fmt.Sprintf("%.1f%% (%d of %d)", p.ofMost(), p.Units, p.Spec.mostPossible()), Met: p.ofMost() >= 90,
 		}, target{
-			Target: fmt.Sprintf("never more than %d in any window", p.Spec.Limit), Impl: p.Impl, Where: where,
+			Target: spanTarget(p.Impl, p.Spec.Limit, "window"), Impl: p.Impl, Where: where,
 			Measured: fmt.Sprintf("at most %d in any %v (%d in any %v)", p.MostInCheck, p.Spec.checkSpan(), p.MostInWindow, p.Spec.Window),
-			Met:      p.MostInCheck <= int64(p.Spec.Limit),
+			Met:      !p.Violation,
 		})
 	}
 	return out
