@@ -445,3 +445,16 @@ func TestGCRARoundTrips(t *testing.T) {
 		}
 	})
 }
+
+// In process, an admitted GCRA decision into a Result allocates nothing.
+func TestGCRALocalAllocatesNothing(t *testing.T) {
+	b, err := NewLocal(WithStrategy(GCRA), PerResource(Per(1_000_000, time.Hour)), PerClient(Per(1_000_000, time.Hour)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Result
+	_ = b.AllowNInto(context.Background(), "r", "a", 1, &res)
+	if n := testing.AllocsPerRun(1000, func() { _ = b.AllowNInto(context.Background(), "r", "a", 1, &res) }); n != 0 || !res.Allowed {
+		t.Errorf("AllowNInto: %v allocations a decision, admitted %v; want 0, admitted", n, res.Allowed)
+	}
+}

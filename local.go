@@ -72,8 +72,8 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 
 // localStore is what keeps a local Bucket's counts: the calls
 // (memorystore.Counts), or GCRA's buckets (memorystore.TATs).
+// Their Decide is called on each concrete type (see allow).
 type localStore interface {
-	Decide(resource, client string, n int, evaluate func(limits.View) bool)
 	Peek(resource, client string, n int) limits.View
 	Flush(resource, client string)
 	FlushAll(resource string)
@@ -89,10 +89,18 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 		*res = Result{}
 		return batch.GivenUp(ctx, false, nil)
 	}
-	l.counts.Decide(resource, client, n, func(v limits.View) bool {
+	evaluate := func(v limits.View) bool {
 		l.evaluateInto(res, v, n, l.RecordDenied)
 		return (res.Allowed || l.RecordDenied) && n <= l.maxN
-	})
+	}
+	// Called on the concrete type: through the interface, evaluate would
+	// escape, an allocation per decision.
+	switch c := l.counts.(type) {
+	case *memorystore.Counts:
+		c.Decide(resource, client, n, evaluate)
+	case *memorystore.TATs:
+		c.Decide(resource, client, n, evaluate)
+	}
 	return nil
 }
 

@@ -32,7 +32,10 @@ type TATs struct {
 type tatShard struct {
 	mu   sync.Mutex
 	tats map[tatKey]int64
-	_    [64]byte
+	// counts is a view's, by rule: scratch, under mu, so that a decision
+	// allocates no view.
+	counts []limits.Count
+	_      [64]byte
 }
 
 // tatSweepEvery is how many decisions pass between two sweeps, each of the
@@ -66,6 +69,7 @@ func NewTATs(rules []limits.Rule, byClient bool) *TATs {
 	}
 	for i := range t.shards {
 		t.shards[i].tats = map[tatKey]int64{}
+		t.shards[i].counts = make([]limits.Count, len(rules))
 	}
 	return t
 }
@@ -93,7 +97,8 @@ func (t *TATs) key(r int, resource, client string) tatKey {
 
 // Decide decides a call of weight n by client to resource: evaluate gets
 // what each rule's bucket holds, under the lock of the call's shard, and
-// if it says so the call is counted in every bucket, from now.
+// if it says so the call is counted in every bucket, from now. The View
+// is evaluate's only while it runs: its counts are the shard's scratch.
 func (t *TATs) Decide(resource, client string, n int, evaluate func(limits.View) bool) {
 	t.Sweep()
 	sh := t.shardOf(resource, client)
@@ -111,9 +116,10 @@ func (t *TATs) Decide(resource, client string, n int, evaluate func(limits.View)
 	}
 }
 
-// view is what the buckets of a call hold at now; sh's lock is held.
+// view is what the buckets of a call hold at now; sh's lock is held. Its
+// counts are sh's scratch, valid until the lock is let go.
 func (t *TATs) view(sh *tatShard, resource, client string, n int, now int64) limits.View {
-	v := limits.View{Now: now, Counts: make([]limits.Count, len(t.rules))}
+	v := limits.View{Now: now, Counts: sh.counts}
 	for r, b := range t.buckets {
 		v.Counts[r] = b.Count(sh.tats[t.key(r, resource, client)], now, n)
 	}
@@ -143,12 +149,15 @@ func (sh *tatShard) sweep(now int64) {
 	}
 }
 
-// Peek returns what the buckets of a call of weight n hold now.
+// Peek returns what the buckets of a call of weight n hold now, in counts
+// of its own.
 func (t *TATs) Peek(resource, client string, n int) limits.View {
 	sh := t.shardOf(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return t.view(sh, resource, client, n, t.now())
+	v := t.view(sh, resource, client, n, t.now())
+	v.Counts = slices.Clone(v.Counts)
+	return v
 }
 
 // Flush empties client's own buckets; a per-resource bucket keeps no
