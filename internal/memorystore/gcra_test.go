@@ -22,8 +22,7 @@ func decideTATs(t *TATs, rules []limits.Rule, resource, client string, n int) bo
 }
 
 // A bucket of burst 3 draining 10 a second admits 3 at once, then one
-// every 100ms; a denied call fills nothing; Flush empties the client's
-// own buckets, FlushAll every one; a sweep drops the empty ones.
+// every 100ms; a denied call fills nothing.
 func TestTATs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rules := []limits.Rule{{PerClient: true, Requests: 3, Rate: 10, Window: 1000}, {Requests: 100, Window: 1000}}
@@ -40,6 +39,16 @@ func TestTATs(t *testing.T) {
 		if !decideTATs(tats, rules, "r", "a", 1) || decideTATs(tats, rules, "r", "a", 1) {
 			t.Error("after 100ms: want one call admitted, then a denial")
 		}
+	})
+}
+
+// Flush empties the client's own buckets, FlushAll every one; a sweep
+// drops the empty ones.
+func TestTATsFlushAndSweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rules := []limits.Rule{{PerClient: true, Requests: 3, Rate: 10, Window: 1000}, {Requests: 100, Window: 1000}}
+		tats := NewTATs(rules, false)
+		decideTATs(tats, rules, "r", "a", 1)
 		tats.Flush("r", "a")
 		if v := tats.Peek("r", "a", 1); v.Counts[0].Used != 0 || v.Counts[1].Used == 0 {
 			t.Errorf("after Flush: used %d and %d, want the client's empty and the resource's not", v.Counts[0].Used, v.Counts[1].Used)
