@@ -106,6 +106,8 @@ func strategyName(s Strategy) string {
 		return "sortedset"
 	case windowsStrategy:
 		return "windows"
+	case gcraStrategy:
+		return "gcra"
 	}
 	panic(fmt.Sprintf("strategy %v is not in strategyCommands", s))
 }

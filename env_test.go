@@ -523,6 +523,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(contentionVar); spec != "" {
 		os.Exit(contentionMain(spec)) // contention_test.go
 	}
+	if spec := os.Getenv(gcraExactVar); spec != "" {
+		os.Exit(gcraMain(spec)) // gcra_exact_test.go
+	}
 	ctx := context.Background()
 	teardown, err := testACLSetup(ctx)
 	if err != nil {

@@ -33,6 +33,7 @@ func sharesOf(cfg config) plan {
 	shared.rules = make([]Rule, len(cfg.rules))
 	for i, r := range cfg.rules {
 		r.Limit.Requests /= cfg.instances
+		r.Limit.Burst /= cfg.instances
 		shared.rules[i] = r
 	}
 	p := newPlan(shared)

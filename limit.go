@@ -28,6 +28,11 @@ type Limit struct {
 	// Window/Precision at most 2^22 (4 194 304). Zero: the strategy's. The
 	// other strategies are exact and refuse a Precision.
 	Precision time.Duration
+	// Burst is, under GCRA, the most weight the rule's bucket holds, which
+	// drains at Requests per Window: at least 1, and at most the weight
+	// admitted at once. Zero: Requests. The other strategies count in
+	// windows and refuse a Burst.
+	Burst int
 }
 
 // Per returns a Limit of requests per window.
@@ -53,9 +58,20 @@ func (l Limit) WithPrecision(precision time.Duration) Limit {
 	return l
 }
 
-// String returns the limit as "10 per 1m0s", or with a precision as "10
-// per 1h0m0s (precision 1m0s)".
+// WithBurst returns l with a burst, under GCRA: Per(10,
+// time.Second).WithBurst(50) drains 10 a second, one every 100ms, and
+// admits up to 50 at once from an empty bucket.
+func (l Limit) WithBurst(burst int) Limit {
+	l.Burst = burst
+	return l
+}
+
+// String returns the limit as "10 per 1m0s", with a precision as "10
+// per 1h0m0s (precision 1m0s)", or with a burst as "10 per 1s (burst 50)".
 func (l Limit) String() string {
+	if l.Burst != 0 {
+		return fmt.Sprintf("%d per %v (burst %d)", l.Requests, l.Window, l.Burst)
+	}
 	if l.Precision != 0 {
 		return fmt.Sprintf("%d per %v (precision %v)", l.Requests, l.Window, l.Precision)
 	}
@@ -75,6 +91,9 @@ func (l Limit) validate() error {
 	}
 	if l.Window < time.Millisecond {
 		return fmt.Errorf("%w: limit %v: window must be at least 1ms", ErrInvalidOption, l)
+	}
+	if l.Burst < 0 {
+		return fmt.Errorf("%w: limit %v: a negative burst", ErrInvalidOption, l)
 	}
 	if l.Precision != 0 {
 		if err := checkPrecision(l.Precision, l.Window); err != nil {
@@ -113,10 +132,15 @@ type Rule struct {
 	Limit Limit
 }
 
-// model is r as the counts judge it.
+// model is r as the counts judge it: with a burst (GCRA), what it holds
+// is the burst, drained at Requests per Window.
 func (r Rule) model() limits.Rule {
-	return limits.Rule{PerClient: r.PerClient, Requests: r.Limit.Requests,
+	m := limits.Rule{PerClient: r.PerClient, Requests: r.Limit.Requests,
 		Window: r.Limit.windowMillis(), Precision: r.Limit.Precision.Milliseconds()}
+	if r.Limit.Burst != 0 {
+		m.Requests, m.Rate = r.Limit.Burst, r.Limit.Requests
+	}
+	return m
 }
 
 // String returns the rule as "per-client 10 per 1m0s" or "per-resource 100

@@ -48,10 +48,13 @@ func NewLocal(opts ...Option) (*Bucket, error) {
 // the Bucket's plan.
 type localCounts struct {
 	plan
-	counts *memorystore.Counts
+	counts localStore
 	// noClientShare: Windows without a per-client rule keeps no client's
 	// share of the resource's counts, so Flush cannot take it out.
 	noClientShare bool
+	// noClientBucket: GCRA without a per-client rule keeps no client's
+	// bucket, so Flush has nothing of its own to empty.
+	noClientBucket bool
 }
 
 func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
@@ -59,9 +62,23 @@ func newLocalCounts(s Strategy, p plan) (*localCounts, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.tats {
+		return &localCounts{plan: p, counts: memorystore.NewTATs(p.Rules, p.ClientScoped), noClientBucket: !p.HasClientRule}, nil
+	}
 	counts := memorystore.New(memorystore.Config{Rules: p.Rules, Capped: c.capped, Layout: c.layout,
 		ClientScoped: p.ClientScoped, HasClientRule: p.HasClientRule, Longest: p.Longest, MaxN: p.maxN})
 	return &localCounts{plan: p, counts: counts, noClientShare: c.layout != nil && !p.HasClientRule}, nil
+}
+
+// localStore is what keeps a local Bucket's counts: the calls
+// (memorystore.Counts), or GCRA's buckets (memorystore.TATs).
+// Their Decide is called on each concrete type (see allow).
+type localStore interface {
+	Peek(resource, client string, n int) limits.View
+	Flush(resource, client string)
+	FlushAll(resource string)
+	Sweep()
+	Keys() []string
 }
 
 // allow decides a call in process. A call heavier than a rule (which
@@ -72,10 +89,18 @@ func (l *localCounts) allow(ctx context.Context, resource, client string, n int,
 		*res = Result{}
 		return batch.GivenUp(ctx, false, nil)
 	}
-	l.counts.Decide(resource, client, n, func(v limits.View) bool {
+	evaluate := func(v limits.View) bool {
 		l.evaluateInto(res, v, n, l.RecordDenied)
 		return (res.Allowed || l.RecordDenied) && n <= l.maxN
-	})
+	}
+	// Called on the concrete type: through the interface, evaluate would
+	// escape, an allocation per decision.
+	switch c := l.counts.(type) {
+	case *memorystore.Counts:
+		c.Decide(resource, client, n, evaluate)
+	case *memorystore.TATs:
+		c.Decide(resource, client, n, evaluate)
+	}
 	return nil
 }
 
@@ -90,8 +115,11 @@ func (l *localCounts) read(ctx context.Context, resource, client string, n int) 
 // flush forgets client's calls at resource: its counts, and its share of
 // the resource's.
 func (l *localCounts) flush(ctx context.Context, resource, client string) error {
-	if l.noClientShare {
+	switch {
+	case l.noClientShare:
 		return store.ErrNoClientShare
+	case l.noClientBucket:
+		return store.ErrNoClientBucket
 	}
 	if ctx.Err() != nil {
 		return batch.GivenUp(ctx, false, nil)

@@ -244,6 +244,9 @@ func (c *config) validate() error {
 		if err := r.Limit.validate(); err != nil {
 			return err
 		}
+		if r.Limit.Burst != 0 && c.strategy != GCRA {
+			return fmt.Errorf("%w: rule %v has a burst: only GCRA keeps one", ErrInvalidOption, r)
+		}
 	}
 	return c.validateOthers()
 }
@@ -293,7 +296,7 @@ func (c *config) validateFallback() error {
 		return fmt.Errorf("%w: WithFallback decides while the breaker is open: WithoutBreaker turns it off", ErrInvalidOption)
 	}
 	for _, r := range c.rules {
-		if r.Limit.Requests < c.instances {
+		if r.Limit.Requests < c.instances || r.Limit.Burst != 0 && r.Limit.Burst < c.instances {
 			return fmt.Errorf("%w: rule %v cannot be shared by %d fallback instances: each would admit nothing", ErrInvalidOption, r, c.instances)
 		}
 	}

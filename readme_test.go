@@ -73,7 +73,7 @@ func readmeCommands(names []string) string {
 	return strings.Join(out, ", ")
 }
 
-var readmeStrategies = map[string]string{"logs": "`Logs`", "sortedset": "`SortedSet`", "windows": "`Windows(p)`"}
+var readmeStrategies = map[string]string{"logs": "`Logs`", "sortedset": "`SortedSet`", "windows": "`Windows(p)`", "gcra": "`GCRA`"}
 
 var readmeMethods = map[method]string{
 	allowMethod:    "`Allow`, `AllowN`",

@@ -23,8 +23,8 @@ import (
 // exact one is below a tenth of the least Requests of the rules; ResetAfter
 // is never before the exact one, and at most one precision after it.
 // Allowed, DeniedBy and RetryAfter are always exact, and so is every field
-// of a denial, and of Peek and PeekN. Logs, SortedSet and NewLocal are exact
-// in every field.
+// of a denial, and of Peek and PeekN. Logs, SortedSet, GCRA and NewLocal are
+// exact in every field.
 type Result struct {
 	// Allowed reports whether every rule had room for the request and it was
 	// recorded under all of them (for Peek: whether Allow would admit it).
@@ -73,7 +73,8 @@ type RuleResult struct {
 	Rule Rule
 
 	// Used is the weight the rule counts in its window after the call (or
-	// more, under Windows, for a call far from every limit: see Result).
+	// more, under Windows, for a call far from every limit: see Result);
+	// under GCRA, the weight in its bucket, in whole units rounded up.
 	Used int
 
 	// Remaining is Requests minus Used, or 0 if the limit was lowered below

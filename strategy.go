@@ -10,7 +10,8 @@ import (
 )
 
 // A Strategy is how a Bucket keeps its counts in Redis: Logs (the default),
-// SortedSet or Windows(precision). Every strategy answers the same calls
+// SortedSet or Windows(precision), sliding windows; or GCRA, a leaky
+// bucket, which counts a rate and a burst instead of a window. Every strategy answers the same calls
 // with the same Results and errors, and every one counts in Redis time, so
 // hosts with skewed clocks share one window. They differ in round trips, in
 // what a decision costs as the database grows, in memory, and in
@@ -41,10 +42,12 @@ type Strategy interface {
 
 // counting is how a strategy counts calls: in the intervals of a layout
 // (Windows), or one by one, capped at each rule's Requests (SortedSet with
-// WithRecordDenied), or neither (Logs, and SortedSet otherwise).
+// WithRecordDenied), or neither (Logs, and SortedSet otherwise); or, tats,
+// in one bucket per rule and scope (GCRA).
 type counting struct {
 	layout *intervals.Layout
 	capped bool
+	tats   bool
 }
 
 var (
@@ -128,11 +131,13 @@ type plan struct {
 	fallback bool
 	// locking is the Logs store's alone (WithLockTTL, WithLockWait).
 	locking store.Locking
+	// replicas is WithReplicas', which GCRA refuses.
+	replicas int
 }
 
 func newPlan(cfg config) plan {
 	p := plan{public: cfg.rules, Plan: store.Plan{ClientScoped: true, RecordDenied: cfg.recordDenied, ScanCount: cfg.scanCount},
-		locking: store.Locking{TTL: cfg.lockTTL, Wait: cfg.lockWait}, maxN: math.MaxInt}
+		locking: store.Locking{TTL: cfg.lockTTL, Wait: cfg.lockWait}, maxN: math.MaxInt, replicas: cfg.replicas}
 	for _, public := range cfg.rules {
 		r := public.model()
 		p.Rules = append(p.Rules, r)

@@ -76,7 +76,7 @@ func abuserImpls() []twoRules {
 	var out []twoRules
 	for _, s := range strategies {
 		opts := s.opts
-		out = append(out, twoRules{name: s.name, ours: true, bound: windowBound, how: "PerResource + PerClient, all or nothing",
+		out = append(out, twoRules{name: s.name, ours: true, bound: strategyBound(s.bucket), how: "PerResource + PerClient, all or nothing",
 			make: func(rdb *redis.Client, spec abuserSpec) (limiter, error) {
 				b, err := leakybucket.New(rdb, append([]leakybucket.Option{leakybucket.WithPrefix("lb"),
 					leakybucket.PerResource(leakybucket.Per(spec.ResourceLimit, spec.Window)),

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -23,10 +24,23 @@ type limiter interface {
 var strategies = []struct {
 	name string
 	opts []leakybucket.Option
+	// bucket: a leaky bucket (GCRA), bound as redis_rate is, and without
+	// WithReplicas, which it refuses.
+	bucket bool
 }{
-	{logsName, nil}, // the default strategy
-	{sortedSetName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}},
-	{windowsName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(windowsPrecision))}},
+	{logsName, nil, false}, // the default strategy
+	{sortedSetName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.SortedSet)}, false},
+	{windowsName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.Windows(windowsPrecision))}, false},
+	{gcraName, []leakybucket.Option{leakybucket.WithStrategy(leakybucket.GCRA)}, true},
+}
+
+// strategyBound is the bound of a strategy's rows: a sliding window's, or
+// GCRA's for the leaky bucket.
+func strategyBound(bucket bool) func(limit int, window, elapsed time.Duration) int64 {
+	if bucket {
+		return gcraBound
+	}
+	return windowBound
 }
 
 // Names of this library's rows, which the report's prose refers to.
@@ -34,6 +48,7 @@ const (
 	logsName         = "leakybucket Logs"
 	sortedSetName    = "leakybucket SortedSet"
 	windowsName      = "leakybucket Windows(50ms)"
+	gcraName         = "leakybucket GCRA"
 	windowsPrecision = 50 * time.Millisecond
 )
 
@@ -75,6 +90,16 @@ func gcraBound(limit int, window, elapsed time.Duration) int64 {
 	return int64(limit) + int64(float64(limit)*elapsed.Seconds()/window.Seconds()) + 1
 }
 
+// spanTarget is the target of what one span may hold, for strategy name
+// under limit per window: a sliding window's limit, or a leaky bucket's
+// burst and what drains in the span (the rows' check says which).
+func spanTarget(name string, limit int, window string) string {
+	if name == gcraName {
+		return fmt.Sprintf("never more than the burst, %d, and what drains in any span", limit)
+	}
+	return fmt.Sprintf("never more than %d in any %s", limit, window)
+}
+
 // Names of the implementations that the ratios refer to.
 const (
 	redisRateName = "redis_rate (Lua GCRA)"
@@ -88,7 +113,7 @@ func implementations() []impl {
 	for _, s := range strategies {
 		opts := s.opts
 		all = append(all, impl{
-			name: s.name, ours: true, bound: windowBound, exact: true,
+			name: s.name, ours: true, bound: strategyBound(s.bucket), exact: !s.bucket,
 			make: func(rdb *redis.Client, limit int, window time.Duration) (limiter, error) {
 				b, err := newBucket(rdb, limit, window, opts...)
 				if err != nil {

@@ -85,7 +85,7 @@ func (r *runner) replicasAll(ctx context.Context) ([]replicasRow, error) {
 	fmt.Fprintf(r.log, "bench: replicas: a replica of the library's server on %s\n", replica.addr)
 	for _, spec := range r.cfg.replicas {
 		for _, s := range strategies {
-			if !r.cfg.impl.MatchString(s.name) {
+			if !r.cfg.impl.MatchString(s.name) || s.bucket {
 				continue
 			}
 			row, err := r.replicasCell(ctx, spec, s.name, s.opts)

@@ -40,7 +40,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.cluster, "cluster", g.cluster, "the nodes of a Redis Cluster, as `host:port,...`, instead of the host of -redis (whose user, password and TLS apply)")
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "the `prefix` of the Bucket's keys (WithPrefix)")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long the call to Redis may take")
-	fs.Var(&g.strategy, "strategy", "the Bucket's `strategy`: logs, sortedset, windows:<precision> (as windows:1s), or windows:fixed (FixedWindows: a rule without a precision is a fixed window)")
+	fs.Var(&g.strategy, "strategy", "the Bucket's `strategy`: logs, sortedset, windows:<precision> (as windows:1s), windows:fixed (FixedWindows: a rule without a precision is a fixed window), or gcra (a leaky bucket)")
 	fs.Var(ruleFlag{false, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s; 100/1h@1m counts it at a precision of 1m under windows)")
 	fs.Var(ruleFlag{true, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable; 10/1h@1m for a precision)")
 }
@@ -159,7 +159,7 @@ type strategyFlag struct {
 
 func (f *strategyFlag) String() string { return f.text }
 
-// Set parses logs, sortedset, windows:<precision> or windows:fixed.
+// Set parses logs, sortedset, windows:<precision>, windows:fixed or gcra.
 func (f *strategyFlag) Set(s string) error {
 	st, err := parseStrategy(s)
 	if err != nil {
@@ -169,8 +169,8 @@ func (f *strategyFlag) Set(s string) error {
 	return nil
 }
 
-// parseStrategy parses logs, sortedset, windows:fixed (FixedWindows) or
-// windows:<precision>, as windows:1s. New checks the precision against the
+// parseStrategy parses logs, sortedset, windows:fixed (FixedWindows),
+// gcra or windows:<precision>, as windows:1s. New checks the precision against the
 // rules' windows.
 func parseStrategy(s string) (leakybucket.Strategy, error) {
 	switch s {
@@ -180,10 +180,12 @@ func parseStrategy(s string) (leakybucket.Strategy, error) {
 		return leakybucket.SortedSet, nil
 	case "windows:fixed":
 		return leakybucket.FixedWindows, nil
+	case "gcra":
+		return leakybucket.GCRA, nil
 	}
 	precision, ok := strings.CutPrefix(s, "windows:")
 	if !ok {
-		return nil, fmt.Errorf("unknown strategy %q: want logs, sortedset, windows:<precision> (as windows:1s) or windows:fixed", s)
+		return nil, fmt.Errorf("unknown strategy %q: want logs, sortedset, windows:<precision> (as windows:1s), windows:fixed or gcra", s)
 	}
 	d, err := time.ParseDuration(precision)
 	if err != nil || d < time.Millisecond {

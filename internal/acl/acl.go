@@ -75,6 +75,14 @@ var Strategies = map[string]map[Method]Sends{
 		Flush:    {false, []string{"time", "multi", "hgetall", "del", "get", "exec", "hincrby", "pexpireat", "set", "hdel"}, []string{"watch", "unwatch", "hset"}},
 		FlushAll: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},
 	},
+	// GCRA: WATCH, PEXPIRETIME and TIME, then MULTI, SET, PEXPIREAT,
+	// EXEC, or UNWATCH when nothing is to write.
+	"gcra": {
+		Allow:    {false, append(slices.Clone(Txn), "watch", "pexpiretime", "time", "set", "pexpireat", "unwatch"), nil},
+		Peek:     {false, []string{"pexpiretime", "time"}, nil},
+		Flush:    {false, []string{"del"}, nil},
+		FlushAll: {false, []string{"scan", "del"}, nil},
+	},
 }
 
 // Replicas is what Allow also sends under WithReplicas, whatever the
@@ -83,7 +91,7 @@ var Strategies = map[string]map[Method]Sends{
 var Replicas = []string{"wait"}
 
 // Names are the keys of Strategies, in the README's order.
-var Names = []string{"logs", "sortedset", "windows"}
+var Names = []string{"logs", "sortedset", "windows", "gcra"}
 
 // Cluster is what a method also sends on a *redis.ClusterClient, by
 // strategy: the slot guard of reads that carry no key.
@@ -91,6 +99,7 @@ var Cluster = map[string]map[Method][]string{
 	"logs":      {Peek: {"exists"}, FlushAll: {"exists"}},
 	"sortedset": {FlushAll: {"exists"}},
 	"windows":   {FlushAll: {"exists"}},
+	"gcra":      {Peek: {"exists"}, FlushAll: {"exists"}},
 }
 
 // A Conn is a command go-redis (v9.24) itself sends on each new

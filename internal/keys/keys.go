@@ -12,13 +12,16 @@
 //	                              in generation G, the resource's or the client's
 //	P:T:{R}:gen                   Windows: the generation, once FlushAll ran
 //	P:T:{R}:fence:<id>            SortedSet, Windows: one transaction's marker
+//	P:T:{R}:t:W.R.B[:C]           GCRA: a bucket draining R per W ms, of burst B (in
+//	                              base 36), the resource's or the client's: its
+//	                              TAT is the key's expiry
 //
 // The hash tag {R} keeps every key of a resource in one cluster slot, so
 // that no lock, WATCH or MULTI/EXEC crosses slots. base64url has no ':',
 // brace or glob metacharacter, so the tag ends where R ends, no two
 // (resource, client) pairs share a key, and no MATCH pattern of one kind
 // of key or client matches another ("log:", "lock", "zlog", "hash",
-// "fence:" and "gen" differ before any '*').
+// "fence:", "gen" and "t:" differ before any '*').
 package keys
 
 import (
@@ -150,6 +153,9 @@ func Epoch(scope string, g int, e int64) string {
 	b = append(strconv.AppendInt(b, int64(g), 10), '.')
 	return string(strconv.AppendInt(b, e, 10))
 }
+
+// GCRA is the prefix of every TAT of the resource (GCRA).
+func (k Space) GCRA() string { return k.base + "t:" }
 
 // Generation holds the generation of the resource's Windows hashes.
 func (k Space) Generation() string { return k.base + "gen" }

@@ -17,6 +17,9 @@ type Rule struct {
 	Requests  int
 	Window    int64 // ms
 	Precision int64 // ms, the intervals Windows counts in; 0: the strategy's
+	// Rate is what GCRA drains per Window, Requests being then the burst
+	// (see Bucket); 0: Requests.
+	Rate int
 }
 
 // An Entry is one counted call (or, under Windows, one interval's calls).
