@@ -59,7 +59,29 @@ func (m memoryRow) usagePerClient() float64 { return float64(m.Usage) / float64(
 var memoryTable = tableOf("memory", "Memory", func(res *results) *[]memoryRow { return &res.memory }, report[memoryRow]{
 	measure:  (*runner).memoryAll,
 	markdown: memoryTableMD, title: "Redis memory per limited client, and how long it stays", method: memoryMethod,
+	targets: memoryTargets,
 })
+
+// memoryTargets: GCRA keeps one number per client, as redis_rate does, so
+// its MEMORY USAGE per client is at most 1.1x redis_rate's.
+func memoryTargets(_ config, rows []memoryRow) []target {
+	var ours, peer *memoryRow
+	for i := range rows {
+		switch rows[i].Impl {
+		case gcraName:
+			ours = &rows[i]
+		case redisRateName:
+			peer = &rows[i]
+		}
+	}
+	if ours == nil || peer == nil {
+		return nil
+	}
+	where := fmt.Sprintf("%s clients, %d calls each", thousands(int64(ours.Spec.Clients)), ours.Spec.Calls)
+	return []target{ratioTarget("MEMORY USAGE / client <= 1.1x redis_rate's", gcraName, where,
+		ours.usagePerClient()/peer.usagePerClient(), 1.1, false,
+		fmt.Sprintf("%.0f vs %.0f B", ours.usagePerClient(), peer.usagePerClient()))}
+}
 
 // memoryAll fills each implementation's database, then waits for them to
 // empty.

@@ -34,10 +34,22 @@ func rateTarget(r, rr row, least float64, where string) target {
 		r.Rate/rr.Rate, least, true, fmt.Sprintf("%s vs %s", rate(r.Rate), rate(rr.Rate)))
 }
 
-// p99Target is a p99 at most 1.5x redis_rate's.
+// p99Target is a p99 at most 1.5x redis_rate's (GCRA: 2x, as its issue
+// asks of two round trips against redis_rate's one).
 func p99Target(r, rr row, where string) target {
-	return ratioTarget("p99 <= 1.5x redis_rate's", r.Impl, where,
-		float64(r.P99)/float64(rr.P99), 1.5, false, fmt.Sprintf("%v vs %v", round(r.P99), round(rr.P99)))
+	most := 1.5
+	if r.Impl == gcraName {
+		most = 2
+	}
+	return ratioTarget(fmt.Sprintf("p99 <= %.1fx redis_rate's", most), r.Impl, where,
+		float64(r.P99)/float64(rr.P99), most, false, fmt.Sprintf("%v vs %v", round(r.P99), round(rr.P99)))
+}
+
+// serverCPUTarget is a Redis CPU per decision at most most times
+// redis_rate's server's.
+func serverCPUTarget(r, rr row, most float64, where string) target {
+	return ratioTarget(fmt.Sprintf("Redis CPU / decision <= %.1fx redis_rate's", most), r.Impl, where,
+		r.ServerCPU/rr.ServerCPU, most, false, fmt.Sprintf("%.1f vs %.1f µs", r.ServerCPU, rr.ServerCPU))
 }
 
 // ratioTarget is a target on x, a ratio to redis_rate's figure: at least
@@ -89,7 +101,8 @@ func targetsSection(b *strings.Builder, ts []target) {
 		"\"Logs at most 2 round trips and >= 1.0x on a hot key at 10/min\" is read as both conditions on that one cell. " +
 		"The hammer and noisy-neighbour targets hold for every strategy. " +
 		"The steady-state rows judge the distinct-keys targets again, on the workload as a running service sees it (see that section), at a 10 s and a one-minute window: the throughput table's cells start on an empty database, which is kinder; there, SortedSet's and Windows' CPU per decision must also be at most redis_rate's on the client and at most 0.8x its server's in Redis. A missed ratio says by how much it missed. " +
-		"The abuser and processes rows hold for every strategy. A miss is a miss: the workloads and targets were set before this code, not tuned to it.\n\n")
+		"The abuser and processes rows hold for every strategy. " +
+		"GCRA (the leaky bucket, two round trips where redis_rate takes one EVALSHA) has the targets its issue set: >= 0.8x redis_rate on distinct keys and >= 1.0x on a hot key, p99 at most 2x, Redis CPU per decision at most 1.0x, 2 round trips per decision on distinct keys, MEMORY USAGE per client at most 1.1x. A miss is a miss: the workloads and targets were set before this code, not tuned to it.\n\n")
 	b.WriteString(targetsTableMD(ts))
 	b.WriteString("\n")
 }
