@@ -3,6 +3,7 @@ package httplimit
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"net/http"
 	"strconv"
 	"strings"
@@ -69,7 +70,7 @@ func (p policies) fieldOf(rule func(i int) leakybucket.Rule) string {
 	items := make([]string, len(p.shown))
 	for j, i := range p.shown {
 		l := rule(i).Limit
-		items[j] = p.quoted[i] + ";q=" + strconv.Itoa(l.Requests) + window(l.Window)
+		items[j] = p.quoted[i] + ";q=" + strconv.Itoa(quota(l)) + window(l)
 	}
 	return strings.Join(items, ", ")
 }
@@ -86,14 +87,30 @@ func (p policies) fieldFor(res leakybucket.Result) string {
 	return p.field
 }
 
-// window returns the w parameter of a window: whole seconds only (the
-// draft has no other unit), else nothing rather than a rounded window,
-// which would say the policy admits less, or more, than it does.
-func window(w time.Duration) string {
-	if w%time.Second != 0 {
+// quota returns the q of l's policy, the most weight it admits at once:
+// under GCRA (a Limit with a Burst) the burst, else Requests (GCRA's
+// default burst too).
+func quota(l leakybucket.Limit) int {
+	if l.Burst != 0 {
+		return l.Burst
+	}
+	return l.Requests
+}
+
+// window returns the w parameter of l's policy: the time in which l
+// admits its quota, quota(l)*Window/Requests, which is the window, or
+// under GCRA the time the bucket takes to drain a whole burst. Whole
+// seconds only (the draft has no other unit), else nothing rather than a
+// rounded window, which would say the policy admits less, or more, than
+// it does.
+func window(l leakybucket.Limit) string {
+	num := new(big.Int).Mul(big.NewInt(int64(quota(l))), big.NewInt(int64(l.Window)))
+	den := new(big.Int).Mul(big.NewInt(int64(l.Requests)), big.NewInt(int64(time.Second)))
+	w, rem := num.QuoRem(num, den, new(big.Int))
+	if rem.Sign() != 0 || w.Sign() <= 0 || !w.IsInt64() {
 		return ""
 	}
-	return ";w=" + strconv.FormatInt(int64(w/time.Second), 10)
+	return ";w=" + w.String()
 }
 
 // denied returns the names of the rules that denied res: those with a
@@ -232,7 +249,7 @@ func writeLegacy(h http.Header, rr leakybucket.RuleResult, res leakybucket.Resul
 	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		t = retryAfter(res) // -06: Reset names the same time as Retry-After
 	}
-	h.Set(headerLimit, strconv.Itoa(rr.Rule.Limit.Requests))
+	h.Set(headerLimit, strconv.Itoa(quota(rr.Rule.Limit)))
 	h.Set(headerRemaining, strconv.Itoa(rr.Remaining))
 	h.Set(headerReset, strconv.FormatInt(t, 10))
 }
@@ -248,7 +265,7 @@ func writeHTTPRate(h http.Header, rr leakybucket.RuleResult, res leakybucket.Res
 	if !res.Allowed && res.RetryAfter != leakybucket.Never {
 		wait = res.RetryAfter
 	}
-	h.Set(headerXLimit, strconv.Itoa(rr.Rule.Limit.Requests))
+	h.Set(headerXLimit, strconv.Itoa(quota(rr.Rule.Limit)))
 	h.Set(headerXRemaining, strconv.Itoa(rr.Remaining))
 	h.Set(headerXReset, strconv.FormatInt(now.Add(wait).Unix()+1, 10))
 }

@@ -24,6 +24,11 @@
 // request is not counted and Retry-After, not that policy, says when to
 // come back. A request that can never pass has no Retry-After: each
 // policy whose quota is in use has its t, as on an admitted request.
+// Under leakybucket.GCRA a policy's q is its rule's burst and w the time
+// the bucket takes to drain a whole burst (Burst*Window/Requests, left
+// out unless whole seconds): Per(10, time.Second).WithBurst(50) is
+// q=50;w=5; r is the whole units of burst left, and t the seconds until
+// the bucket is empty (on a denial, until the request fits).
 // WithoutResourcePolicies leaves the per-resource rules out.
 //
 // A denied request gets 429 Too Many Requests with Retry-After in whole

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leakybucket/leakybucket"
 	"github.com/leakybucket/leakybucket/internal/acl"
 	"github.com/redis/go-redis/v9"
 )
@@ -34,7 +35,9 @@ lag, unless the service waits for its replicas: WithReplicas), that the
 with -replicas), whether scripting is allowed (for information), for
 -strategy logs the database size and the time a decision's SCAN takes on
 it, and the cluster state. -replicas N says that the service passes N to
-WithReplicas: then each primary must have at least N replicas online. A
+WithReplicas: then each primary must have at least N replicas online
+(-strategy gcra refuses it, as GCRA refuses WithReplicas). Under gcra
+the server must also have PEXPIRETIME (Redis 7.0 or later). A
 check that the user may not run (CONFIG, INFO or ACL denied) says so, as a
 WARN. Rules are not needed. Each server is first dialed once, within a
 second: a refused connection, an unknown host or a refused user is
@@ -66,12 +69,19 @@ type doctor struct {
 	replicas int // -replicas: the service's WithReplicas
 }
 
-func (d *doctor) check(*globals) error {
+func (d *doctor) check(g *globals) error {
 	if d.replicas < 0 {
 		return usagef("-replicas %d: want 0 or more", d.replicas)
 	}
+	if d.replicas > 0 && !canWait(g) {
+		return usagef("-replicas %d: the %s strategy refuses WithReplicas (a TAT written cannot be taken back once others read it)", d.replicas, g.strategy.text)
+	}
 	return nil
 }
+
+// canWait reports whether the Bucket of g may wait for replicas
+// (WithReplicas): GCRA refuses it.
+func canWait(g *globals) bool { return g.strategy.strategy != leakybucket.GCRA }
 
 func (d *doctor) do(ctx context.Context, s *session, stdout io.Writer) error {
 	if err := dialSeeds(ctx, s.rdb); err != nil {
@@ -175,7 +185,8 @@ func (s *session) examine(ctx context.Context, node *redis.Client, replicas int)
 	strategy := strategyName(s.g.strategy.text)
 	_, cluster := s.rdb.(*redis.ClusterClient)
 	user := s.user()
-	sends := append(acl.OfStrategy(strategy, cluster), acl.Grants(cluster)...)
+	own := acl.OfStrategy(strategy, cluster)
+	sends := append(slices.Clone(own), acl.Grants(cluster)...)
 	if replicas > 0 {
 		sends = append(sends, acl.Replicas...)
 	}
@@ -183,8 +194,8 @@ func (s *session) examine(ctx context.Context, node *redis.Client, replicas int)
 		checkPolicy(ctx, node),
 		checkMemory(ctx, node),
 		checkPersistence(ctx, node),
-		checkReplication(ctx, node, replicas),
-		checkACL(ctx, node, user, strategy, s.g.prefix, sends),
+		checkReplication(ctx, node, replicas, canWait(s.g)),
+		checkACL(ctx, node, user, strategy, s.g.prefix, sends, own),
 		checkScripting(ctx, node, user),
 		checkLogsSize(ctx, node, strategy),
 		checkCluster(ctx, node, cluster),
@@ -298,8 +309,8 @@ func checkPersistence(ctx context.Context, node *redis.Client) verdict {
 
 // checkReplication checks the server's role, its replicas and their lag,
 // for a service whose decisions wait for want replicas (WithReplicas; 0:
-// none).
-func checkReplication(ctx context.Context, node *redis.Client, want int) verdict {
+// none), and that may wait for them if canWait.
+func checkReplication(ctx context.Context, node *redis.Client, want int, canWait bool) verdict {
 	const check = "replication"
 	f, err := info(ctx, node, "replication")
 	if err != nil {
@@ -311,13 +322,14 @@ func checkReplication(ctx context.Context, node *redis.Client, want int) verdict
 	}
 	n, _ := strconv.Atoi(f["connected_slaves"])
 	online, lag := replicasOf(f, n)
-	level, text := replicationVerdict(want, n, online, lag)
+	level, text := replicationVerdict(want, n, online, lag, canWait)
 	return verdict{level, check, text}
 }
 
 // replicationVerdict judges a primary with n replicas, online of them
-// online, lagging up to lag seconds, for a service that waits for want.
-func replicationVerdict(want, n, online, lag int) (string, string) {
+// online, lagging up to lag seconds, for a service that waits for want,
+// and may wait for them if canWait.
+func replicationVerdict(want, n, online, lag int, canWait bool) (string, string) {
 	has := fmt.Sprintf("primary with %d replica(s), %d online, lag up to %ds", n, online, lag)
 	switch {
 	case want > online:
@@ -328,6 +340,9 @@ func replicationVerdict(want, n, online, lag int) (string, string) {
 		return levelOK, fmt.Sprintf("%s: each decision waits for every replica to acknowledge it (WithReplicas), so a failover to one of them keeps every admitted call (WAIT is not consensus: a replica that lost its data since still loses counts)", has)
 	case n == 0:
 		return levelOK, "primary without replicas: no failover can lose counts (a restart can: see persistence)"
+	case !canWait:
+		return levelWarn, fmt.Sprintf("%s: replication is asynchronous, so a failover now would lose the buckets' levels of about the last %ds, letting each client be admitted again for what it was admitted in that time; the gcra strategy cannot wait for replicas (WithReplicas); fix: CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 1, which bound the lag",
+			has, max(lag, 1))
 	}
 	return levelWarn, fmt.Sprintf("%s: replication is asynchronous, so a failover now would lose the counts of about the last %ds, letting each client be admitted again for what it was admitted in that time (measured: 1 s behind, 38-40 %% over-admission); fix: WithReplicas(%d, timeout) in the service, and -replicas %d here, so that a call is admitted only once the replicas hold it; or CONFIG SET min-replicas-to-write 1 and min-replicas-max-lag 1, which bound the lag rather than close it",
 		has, max(lag, 1), n, n)
@@ -351,33 +366,70 @@ func replicasOf(f map[string]string, n int) (online, worst int) {
 }
 
 // checkACL checks that user may run every command of cmds, those the
-// Bucket of strategy sends, on keys under prefix.
-func checkACL(ctx context.Context, node *redis.Client, user, strategy, prefix string, cmds []string) verdict {
+// Bucket of strategy sends, on keys under prefix, and that the server has
+// each command of own, the strategy's own (PEXPIRETIME is Redis 7.0's);
+// of the others, one the server lacks is one go-redis copes without.
+func checkACL(ctx context.Context, node *redis.Client, user, strategy, prefix string, cmds, own []string) verdict {
 	const check = "acl"
-	var denied []string
+	var denied, missing []string
 	for _, name := range acl.Unique(cmds) {
-		if known, err := acl.Known(ctx, node, name); err != nil {
-			return cannot(check, "COMMAND INFO", err)
-		} else if !known {
-			continue // as CLIENT SETINFO on Redis 7.0: go-redis copes
-		}
-		args, err := acl.DryRunArgs(ctx, node, name, prefix+":{doctor}")
-		if err != nil {
-			return cannot(check, "COMMAND INFO", err)
-		}
-		reply, err := node.Do(ctx, append([]any{"acl", "dryrun", user}, args...)...).Text()
-		if err != nil {
-			return cannot(check, "ACL DRYRUN", err)
-		}
-		if reply != "OK" {
+		allowed, known, err := dryRun(ctx, node, user, prefix, name)
+		switch {
+		case err != nil:
+			var step stepError
+			errors.As(err, &step)
+			return cannot(check, step.step, step.err)
+		case !known && slices.Contains(own, name):
+			missing = append(missing, name)
+		case known && !allowed:
 			denied = append(denied, name)
 		}
+	}
+	if len(missing) > 0 {
+		return verdict{levelFail, check, fmt.Sprintf("this server has no %s, which the %s strategy sends; fix: Redis 7.0 or later",
+			strings.ToUpper(strings.Join(missing, " ")), strategy)}
 	}
 	if len(denied) > 0 {
 		return verdict{levelFail, check, fmt.Sprintf("user %q may not run %s, which the %s strategy sends; fix: ACL SETUSER %s +%s (docs/least-privilege.md lists every command)",
 			user, strings.ToUpper(strings.Join(denied, " ")), strategy, user, strings.Join(denied, " +"))}
 	}
 	return verdict{levelOK, check, fmt.Sprintf("user %q may run every command the %s strategy sends, on keys under %q", user, strategy, prefix+":")}
+}
+
+// A stepError is the error err of the command step ("ACL DRYRUN").
+type stepError struct {
+	step string
+	err  error
+}
+
+func (e stepError) Error() string { return e.step + ": " + e.err.Error() }
+func (e stepError) Unwrap() error { return e.err }
+
+// wrapAs returns err, if any, as the error of step.
+func wrapAs(step string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return stepError{step, err}
+}
+
+// dryRun reports whether the server knows command name and, if it does,
+// whether user may run it on a key under prefix (ACL DRYRUN). Its error
+// is a stepError naming the command that failed: COMMAND INFO or ACL
+// DRYRUN.
+func dryRun(ctx context.Context, node *redis.Client, user, prefix, name string) (allowed, known bool, err error) {
+	if known, err = acl.Known(ctx, node, name); err != nil || !known {
+		return false, false, wrapAs("COMMAND INFO", err)
+	}
+	args, err := acl.DryRunArgs(ctx, node, name, prefix+":{doctor}")
+	if err != nil {
+		return false, true, wrapAs("COMMAND INFO", err)
+	}
+	reply, err := node.Do(ctx, append([]any{"acl", "dryrun", user}, args...)...).Text()
+	if err != nil {
+		return false, true, wrapAs("ACL DRYRUN", err)
+	}
+	return reply == "OK", true, nil
 }
 
 func checkScripting(ctx context.Context, node *redis.Client, user string) verdict {

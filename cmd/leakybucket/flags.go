@@ -41,8 +41,8 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.prefix, "prefix", g.prefix, "the `prefix` of the Bucket's keys (WithPrefix)")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "how long the call to Redis may take")
 	fs.Var(&g.strategy, "strategy", "the Bucket's `strategy`: logs, sortedset, windows:<precision> (as windows:1s), windows:fixed (FixedWindows: a rule without a precision is a fixed window), or gcra (a leaky bucket)")
-	fs.Var(ruleFlag{false, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s; 100/1h@1m counts it at a precision of 1m under windows)")
-	fs.Var(ruleFlag{true, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable; 10/1h@1m for a precision)")
+	fs.Var(ruleFlag{false, &g.rules}, "resource-limit", "a per-resource rule, as `100/30m` (repeatable; 10/s means 10/1s; 100/1h@1m counts it at a precision of 1m under windows; 10/s,burst=50 holds a burst of 50 under gcra)")
+	fs.Var(ruleFlag{true, &g.rules}, "client-limit", "a per-client rule, as `10/1m` (repeatable; 10/1h@1m for a precision, 10/s,burst=50 for a burst)")
 }
 
 // options returns the options of New for the flags, with rules as the
@@ -101,6 +101,9 @@ func formatLimit(l leakybucket.Limit) string {
 	if l.Precision != 0 {
 		s += "@" + shortDuration(l.Precision)
 	}
+	if l.Burst != 0 {
+		s += burstSep + strconv.Itoa(l.Burst)
+	}
 	return s
 }
 
@@ -114,12 +117,31 @@ func (f ruleFlag) Set(s string) error {
 	return nil
 }
 
-// parseLimit parses "<requests>/<window>[@<precision>]": 100/30m, 10/1m30s,
-// 5/s (a window of one unit may omit the 1), 100/1h@1m. Requests must be
-// positive, the window at least 1ms and the precision between 1ms and the
-// window, as New wants (which also bounds window/precision).
+// burstSep introduces a rule's burst in a limit: 10/s,burst=50.
+const burstSep = ",burst="
+
+// parseLimit parses "<requests>/<window>[@<precision>][,burst=<burst>]":
+// 100/30m, 10/1m30s, 5/s (a window of one unit may omit the 1), 100/1h@1m,
+// 10/s,burst=50 (under gcra). Requests and the burst must be positive,
+// the window at least 1ms and the precision between 1ms and the window,
+// as New wants (which also bounds window/precision, and refuses a
+// precision under gcra and a burst under the other strategies).
 func parseLimit(s string) (leakybucket.Limit, error) {
-	rest, precision, precise := strings.Cut(s, "@")
+	rest, burst, bursty := strings.Cut(s, burstSep)
+	l, err := parsePrecise(s, rest)
+	if err != nil || !bursty {
+		return l, err
+	}
+	b, err := strconv.Atoi(burst)
+	if err != nil || b < 1 {
+		return leakybucket.Limit{}, fmt.Errorf("limit %q: burst %q is not a positive whole number, as 10/s,burst=50", s, burst)
+	}
+	return l.WithBurst(b), nil
+}
+
+// parsePrecise parses the "<requests>/<window>[@<precision>]" of limit s.
+func parsePrecise(s, limit string) (leakybucket.Limit, error) {
+	rest, precision, precise := strings.Cut(limit, "@")
 	l, err := parseRate(s, rest)
 	if err != nil || !precise {
 		return l, err

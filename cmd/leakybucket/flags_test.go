@@ -152,3 +152,33 @@ func TestRuleFlagsKeepOrder(t *testing.T) {
 		t.Errorf("prefix = %q after the subcommand's flags, want the one given before: p", g.prefix)
 	}
 }
+
+// A limit may end in a burst, which New takes under gcra only.
+func TestParseLimitBurst(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want leakybucket.Limit // zero: an error
+	}{
+		{"10/1s,burst=50", leakybucket.Per(10, time.Second).WithBurst(50)},
+		{"100/2s,burst=20", leakybucket.Per(100, 2*time.Second).WithBurst(20)},
+		{"1/1m,burst=1", leakybucket.Per(1, time.Minute).WithBurst(1)},
+		{"10/1h@1m,burst=5", leakybucket.Per(10, time.Hour).WithPrecision(time.Minute).WithBurst(5)}, // New refuses it
+		{"10/s,burst=0", leakybucket.Limit{}},
+		{"10/s,burst=-5", leakybucket.Limit{}},
+		{"10/s,burst=", leakybucket.Limit{}},
+		{"10/s,burst=five", leakybucket.Limit{}},
+		{"10/s,burst=5,burst=6", leakybucket.Limit{}},
+		{"10/s,burst=5@1s", leakybucket.Limit{}},
+		{"10/s,burst=99999999999999999999", leakybucket.Limit{}},
+		{"10/s,50", leakybucket.Limit{}},
+		{",burst=5", leakybucket.Limit{}},
+	} {
+		got, err := parseLimit(tc.in)
+		if (err != nil) != (tc.want == leakybucket.Limit{}) || got != tc.want {
+			t.Errorf("parseLimit(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+		if err == nil && formatLimit(got) != tc.in {
+			t.Errorf("formatLimit(%v) = %q, want %q", got, formatLimit(got), tc.in)
+		}
+	}
+}

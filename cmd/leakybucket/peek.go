@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,7 +22,9 @@ var peekCommand = command{
 rule's limit, the room that is left, how long until a call of weight N fits
 (retry after; 0s if it fits now, never if N is above the rule's limit) and how
 long until every call the rule counts has left its window (reset after); then
-whether Allow would admit a call of weight N now. It records nothing and takes no lock. -resource is required;
+whether Allow would admit a call of weight N now. Under -strategy gcra each
+rule is a leaky bucket: used/burst is the weight in it out of its burst, and
+empty in how long until it has drained (its theoretical arrival time). It records nothing and takes no lock. -resource is required;
 -client too when a rule is per-client.`,
 	bind: func(fs *flag.FlagSet) action {
 		p := &peek{}
@@ -54,24 +57,39 @@ func (p *peek) do(ctx context.Context, s *session, stdout io.Writer) error {
 		now[i].RetryAfter = res.Rules[i].RetryAfter
 	}
 	res.Rules = now
-	if err := printRules(stdout, res); err != nil {
+	if err := printRules(stdout, res, s.g.strategy.strategy == leakybucket.GCRA); err != nil {
 		return err
 	}
 	return s.warnIfNoKey(ctx)
 }
 
 // printRules prints res as a table of its rules, then whether it admits.
-func printRules(w io.Writer, res leakybucket.Result) error {
+// Under GCRA (buckets) a rule's limit is its burst, and its reset after
+// is when the bucket is empty.
+func printRules(w io.Writer, res leakybucket.Result, buckets bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "rule\tused/limit\tremaining\tretry after\treset after")
+	header := "rule\tused/limit\tremaining\tretry after\treset after"
+	if buckets {
+		header = "rule\tused/burst\tremaining\tretry after\tempty in"
+	}
+	fmt.Fprintln(tw, header)
 	for _, rr := range res.Rules {
-		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%s\t%v\n", ruleName(rr.Rule), rr.Used, rr.Rule.Limit.Requests, rr.Remaining, retryAfter(rr.RetryAfter), rr.ResetAfter)
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%s\t%v\n", ruleName(rr.Rule), rr.Used, quota(rr.Rule.Limit), rr.Remaining, retryAfter(rr.RetryAfter), rr.ResetAfter)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	_, err := fmt.Fprintf(w, "would allow: %t\n", res.Allowed)
 	return err
+}
+
+// quota is the most weight l admits at once: its burst under GCRA, if it
+// has one, else Requests.
+func quota(l leakybucket.Limit) int {
+	if l.Burst != 0 {
+		return l.Burst
+	}
+	return l.Requests
 }
 
 // retryAfter writes a rule's RetryAfter, or "never" for a weight above its
@@ -83,8 +101,8 @@ func retryAfter(d time.Duration) string {
 	return d.String()
 }
 
-// ruleName names a rule as "per-client 10 per 1m", or "per-client 10 per
-// 1h (precision 1m)": Rule.String without the zero units of the durations.
+// ruleName names a rule as "per-client 10 per 1m", "per-client 10 per
+// 1h (precision 1m)" or "per-client 10 per 1s (burst 50)": Rule.String without the zero units of the durations.
 func ruleName(r leakybucket.Rule) string {
 	scope := "per-resource"
 	if r.PerClient {
@@ -93,6 +111,9 @@ func ruleName(r leakybucket.Rule) string {
 	name := fmt.Sprintf("%s %d per %s", scope, r.Limit.Requests, shortDuration(r.Limit.Window))
 	if r.Limit.Precision != 0 {
 		name += " (precision " + shortDuration(r.Limit.Precision) + ")"
+	}
+	if r.Limit.Burst != 0 {
+		name += " (burst " + strconv.Itoa(r.Limit.Burst) + ")"
 	}
 	return name
 }
