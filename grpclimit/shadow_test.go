@@ -4,7 +4,6 @@ import (
 	"context"
 	"reflect"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,26 +18,13 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// heard collects the Decisions of a Bucket's observer.
-type heard struct {
-	mu  sync.Mutex
-	all []leakybucket.Decision
-}
-
-func (h *heard) observe(_ context.Context, d leakybucket.Decision) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	d.Latency = 0 // the only field two runs need not share
-	h.all = append(h.all, d)
-}
-
-// take returns what was heard since the last take.
-func (h *heard) take() []leakybucket.Decision {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	all := h.all
-	h.all = nil
-	return all
+// observer sends each Decision to heard, without its Latency, the only
+// field two runs need not share.
+func observer(heard chan<- leakybucket.Decision) leakybucket.Option {
+	return leakybucket.WithObserver(func(_ context.Context, d leakybucket.Decision) {
+		d.Latency = 0
+		heard <- d
+	})
 }
 
 // shadowRun is a server on a fresh miniredis whose clock stands still,
@@ -47,20 +33,20 @@ func (h *heard) take() []leakybucket.Decision {
 type shadowRun struct {
 	c     healthpb.HealthClient
 	mr    *miniredis.Miniredis
-	heard *heard
+	heard chan leakybucket.Decision
 }
 
 var shadowStart = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 
 func newShadowRun(t *testing.T, opts ...Option) shadowRun {
 	t.Helper()
-	run := shadowRun{mr: miniredis.RunT(t), heard: &heard{}}
+	run := shadowRun{mr: miniredis.RunT(t), heard: make(chan leakybucket.Decision, 4)}
 	run.mr.SetTime(shadowStart)
 	run.mr.ClockTTL(true)
 	rdb := redis.NewClient(&redis.Options{Addr: run.mr.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	b := newBucket(t, rdb, leakybucket.PerResource(leakybucket.PerMinute(5)),
-		leakybucket.PerClient(leakybucket.Per(3, 10*time.Second)), leakybucket.WithObserver(run.heard.observe))
+		leakybucket.PerClient(leakybucket.Per(3, 10*time.Second)), observer(run.heard))
 	run.c = serve(t, b, append([]Option{WithKey(clientKey)}, opts...)...)
 	return run
 }
@@ -110,27 +96,16 @@ func TestShadow(t *testing.T) {
 				t.Errorf("step %d: trailer %s: shadow %q, enforcing %q", i, k, s, e)
 			}
 		}
-		checkShadowDecisions(t, i, enforcing.heard.take(), shadow.heard.take())
+		if len(enforcing.heard) != 1 || len(shadow.heard) != 1 {
+			t.Fatalf("step %d: heard %d and %d decisions, want 1 each", i, len(enforcing.heard), len(shadow.heard))
+		}
+		e, s := <-enforcing.heard, <-shadow.heard
+		if e.Shadow = !e.Shadow; !reflect.DeepEqual(e, s) { // want the same, but Shadow
+			t.Errorf("step %d: shadow heard %+v, want %+v", i, s, e)
+		}
 	}
 	if denials != 3 {
 		t.Errorf("the enforcing server denied %d calls, want 3", denials)
-	}
-}
-
-// checkShadowDecisions checks that the shadow run's observer heard what
-// the enforcing run's did, marked Shadow.
-func checkShadowDecisions(t *testing.T, step int, enforcing, shadow []leakybucket.Decision) {
-	t.Helper()
-	if len(enforcing) != 1 || len(shadow) != 1 {
-		t.Fatalf("step %d: heard %d and %d decisions, want 1 each", step, len(enforcing), len(shadow))
-	}
-	e, s := enforcing[0], shadow[0]
-	if e.Shadow || !s.Shadow {
-		t.Errorf("step %d: Shadow %t enforcing, %t shadow; want false, true", step, e.Shadow, s.Shadow)
-	}
-	s.Shadow = false
-	if !reflect.DeepEqual(e, s) {
-		t.Errorf("step %d: shadow heard %+v, enforcing %+v", step, s, e)
 	}
 }
 
@@ -149,8 +124,14 @@ func TestShadowStream(t *testing.T) {
 			t.Fatalf("stream %d: %v, want served", i+1, err)
 		}
 	}
-	if d := run.heard.take(); len(d) != 4 || d[3].Allowed || !d[3].Shadow {
-		t.Errorf("heard %+v, want 4 decisions, the last denied in shadow", d)
+	if len(run.heard) != 4 {
+		t.Fatalf("heard %d decisions, want 4", len(run.heard))
+	}
+	<-run.heard
+	<-run.heard
+	<-run.heard
+	if d := <-run.heard; d.Allowed || !d.Shadow {
+		t.Errorf("the 4th stream was heard as %+v, want denied in shadow", d)
 	}
 }
 
@@ -171,15 +152,15 @@ func TestShadowInFlight(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var heard heard
-		b := newBucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(3)), leakybucket.WithObserver(heard.observe))
+		heard := make(chan leakybucket.Decision, 1)
+		b := newBucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(3)), observer(heard))
 		opts := []Option{WithKey(clientKey), WithInFlight(l, 0)}
 		want := codes.ResourceExhausted
 		if shadowed {
 			opts, want = append(opts, WithShadow()), codes.OK
 		}
 		_, err = serve(t, b, opts...).Check(as(context.Background(), "alice"), &healthpb.HealthCheckRequest{})
-		if status.Code(err) != want || len(heard.take()) != 0 {
+		if status.Code(err) != want || len(heard) != 0 {
 			t.Errorf("shadow %t: %v; want %v, and the Bucket not asked", shadowed, err, want)
 		}
 		_ = le.Release(context.Background())

@@ -6,7 +6,6 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,26 +13,13 @@ import (
 	"github.com/leakybucket/leakybucket/inflight"
 )
 
-// heard collects the Decisions of a Bucket's observer.
-type heard struct {
-	mu  sync.Mutex
-	all []leakybucket.Decision
-}
-
-func (h *heard) observe(_ context.Context, d leakybucket.Decision) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	d.Latency = 0 // the only field two runs need not share
-	h.all = append(h.all, d)
-}
-
-// take returns what was heard since the last take.
-func (h *heard) take() []leakybucket.Decision {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	all := h.all
-	h.all = nil
-	return all
+// observer sends each Decision to heard, without its Latency, the only
+// field two runs need not share.
+func observer(heard chan<- leakybucket.Decision) leakybucket.Option {
+	return leakybucket.WithObserver(func(_ context.Context, d leakybucket.Decision) {
+		d.Latency = 0
+		heard <- d
+	})
 }
 
 // shadowFields are the fields a shadow run must send as the enforcing one.
@@ -47,7 +33,7 @@ var shadowFields = []string{
 // Bucket's observer heard.
 type shadowRun struct {
 	h     http.Handler
-	heard *heard
+	heard chan leakybucket.Decision
 	set   func(time.Time)
 }
 
@@ -57,9 +43,9 @@ type shadowRun struct {
 func newShadowRun(t *testing.T, opts ...Option) shadowRun {
 	t.Helper()
 	rdb, mr := miniClient(t)
-	run := shadowRun{heard: &heard{}, set: mr.SetTime}
+	run := shadowRun{heard: make(chan leakybucket.Decision, 4), set: mr.SetTime}
 	b := bucket(t, rdb, leakybucket.PerResource(leakybucket.PerMinute(5)),
-		leakybucket.PerClient(leakybucket.Per(3, 10*time.Second)), leakybucket.WithObserver(run.heard.observe))
+		leakybucket.PerClient(leakybucket.Per(3, 10*time.Second)), observer(run.heard))
 	cost := WithCost(func(r *http.Request) int { n, _ := strconv.Atoi(r.Header.Get("X-Cost")); return max(n, 1) })
 	mw, err := New(b, "GET /", append([]Option{cost, WithLegacyHeaders(), WithHTTPRateHeaders()}, opts...)...)
 	if err != nil {
@@ -111,27 +97,16 @@ func TestShadow(t *testing.T) {
 				t.Errorf("step %d: %s: shadow %q, enforcing %q", i, f, s, e)
 			}
 		}
-		checkShadowDecisions(t, i, enforcing.heard.take(), shadow.heard.take())
+		if len(enforcing.heard) != 1 || len(shadow.heard) != 1 {
+			t.Fatalf("step %d: heard %d and %d decisions, want 1 each", i, len(enforcing.heard), len(shadow.heard))
+		}
+		e, s := <-enforcing.heard, <-shadow.heard
+		if e.Shadow = !e.Shadow; !reflect.DeepEqual(e, s) { // want the same, but Shadow
+			t.Errorf("step %d: shadow heard %+v, want %+v", i, s, e)
+		}
 	}
 	if denials != 4 {
 		t.Errorf("the enforcing run denied %d requests, want 4", denials)
-	}
-}
-
-// checkShadowDecisions checks that the shadow run's observer heard what
-// the enforcing run's did, marked Shadow.
-func checkShadowDecisions(t *testing.T, step int, enforcing, shadow []leakybucket.Decision) {
-	t.Helper()
-	if len(enforcing) != 1 || len(shadow) != 1 {
-		t.Fatalf("step %d: heard %d and %d decisions, want 1 each", step, len(enforcing), len(shadow))
-	}
-	e, s := enforcing[0], shadow[0]
-	if e.Shadow || !s.Shadow {
-		t.Errorf("step %d: Shadow %t enforcing, %t shadow; want false, true", step, e.Shadow, s.Shadow)
-	}
-	s.Shadow = false
-	if !reflect.DeepEqual(e, s) {
-		t.Errorf("step %d: shadow heard %+v, enforcing %+v", step, s, e)
 	}
 }
 
@@ -149,8 +124,8 @@ func TestShadowInFlight(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var heard heard
-		b := bucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(3)), leakybucket.WithObserver(heard.observe))
+		heard := make(chan leakybucket.Decision, 1)
+		b := bucket(t, rdb, leakybucket.PerClient(leakybucket.PerMinute(3)), observer(heard))
 		opts := []Option{WithInFlight(l, 0)}
 		if shadowed {
 			opts = append(opts, WithShadow())
@@ -160,7 +135,7 @@ func TestShadowInFlight(t *testing.T) {
 		if shadowed {
 			want = http.StatusOK
 		}
-		if w.Code != want || w.Header().Get("Retry-After") != "1" || len(heard.take()) != 0 {
+		if w.Code != want || w.Header().Get("Retry-After") != "1" || len(heard) != 0 {
 			t.Errorf("shadow %t: %d, Retry-After %q; want %d, 1, and the Bucket not asked", shadowed, w.Code, w.Header().Get("Retry-After"), want)
 		}
 		if err := le.Release(context.Background()); err != nil {
