@@ -111,7 +111,8 @@ func WithDecisionTimeout(d time.Duration) Option {
 // that would have been denied included. The Bucket's Allow is called as
 // it would be, so admitted calls are counted and denied ones are not
 // (unless the Bucket counts denials): the shadow run sees the counts that
-// the enforcing run would see, and so denies what it would deny.
+// the enforcing run would see, and so would deny exactly what the
+// enforcing run denies.
 //
 // A would-be denial keeps its "ratelimit-policy", "ratelimit" and
 // "retry-after" trailer; it does not fail with ResourceExhausted. The

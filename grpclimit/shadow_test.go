@@ -82,30 +82,43 @@ func TestShadow(t *testing.T) {
 	for i, s := range steps {
 		ce, te := enforcing.check(t, s.client, s.after)
 		cs, ts := shadow.check(t, s.client, s.after)
-		switch {
-		case ce == codes.ResourceExhausted:
+		if ce == codes.ResourceExhausted {
 			denials++
-		case ce != codes.OK:
+		} else if ce != codes.OK {
 			t.Fatalf("step %d: enforcing %v, want OK or ResourceExhausted", i, ce)
 		}
 		if cs != codes.OK {
 			t.Errorf("step %d: shadow %v, want OK", i, cs)
 		}
-		for _, k := range []string{TrailerPolicy, TrailerRateLimit, TrailerRetryAfter} {
-			if e, s := te.Get(k), ts.Get(k); !slices.Equal(e, s) {
-				t.Errorf("step %d: trailer %s: shadow %q, enforcing %q", i, k, s, e)
-			}
-		}
-		if len(enforcing.heard) != 1 || len(shadow.heard) != 1 {
-			t.Fatalf("step %d: heard %d and %d decisions, want 1 each", i, len(enforcing.heard), len(shadow.heard))
-		}
-		e, s := <-enforcing.heard, <-shadow.heard
-		if e.Shadow = !e.Shadow; !reflect.DeepEqual(e, s) { // want the same, but Shadow
-			t.Errorf("step %d: shadow heard %+v, want %+v", i, s, e)
-		}
+		checkTrailers(t, i, te, ts)
+		checkHeard(t, i, enforcing.heard, shadow.heard)
 	}
 	if denials != 3 {
 		t.Errorf("the enforcing server denied %d calls, want 3", denials)
+	}
+}
+
+// checkTrailers checks that the shadow run sent the enforcing run's
+// RateLimit fields.
+func checkTrailers(t *testing.T, step int, enforcing, shadow metadata.MD) {
+	t.Helper()
+	for _, k := range []string{TrailerPolicy, TrailerRateLimit, TrailerRetryAfter} {
+		if e, s := enforcing.Get(k), shadow.Get(k); !slices.Equal(e, s) {
+			t.Errorf("step %d: trailer %s: shadow %q, enforcing %q", step, k, s, e)
+		}
+	}
+}
+
+// checkHeard checks that the shadow run's observer heard one Decision,
+// the enforcing run's but marked Shadow.
+func checkHeard(t *testing.T, step int, enforcing, shadow chan leakybucket.Decision) {
+	t.Helper()
+	if len(enforcing) != 1 || len(shadow) != 1 {
+		t.Fatalf("step %d: heard %d and %d decisions, want 1 each", step, len(enforcing), len(shadow))
+	}
+	e, s := <-enforcing, <-shadow
+	if e.Shadow = !e.Shadow; !reflect.DeepEqual(e, s) {
+		t.Errorf("step %d: shadow heard %+v, want %+v", step, s, e)
 	}
 }
 

@@ -189,7 +189,9 @@ func WithoutResourcePolicies() Option {
 // Bucket's AllowN is called as it would be, so admitted requests are
 // counted and denied ones are not (unless the Bucket counts denials):
 // the shadow run sees the counts that the enforcing run would see, and
-// so denies what it would deny, rather than a count that never fills.
+// so would deny exactly what the enforcing run denies (a run that counted
+// nothing would never deny, and one that counted the denials too would
+// deny more).
 //
 // A would-be denial keeps its RateLimit fields and Retry-After (and the
 // fields of WithLegacyHeaders and WithHTTPRateHeaders) on the next

@@ -3,6 +3,7 @@ package httplimit
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"slices"
 	"strconv"
@@ -83,30 +84,46 @@ func TestShadow(t *testing.T) {
 		shadow.set(start.Add(s.after))
 		we := get(enforcing.h, s.remote, "X-Cost", s.cost)
 		ws := get(shadow.h, s.remote, "X-Cost", s.cost)
-		denied := we.Code == http.StatusTooManyRequests
-		if denied {
+		if checkShadowResponse(t, i, we, ws) {
 			denials++
-		} else if we.Code != http.StatusOK {
-			t.Fatalf("step %d: enforcing %d, want 200 or 429", i, we.Code)
 		}
-		if ws.Code != http.StatusOK || ws.Header().Get("X-Allowed") != strconv.FormatBool(!denied) {
-			t.Errorf("step %d: shadow %d, ResultFrom Allowed %s; want 200, %t", i, ws.Code, ws.Header().Get("X-Allowed"), !denied)
-		}
-		for _, f := range shadowFields {
-			if e, s := we.Header().Values(f), ws.Header().Values(f); !slices.Equal(e, s) {
-				t.Errorf("step %d: %s: shadow %q, enforcing %q", i, f, s, e)
-			}
-		}
-		if len(enforcing.heard) != 1 || len(shadow.heard) != 1 {
-			t.Fatalf("step %d: heard %d and %d decisions, want 1 each", i, len(enforcing.heard), len(shadow.heard))
-		}
-		e, s := <-enforcing.heard, <-shadow.heard
-		if e.Shadow = !e.Shadow; !reflect.DeepEqual(e, s) { // want the same, but Shadow
-			t.Errorf("step %d: shadow heard %+v, want %+v", i, s, e)
-		}
+		checkHeard(t, i, enforcing.heard, shadow.heard)
 	}
 	if denials != 4 {
 		t.Errorf("the enforcing run denied %d requests, want 4", denials)
+	}
+}
+
+// checkShadowResponse checks that the shadow run served what the
+// enforcing one answered, with the same fields, and says whether the
+// enforcing one denied it.
+func checkShadowResponse(t *testing.T, step int, we, ws *httptest.ResponseRecorder) (denied bool) {
+	t.Helper()
+	denied = we.Code == http.StatusTooManyRequests
+	if !denied && we.Code != http.StatusOK {
+		t.Fatalf("step %d: enforcing %d, want 200 or 429", step, we.Code)
+	}
+	if ws.Code != http.StatusOK || ws.Header().Get("X-Allowed") != strconv.FormatBool(!denied) {
+		t.Errorf("step %d: shadow %d, ResultFrom Allowed %s; want 200, %t", step, ws.Code, ws.Header().Get("X-Allowed"), !denied)
+	}
+	for _, f := range shadowFields {
+		if e, s := we.Header().Values(f), ws.Header().Values(f); !slices.Equal(e, s) {
+			t.Errorf("step %d: %s: shadow %q, enforcing %q", step, f, s, e)
+		}
+	}
+	return denied
+}
+
+// checkHeard checks that the shadow run's observer heard one Decision,
+// the enforcing run's but marked Shadow.
+func checkHeard(t *testing.T, step int, enforcing, shadow chan leakybucket.Decision) {
+	t.Helper()
+	if len(enforcing) != 1 || len(shadow) != 1 {
+		t.Fatalf("step %d: heard %d and %d decisions, want 1 each", step, len(enforcing), len(shadow))
+	}
+	e, s := <-enforcing, <-shadow
+	if e.Shadow = !e.Shadow; !reflect.DeepEqual(e, s) {
+		t.Errorf("step %d: shadow heard %+v, want %+v", step, s, e)
 	}
 }
 
