@@ -113,7 +113,7 @@ var (
 //
 // An admitted request is served by the next handler with the RateLimit
 // fields set; a denied one gets Retry-After (unless it can never pass) and
-// the denied handler; one that could not be decided is served
+// the denied handler (WithShadow: the next handler); one that could not be decided is served
 // (WithFailOpen) or answered by the error handler (503 by default); one
 // skipped (WithSkip) is served as it came; one of cost 0 is served
 // uncounted, with the fields as they stand. The next handler and the
