@@ -229,6 +229,23 @@ type Decision struct {
 	// resource's server. False for Flush and FlushAll, and whenever Err is
 	// not nil.
 	Fallback bool
+
+	// Shadow is true for a call made with a context of ContextWithShadow:
+	// a middleware in shadow mode (httplimit.WithShadow,
+	// grpclimit.WithShadow) asked, and serves the request whatever the
+	// answer. The call was decided and counted as any other.
+	Shadow bool
+}
+
+type shadowKey struct{}
+
+// ContextWithShadow returns a copy of ctx that marks the calls made with
+// it as made in shadow mode, for the observer: the Bucket decides and
+// counts them as any other, and reports them with Decision.Shadow set,
+// so that metrics can tell a limit being tried out from one enforced.
+// httplimit.WithShadow and grpclimit.WithShadow mark their decisions so.
+func ContextWithShadow(ctx context.Context) context.Context {
+	return context.WithValue(ctx, shadowKey{}, true)
 }
 
 // observed is when a call began, or the zero time if the Bucket has no
@@ -250,6 +267,7 @@ func (b *Bucket) observe(ctx context.Context, start time.Time, op, resource, cli
 		return
 	}
 	d := Decision{Op: op, Resource: resource, Client: client, N: n, Latency: time.Since(start), Err: *err}
+	d.Shadow, _ = ctx.Value(shadowKey{}).(bool)
 	if res != nil && d.Err == nil {
 		d.Allowed, d.Fallback = res.Allowed, res.Fallback
 		d.DeniedBy = slices.Clone(res.DeniedBy)

@@ -15,7 +15,9 @@
 // When the limiter cannot decide (Redis down or slow, the decision's
 // deadline passed), the interceptors fail closed by default
 // (codes.Unavailable) or, with WithFailOpen, serve the call and report
-// the error to a hook, as httplimit does.
+// the error to a hook, as httplimit does. WithShadow tries a limit out
+// before enforcing it: every call is decided and reported as usual, and
+// served, a would-be denial too.
 //
 // The package is a module of its own, so that the core's users never
 // download gRPC.
@@ -80,6 +82,7 @@ type config struct {
 	timeout      time.Duration
 	inFlight     *inflight.Limiter // WithInFlight
 	inFlightWait time.Duration
+	shadow       bool // WithShadow
 }
 
 // WithKey sets how a call's resource and client are named (default
@@ -100,6 +103,29 @@ func WithFailOpen(report func(ctx context.Context, fullMethod string, err error)
 // DefaultDecisionTimeout); 0 leaves only the call's own deadline.
 func WithDecisionTimeout(d time.Duration) Option {
 	return func(c *config) { c.timeout = d }
+}
+
+// WithShadow runs the interceptors in shadow mode, to try a limit out
+// before enforcing it: every call is decided, counted, reported and given
+// its trailer exactly as without the option, and then served, a call
+// that would have been denied included. The Bucket's Allow is called as
+// it would be, so admitted calls are counted and denied ones are not
+// (unless the Bucket counts denials): the shadow run sees the counts that
+// the enforcing run would see, and so would deny exactly what the
+// enforcing run denies.
+//
+// A would-be denial keeps its "ratelimit-policy", "ratelimit" and
+// "retry-after" trailer; it does not fail with ResourceExhausted. The
+// Bucket's observer gets each decision as it would, with
+// leakybucket.Decision.Shadow set (otelmetrics labels it
+// leakybucket.shadow=true). A call that WithInFlight refuses is served
+// likewise, holding no lease and not asked of the Bucket, as refused; its
+// wait is kept. Errors are handled as without the option: a call that
+// cannot be keyed fails with InvalidArgument, and one the limiter cannot
+// decide (Redis unavailable, the decision's deadline) follows the failure
+// policy, Unavailable unless WithFailOpen.
+func WithShadow() Option {
+	return func(c *config) { c.shadow = true }
 }
 
 // PeerKey is the default KeyFunc: the full method as the resource, and as
@@ -192,7 +218,10 @@ func (l *limiter) admit(ctx context.Context, method string, trailer func(metadat
 		return nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: %w", ErrKey, err).Error())
 	}
 	release, err := l.hold(ctx, method, resource, client)
-	if err != nil {
+	switch {
+	case release == nil: // refused for want of room: the Bucket never sees it
+		return l.deny(err)
+	case err != nil:
 		return nil, err
 	}
 	res, err := l.decide(ctx, resource, client)
@@ -205,17 +234,30 @@ func (l *limiter) admit(ctx context.Context, method string, trailer func(metadat
 	trailer(fields(res))
 	if !res.Allowed {
 		release()
-		return nil, denied(res)
+		return l.deny(denied(res))
 	}
 	return release, nil
 }
 
-// decide asks the limiter, within the decision's deadline.
+// deny ends a call that a limit refused with err, or under WithShadow
+// serves it, holding no lease.
+func (l *limiter) deny(err error) (func(), error) {
+	if l.shadow {
+		return func() {}, nil
+	}
+	return nil, err
+}
+
+// decide asks the limiter, within the decision's deadline (under
+// WithShadow, marked so for its observer).
 func (l *limiter) decide(ctx context.Context, resource, client string) (leakybucket.Result, error) {
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.timeout)
 		defer cancel()
+	}
+	if l.shadow {
+		ctx = leakybucket.ContextWithShadow(ctx)
 	}
 	return l.bucket.Allow(ctx, resource, client)
 }

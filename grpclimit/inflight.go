@@ -24,7 +24,8 @@ func WithInFlight(l *inflight.Limiter, wait time.Duration) Option {
 const noRoomRetry = time.Second
 
 // hold takes the call's lease, if WithInFlight asks for one, and returns
-// its release.
+// its release; a nil release, with the status to end the call with, when
+// it is refused for want of room.
 func (l *limiter) hold(ctx context.Context, method, resource, client string) (func(), error) {
 	if l.inFlight == nil {
 		return func() {}, nil

@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log"
@@ -156,4 +157,51 @@ func ExampleWithCost() {
 	// /dump: 429 RateLimit: "per-client-60s";r=6;t=60 Retry-After: ""
 	//     429 too many requests: the request costs more than the quota: it can never be served
 	// /search: 200 RateLimit: "per-client-60s";r=5;t=60 Retry-After: ""
+}
+
+// A new limit of 3 a minute, tried out before it is enforced: every
+// request is served, with the fields the limit would send, and the
+// handler (or the Bucket's observer, for metrics) sees what it would
+// have denied.
+func ExampleWithShadow() {
+	mr, err := miniredis.Run()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	mr.SetTime(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	limiter, err := leakybucket.New(rdb, leakybucket.PerClient(leakybucket.PerMinute(3)),
+		leakybucket.WithObserver(func(_ context.Context, d leakybucket.Decision) {
+			if !d.Allowed && d.Shadow {
+				fmt.Println("    observer: would deny", d.Client)
+			}
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit, err := httplimit.New(limiter, "GET /search", httplimit.WithShadow())
+	if err != nil {
+		log.Fatal(err)
+	}
+	search := limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if res, ok := httplimit.ResultFrom(r.Context()); ok && !res.Allowed {
+			fmt.Println("    handler: would deny, by", httplimit.DeniedPolicies(r.Context()))
+		}
+	}))
+
+	for range 4 {
+		w := httptest.NewRecorder()
+		search.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/search", nil))
+		fmt.Printf("%d RateLimit: %s Retry-After: %q\n", w.Code, w.Header().Get("RateLimit"), w.Header().Get("Retry-After"))
+	}
+	// Output:
+	// 200 RateLimit: "per-client-60s";r=2;t=60 Retry-After: ""
+	// 200 RateLimit: "per-client-60s";r=1;t=60 Retry-After: ""
+	// 200 RateLimit: "per-client-60s";r=0;t=60 Retry-After: ""
+	//     observer: would deny ip:192.0.2.1
+	//     handler: would deny, by [per-client-60s]
+	// 200 RateLimit: "per-client-60s";r=0;t=60 Retry-After: "60"
 }

@@ -46,6 +46,10 @@
 // Unavailable) or, with WithFailOpen, serves the request and reports the
 // error to a hook.
 //
+// WithShadow tries a limit out before enforcing it: every request is
+// decided, counted and given its fields as usual, its Decision marked
+// Shadow for the Bucket's observer, and served, a would-be denial too.
+//
 // The package uses the standard library only, besides leakybucket (and
 // its inflight package, for WithInFlight).
 package httplimit
@@ -114,7 +118,7 @@ var (
 //
 // An admitted request is served by the next handler with the RateLimit
 // fields set; a denied one gets Retry-After (unless it can never pass) and
-// the denied handler; one that could not be decided is served
+// the denied handler (WithShadow: the next handler); one that could not be decided is served
 // (WithFailOpen) or answered by the error handler (503 by default); one
 // skipped (WithSkip) is served as it came; one of cost 0 is served
 // uncounted, with the fields as they stand. The next handler and the
@@ -248,22 +252,38 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	if !ok {
 		return
 	}
-	defer release() // at once if the Bucket denies: charged by neither
 	res, err := m.decide(r.Context(), req)
-	if err != nil {
+	switch {
+	case err != nil:
+		defer release()
 		m.failed(next, w, r, req, err)
-		return
+	case res.Allowed:
+		defer release()
+		next.ServeHTTP(w, m.answered(w, r, req, res))
+	default:
+		release() // at once: a denied request is charged by neither limit
+		m.deny(next, w, m.answered(w, r, req, res))
 	}
+}
+
+// answered sets the fields of res (and Retry-After on a denial that a
+// wait can end) and returns r with res in its context, for ResultFrom.
+func (m *middleware) answered(w http.ResponseWriter, r *http.Request, req call, res leakybucket.Result) *http.Request {
 	req.policies.write(w.Header(), res, m.extra)
-	r = r.WithContext(context.WithValue(r.Context(), resultKey{}, decided{res, req.policies.denied(res)}))
-	if !res.Allowed {
-		if res.RetryAfter != leakybucket.Never {
-			w.Header().Set(headerRetryAfter, strconv.FormatInt(retryAfter(res), 10))
-		}
-		m.denied.ServeHTTP(w, r)
+	if !res.Allowed && res.RetryAfter != leakybucket.Never {
+		w.Header().Set(headerRetryAfter, strconv.FormatInt(retryAfter(res), 10))
+	}
+	return r.WithContext(context.WithValue(r.Context(), resultKey{}, decided{res, req.policies.denied(res)}))
+}
+
+// deny answers a request that a limit denied: the denied handler, or
+// under WithShadow the next handler, with the fields as set.
+func (m *middleware) deny(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	if m.shadow {
+		next.ServeHTTP(w, r)
 		return
 	}
-	next.ServeHTTP(w, r)
+	m.denied.ServeHTTP(w, r)
 }
 
 // prepare names, weighs and keys r, and picks its Bucket.
@@ -300,7 +320,8 @@ func (m *middleware) clientKey(r *http.Request) (string, error) {
 	return groupIPv6(key, m.ipv6Bits), nil
 }
 
-// decide asks the limiter, within the decision's deadline: AllowN, or for
+// decide asks the limiter, within the decision's deadline (under
+// WithShadow, marked so for its observer): AllowN, or for
 // a request of cost 0, which counts nowhere, what every rule counts now
 // (Usage, one read), as an admitted Result.
 func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, error) {
@@ -308,6 +329,9 @@ func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, 
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.timeout)
 		defer cancel()
+	}
+	if m.shadow {
+		ctx = leakybucket.ContextWithShadow(ctx)
 	}
 	if req.n == 0 {
 		rules, err := req.limiter.Usage(ctx, req.resource, req.key)

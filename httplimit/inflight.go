@@ -20,13 +20,20 @@ import (
 // it), and the Bucket never sees it: it is charged by neither. One the
 // Bucket denies releases its lease at once. A lease that cannot be had
 // because Redis fails follows the failure policy (WithFailOpen).
+//
+// Under WithShadow, a request refused for want of room (or too heavy to
+// hold) is served by the next handler instead, with the Retry-After it
+// would have had, holding no lease and not asked of the Bucket, as
+// refused: the in-flight counts stay those of the enforcing middleware.
+// The wait is kept, so that the decision is the same: give a wait of 0
+// to add no latency while trying a limit out.
 func WithInFlight(l *inflight.Limiter, wait time.Duration) Option {
 	return func(c *config) { c.inFlight, c.inFlightWait = l, wait }
 }
 
 // hold takes r's lease, if WithInFlight asks for one, and returns its
-// release; or answers r itself (refused, or by the failure policy) and
-// returns false.
+// release; or answers r itself (refused, served by WithShadow, or by the
+// failure policy) and returns false.
 func (m *middleware) hold(next http.Handler, w http.ResponseWriter, r *http.Request, req call) (func(), bool) {
 	if m.inFlight == nil || req.n == 0 {
 		return func() {}, true
@@ -36,7 +43,7 @@ func (m *middleware) hold(next http.Handler, w http.ResponseWriter, r *http.Requ
 	case le != nil:
 		return func() { _ = le.Release(context.WithoutCancel(r.Context())) }, true
 	case errors.Is(err, inflight.ErrTooHeavy):
-		m.denied.ServeHTTP(w, r) // it can never be held: no Retry-After
+		m.deny(next, w, r) // it can never be held: no Retry-After
 		return nil, false
 	case err != nil && r.Context().Err() == nil:
 		m.failed(next, w, r, req, fmt.Errorf("in flight: %w", err))
@@ -45,6 +52,6 @@ func (m *middleware) hold(next http.Handler, w http.ResponseWriter, r *http.Requ
 		return nil, false // the client went away
 	}
 	w.Header().Set(headerRetryAfter, strconv.Itoa(1))
-	m.denied.ServeHTTP(w, r)
+	m.deny(next, w, r)
 	return nil, false
 }

@@ -37,6 +37,7 @@ type config struct {
 	hideResource bool
 	inFlight     *inflight.Limiter // WithInFlight
 	inFlightWait time.Duration
+	shadow       bool // WithShadow
 }
 
 // defaultConfig holds every default of the options below.
@@ -179,6 +180,33 @@ func WithIPv6Prefix(bits int) Option {
 // They still limit, and a denial by one still sets Retry-After.
 func WithoutResourcePolicies() Option {
 	return func(c *config) { c.hideResource = true }
+}
+
+// WithShadow runs the middleware in shadow mode, to try a limit out
+// before enforcing it: every request is decided, counted, reported and
+// given its fields exactly as without the option, and then served by the
+// next handler, a request that would have been denied included. The
+// Bucket's AllowN is called as it would be, so admitted requests are
+// counted and denied ones are not (unless the Bucket counts denials):
+// the shadow run sees the counts that the enforcing run would see, and
+// so would deny exactly what the enforcing run denies (a run that counted
+// nothing would never deny, and one that counted the denials too would
+// deny more).
+//
+// A would-be denial keeps its RateLimit fields and Retry-After (and the
+// fields of WithLegacyHeaders and WithHTTPRateHeaders) on the next
+// handler's response; the next handler finds its Result, Allowed false,
+// with ResultFrom, and the policies that denied with DeniedPolicies, and
+// the denied handler is not called. The Bucket's observer gets each
+// decision as it would, with Decision.Shadow set (otelmetrics labels it
+// leakybucket.shadow=true). WithInFlight's refusals are served likewise
+// (see WithInFlight). Errors are handled as without the option: a
+// request that cannot be keyed, weighed or named is refused, and one the
+// limiter cannot decide (Redis unavailable, the decision's deadline)
+// follows the failure policy, 503 unless WithFailOpen: shadow mode
+// serves what a limit denies, not what a failed limiter cannot decide.
+func WithShadow() Option {
+	return func(c *config) { c.shadow = true }
 }
 
 // validate checks the options.

@@ -34,6 +34,14 @@
 // starting and stopping. The attribute is absent on the calls Redis
 // decides, so that a Bucket without a fallback keeps its series.
 //
+// The calls of a middleware in shadow mode (httplimit.WithShadow,
+// grpclimit.WithShadow), which decides as usual and serves a would-be
+// denial anyway, carry leakybucket.shadow=true on both instruments, with
+// the result and policy they would have had: the denials a limit being
+// tried out would make are the series with leakybucket.shadow=true and a
+// result other than acquired. The attribute is absent on every other
+// call.
+//
 // leakybucket.policy names the rules that denied, by Rule.String, joined
 // with " + " in the order given to leakybucket.New: "per-client 10 per
 // 1m0s", or "per-resource 100 per 30m0s + per-client 10 per 30m0s" when
@@ -85,6 +93,11 @@ const (
 	// in process while Redis was unreachable (leakybucket.WithFallback,
 	// Decision.Fallback), and absent on every other.
 	FallbackKey = attribute.Key("leakybucket.fallback")
+	// ShadowKey is true on the calls made in shadow mode
+	// (httplimit.WithShadow, grpclimit.WithShadow,
+	// leakybucket.ContextWithShadow: Decision.Shadow), whose denials were
+	// not enforced, and absent on every other.
+	ShadowKey = attribute.Key("leakybucket.shadow")
 )
 
 // The values of ResultKey.
@@ -172,7 +185,7 @@ func (r *recorder) observe(ctx context.Context, d leakybucket.Decision) {
 // attributes returns extra and the attributes of d's outcome: the result
 // (for an Allow), the denying rules, the error's type.
 func attributes(d leakybucket.Decision, extra []attribute.KeyValue) []attribute.KeyValue {
-	attrs := make([]attribute.KeyValue, 0, len(extra)+5)
+	attrs := make([]attribute.KeyValue, 0, len(extra)+6)
 	attrs = append(attrs, extra...)
 	if d.Op == "allow" {
 		attrs = append(attrs, ResultKey.String(result(d)))
@@ -185,6 +198,9 @@ func attributes(d leakybucket.Decision, extra []attribute.KeyValue) []attribute.
 	}
 	if d.Fallback {
 		attrs = append(attrs, FallbackKey.Bool(true))
+	}
+	if d.Shadow {
+		attrs = append(attrs, ShadowKey.Bool(true))
 	}
 	return attrs
 }
