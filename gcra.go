@@ -17,15 +17,16 @@ import (
 //
 // The state of a rule and scope (the resource, or each (resource,
 // client)) is one number in Redis, the bucket's theoretical arrival time
-// (TAT, in Redis's clock, to the ms): the expiry of a key with an empty
-// value, which Redis drops once the bucket is empty, the least memory of
-// the strategies. A batch of calls is decided by compare-and-swap in two
-// round trips (WATCH, PEXPIRETIME of the buckets and TIME; then MULTI,
-// each changed bucket's expiry moved by Redis from its own clock, EXEC),
-// so that each call is counted at the time Redis ran its write:
-// docs/strategies.md says why that admits only what GCRA admits. A batch
-// whose calls are all denied writes nothing. PEXPIRETIME needs Redis 7.0
-// or later.
+// (TAT, in Redis's clock, exact: intervals need not be whole ms): the
+// expiry of a key, and the fraction of a ms in its value, which Redis
+// drops once the bucket is empty, the least memory of the strategies. A
+// batch of calls is decided by compare-and-swap in two round trips
+// (WATCH, PEXPIRETIME and GET of the buckets, TIME; then MULTI, a SET of
+// each changed bucket, EXEC), so that each call is counted at the time
+// Redis ran its write: docs/strategies.md says why that admits only what
+// GCRA admits, and the one bound, for rules faster than one unit per
+// millisecond. A batch whose calls are all denied writes nothing.
+// PEXPIRETIME needs Redis 7.0 or later.
 //
 // Every field of a Result is exact, in whole units of weight and
 // milliseconds rounded up: Used is the weight in the bucket, Remaining the

@@ -458,3 +458,82 @@ func TestGCRALocalAllocatesNothing(t *testing.T) {
 		t.Errorf("AllowNInto: %v allocations a decision, admitted %v; want 0, admitted", n, res.Allowed)
 	}
 }
+
+// A rule whose interval is no whole number of ms drains at exactly its
+// rate: from empty, its whole burst at once, the next call's RetryAfter
+// the interval rounded up to the ms, and after a span d exactly d*rate
+// more. With a TAT kept to the ms and each call's cost rounded up,
+// Per(3, time.Second) admitted 2 of its burst of 3, and Per(10_000,
+// time.Second) 1 003 of 10 000.
+func TestGCRAFractionalIntervals(t *testing.T) {
+	for _, c := range []struct {
+		limit        Limit
+		retry, after time.Duration // the RetryAfter of the first denial; a span
+		more         int           // admitted after the span
+	}{
+		{Per(3, time.Second), 334 * ms, time.Second, 3},
+		{Per(600, time.Second), 2 * ms, 10 * ms, 6},
+		{Per(1_000_000, time.Hour).WithBurst(2000), 4 * ms, 36 * ms, 10},
+		{Per(7, 2*time.Second).WithBurst(5), 286 * ms, 2 * time.Second, 5},
+	} {
+		t.Run(c.limit.String(), func(t *testing.T) {
+			onFakeTime(t, func(t *testing.T, e *env) {
+				b := e.bucket(t, PerClient(c.limit))
+				burst := c.limit.Requests
+				if c.limit.Burst > 0 {
+					burst = c.limit.Burst
+				}
+				got, res := admitUntilDenied(t, b, burst)
+				if got != burst || res.RetryAfter != c.retry {
+					t.Errorf("from empty: %d admitted, then RetryAfter %v; want %d, %v", got, res.RetryAfter, burst, c.retry)
+				}
+				time.Sleep(c.after)
+				if got, _ := admitUntilDenied(t, b, c.more); got != c.more {
+					t.Errorf("%v later: %d admitted, want %d", c.after, got, c.more)
+				}
+			})
+		})
+	}
+}
+
+// A rule faster than one unit per ms has one bound in Redis (see
+// docs/strategies.md): a bucket that a call costing less than a ms fills
+// from empty counts as full until the end of the next ms, at most one ms
+// of drain more than GCRA, 10 units at 10 000 a second. NewLocal keeps
+// the TAT in process, with no such bound. Before TATs kept fractions, a
+// burst of this rule admitted 1 003.
+func TestGCRAFasterThanAMillisecond(t *testing.T) {
+	onFakeTime(t, func(t *testing.T, e *env) {
+		b := e.bucket(t, PerClient(Per(10_000, time.Second).WithBurst(1000)))
+		least := 1000 - 9
+		if e.local != nil {
+			least = 1000
+		}
+		if got, _ := admitUntilDenied(t, b, 0); got < least || got > 1000 {
+			t.Errorf("from empty: %d admitted, want %d to 1000", got, least)
+		}
+		time.Sleep(2 * ms)
+		if got, _ := admitUntilDenied(t, b, 20); got != 20 {
+			t.Errorf("2ms later: %d admitted, want 20", got)
+		}
+	})
+}
+
+// admitUntilDenied calls until a call is denied, at one instant of fake
+// time, and returns how many were admitted and the denial; if full > 0,
+// each admitted call's Remaining must be full less the calls so far.
+func admitUntilDenied(t *testing.T, b *Bucket, full int) (int, Result) {
+	t.Helper()
+	for n := 0; ; n++ {
+		res, err := b.Allow(context.Background(), "r", "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Allowed {
+			return n, res
+		}
+		if want := full - n - 1; full > 0 && res.Remaining != want {
+			t.Fatalf("call %d: Remaining %d, want %d", n, res.Remaining, want)
+		}
+	}
+}

@@ -75,11 +75,11 @@ var Strategies = map[string]map[Method]Sends{
 		Flush:    {false, []string{"time", "multi", "hgetall", "del", "get", "exec", "hincrby", "pexpireat", "set", "hdel"}, []string{"watch", "unwatch", "hset"}},
 		FlushAll: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},
 	},
-	// GCRA: WATCH, PEXPIRETIME and TIME, then MULTI, SET, PEXPIREAT,
-	// EXEC, or UNWATCH when nothing is to write.
+	// GCRA: WATCH, PEXPIRETIME, GET and TIME, then MULTI, SET, EXEC, or
+	// UNWATCH when nothing is to write.
 	"gcra": {
-		Allow:    {false, append(slices.Clone(Txn), "watch", "pexpiretime", "time", "set", "pexpireat", "unwatch"), nil},
-		Peek:     {false, []string{"pexpiretime", "time"}, nil},
+		Allow:    {false, append(slices.Clone(Txn), "watch", "pexpiretime", "get", "time", "set", "unwatch"), nil},
+		Peek:     {false, []string{"pexpiretime", "get", "time"}, nil},
 		Flush:    {false, []string{"del"}, nil},
 		FlushAll: {false, []string{"scan", "del"}, nil},
 	},

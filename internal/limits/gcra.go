@@ -7,19 +7,24 @@ import (
 
 // A Bucket is a rule as GCRA keeps it, a leaky bucket: it drains Rate
 // units of weight per Window and holds at most Burst. Its whole state is a
-// theoretical arrival time (TAT): when the bucket will be empty, in ms
-// since the Unix epoch, the resolution of Redis's expiry, which keeps it.
-// A call of weight n fits at now if the bucket, drained until now, has
-// room for n: (max(tat, now) - now)*Rate <= (Burst - n)*Window; and then
-// the TAT moves to max(tat, now) + Cost(n). The arithmetic is exact, in
+// theoretical arrival time (TAT), when the bucket will be empty. A call
+// of weight n fits at now if the bucket, drained until now, has room for
+// n: (max(tat, now) - now)*Rate <= (Burst - n)*Window; and then the TAT
+// moves to max(tat, now) + n*Window/Rate. The arithmetic is exact, in
 // integers of 128 bits where a product may need them: the Redis store and
-// NewLocal's buckets decide with these few lines, so that they agree to
-// the millisecond.
+// NewLocal's buckets decide with these few lines, so that they agree.
 type Bucket struct {
 	Window int64 // ms
 	Rate   int64
 	Burst  int
 }
+
+// A TAT is a theoretical arrival time, exact: Ms less Short/Rate of a
+// millisecond (since the Unix epoch), Short in [0, Rate) as Advance makes
+// it. A cost of n is n*Window/Rate ms, whose fraction a TAT kept to the
+// millisecond would have to round: up, and a rule of 3 per second would
+// admit 2 of its burst of 3; down, and it would admit more than GCRA.
+type TAT struct{ Ms, Short int64 }
 
 // MaxBucketSpan bounds the time a full bucket takes to drain, Burst
 // intervals, in ms: about 292 000 years, so that no TAT overflows.
@@ -37,15 +42,52 @@ func BucketOf(r Rule) Bucket {
 
 // Span is how long a full bucket takes to drain, in ms rounded up; more
 // than MaxBucketSpan if that overflows.
-func (b Bucket) Span() int64 { return b.Cost(b.Burst) }
+func (b Bucket) Span() int64 { return b.Cost(b.Burst).Ms }
 
-// Cost is what a call of weight n adds to the TAT: n intervals, in ms,
-// rounded up (the TAT's resolution), so that a bucket never drains
-// faster than its rule says.
-func (b Bucket) Cost(n int) int64 { return mulDiv(int64(n), b.Window, b.Rate, true) }
+// Cost is what a call of weight n adds to a TAT, n intervals: as a TAT,
+// Ms whole milliseconds (rounded up) less Short/Rate.
+func (b Bucket) Cost(n int) TAT { return b.Advance(TAT{}, 0, n) }
 
-// Advance returns the TAT once a call of weight n is counted at now (ms).
-func (b Bucket) Advance(tat, now int64, n int) int64 { return max(tat, now) + b.Cost(n) }
+// Empty reports whether the bucket of tat is empty at now (ms).
+func (tat TAT) Empty(now int64) bool { return tat.Ms <= now }
+
+// Advance returns the TAT once a call of weight n is counted at now (ms):
+// max(tat, now) + n intervals.
+func (b Bucket) Advance(tat TAT, now int64, n int) TAT {
+	if tat.Empty(now) {
+		tat = TAT{Ms: now}
+	}
+	hi, lo := bits.Mul64(uint64(n), uint64(b.Window))
+	if hi == 0 && lo <= uint64(tat.Short) {
+		return TAT{Ms: tat.Ms, Short: tat.Short - int64(lo)}
+	}
+	// n*Window - Short, then whole ms rounded up and what is left below.
+	lo, borrow := bits.Sub64(lo, uint64(tat.Short), 0)
+	hi -= borrow
+	if hi >= uint64(b.Rate) {
+		return TAT{Ms: math.MaxInt64}
+	}
+	q, r := bits.Div64(hi, lo, uint64(b.Rate))
+	short := int64(0)
+	if r > 0 {
+		q, short = q+1, b.Rate-int64(r)
+	}
+	if q > uint64(math.MaxInt64-tat.Ms) {
+		return TAT{Ms: math.MaxInt64}
+	}
+	return TAT{Ms: tat.Ms + int64(q), Short: short}
+}
+
+// level is what the bucket of tat holds at now, in 1/Rate of a ms (weight
+// times Window): 0 if it is empty.
+func (b Bucket) level(tat TAT, now int64) u128 {
+	if tat.Empty(now) {
+		return u128{}
+	}
+	hi, lo := bits.Mul64(uint64(min(tat.Ms-now, MaxBucketSpan)), uint64(b.Rate))
+	lo, borrow := bits.Sub64(lo, uint64(tat.Short), 0)
+	return u128{hi - borrow, lo}
+}
 
 // Count is what the bucket of tat counts at now (ms) for a call of weight
 // n, in the terms every strategy's Result is made of (see the root
@@ -56,37 +98,46 @@ func (b Bucket) Advance(tat, now int64, n int) int64 { return max(tat, now) + b.
 // and the one "oldest call" of a denial, of just the weight that must
 // drain for n to fit, when it has drained (RetryAfter): the first ms at
 // which it fits.
-func (b Bucket) Count(tat, now int64, n int) Count {
-	// A TAT further ahead than any bucket holds (a burst lowered since, or a
-	// value this code never wrote) is read as that far: it still denies.
-	level := min(max(tat, now)-now, MaxBucketSpan)
-	used := mulDiv(level, b.Rate, b.Window, true)
-	c := Count{Used: int(min(used, math.MaxInt)), Stamp: now + level + min(b.Cost(n), MaxBucketSpan) - b.Window}
-	if level > 0 {
-		c.Newest = now + level - b.Window
+func (b Bucket) Count(tat TAT, now int64, n int) Count {
+	level := b.level(tat, now)
+	after := b.Advance(tat, now, n)
+	c := Count{Used: int(min(level.div(b.Window, true), math.MaxInt)), Stamp: min(after.Ms, now+MaxBucketSpan) - b.Window}
+	if !tat.Empty(now) {
+		c.Newest = min(tat.Ms, now+MaxBucketSpan) - b.Window
 	}
 	if n <= b.Burst && c.Used > b.Burst-n {
-		// It fits once the level is (Burst-n) intervals, rounded down to
-		// the ms: the drain until then, rounded up.
-		over := level - mulDiv(int64(b.Burst-n), b.Window, b.Rate, false)
+		// It fits once the level is down to (Burst-n)*Window: the drain
+		// until then, rounded up to the ms.
+		room := mul(int64(b.Burst-n), b.Window)
+		over := level.sub(room).div(b.Rate, true)
 		c.Oldest = []Entry{{At: now + over - b.Window, Weight: c.Used - (b.Burst - n)}}
 	}
 	return c
 }
 
-// mulDiv is a*b/c, rounded up if up, else down, for a, b >= 0 and c > 0,
-// or math.MaxInt64 if it overflows.
-func mulDiv(a, b, c int64, up bool) int64 {
+// u128 is an unsigned integer of 128 bits, for the products of a level.
+type u128 struct{ hi, lo uint64 }
+
+func mul(a, b int64) u128 {
 	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi >= uint64(c) {
+	return u128{hi, lo}
+}
+
+// sub is x-y, for x >= y.
+func (x u128) sub(y u128) u128 {
+	lo, borrow := bits.Sub64(x.lo, y.lo, 0)
+	return u128{x.hi - y.hi - borrow, lo}
+}
+
+// div is x/c, rounded up if up, else down, for c > 0, or math.MaxInt64
+// if it overflows.
+func (x u128) div(c int64, up bool) int64 {
+	if x.hi >= uint64(c) {
 		return math.MaxInt64
 	}
-	q, r := bits.Div64(hi, lo, uint64(c))
+	q, r := bits.Div64(x.hi, x.lo, uint64(c))
 	if up && r > 0 {
 		q++
 	}
-	if q > math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(q)
+	return int64(min(q, math.MaxInt64))
 }

@@ -1,58 +1,91 @@
 package limits
 
 import (
+	"math/big"
 	"math/rand/v2"
 	"testing"
 )
 
-// The Count of a bucket decides as GCRA does, and its RetryAfter is the
-// first millisecond at which the call fits: property-checked on random
-// buckets, TATs and weights.
+// The Count of a bucket decides as GCRA does, in exact rational time, and
+// its RetryAfter is the first millisecond at which the call fits:
+// property-checked on random buckets, TATs and weights, against big.Rat.
 func TestBucketCountIsGCRA(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 100_000 {
-		rule := Rule{Requests: 1 + r.IntN(50), Rate: r.IntN(50), Window: 1 + r.Int64N(10_000)}
+		rule := Rule{Requests: 1 + r.IntN(50), Rate: r.IntN(5000), Window: 1 + r.Int64N(10_000)}
 		b := BucketOf(rule)
 		now := int64(1_700_000_000_000) + r.Int64N(1000)
-		tat := now - 100 + r.Int64N(b.Span()+200)
+		tat := TAT{Ms: now - 100 + r.Int64N(b.Span()+200), Short: r.Int64N(b.Rate)}
 		n := 1 + r.IntN(b.Burst)
 		c := b.Count(tat, now, n)
-		fits := (max(tat, now)-now)*b.Rate <= int64(b.Burst-n)*b.Window
+		exact := exactTAT(b, tat)
+		base := maxRat(exact, big.NewRat(now, 1))
+		level := new(big.Rat).Sub(base, big.NewRat(now, 1))
+		fits := new(big.Rat).Mul(level, big.NewRat(b.Rate, 1)).Cmp(big.NewRat(int64(b.Burst-n)*b.Window, 1)) <= 0
 		if rule.HasRoom(c.Used, n) != fits {
-			t.Fatalf("%+v at %d, TAT %d, n %d: Used %d says fits %v, GCRA %v", b, now, tat, n, c.Used, !fits, fits)
+			t.Fatalf("%+v at %d, TAT %+v, n %d: Used %d says fits %v, GCRA %v", b, now, tat, n, c.Used, !fits, fits)
 		}
 		if fits {
-			if got := b.Advance(tat, now, n); got != max(tat, now)+b.Cost(n) {
-				t.Fatalf("Advance = %d", got)
+			want := new(big.Rat).Add(base, big.NewRat(int64(n)*b.Window, b.Rate))
+			if got := b.Advance(tat, now, n); exactTAT(b, got).Cmp(want) != 0 || got.Short < 0 || got.Short >= b.Rate {
+				t.Fatalf("%+v: Advance(%+v, %d, %d) = %+v, want %v ms", b, tat, now, n, got, want.FloatString(6))
 			}
 			continue
 		}
 		wait := rule.UntilRoom(c.Oldest, now, c.Used, n)
 		later := b.Count(tat, now+wait, n)
 		if !rule.HasRoom(later.Used, n) {
-			t.Fatalf("%+v, TAT %d, n %d: still no room %dms later (RetryAfter)", b, tat-now, n, wait)
+			t.Fatalf("%+v, TAT %+v, n %d: still no room %dms later (RetryAfter)", b, tat, n, wait)
 		}
 		if sooner := b.Count(tat, now+wait-1, n); rule.HasRoom(sooner.Used, n) {
-			t.Fatalf("%+v, TAT %d, n %d: room 1ms before RetryAfter %dms", b, tat-now, n, wait)
+			t.Fatalf("%+v, TAT %+v, n %d: room 1ms before RetryAfter %dms", b, tat, n, wait)
 		}
 	}
 }
 
-// Cost rounds up to the ms, so that a bucket never drains faster than
-// its rule.
+func exactTAT(b Bucket, tat TAT) *big.Rat {
+	return new(big.Rat).Sub(big.NewRat(tat.Ms, 1), big.NewRat(tat.Short, b.Rate))
+}
+
+func maxRat(x, y *big.Rat) *big.Rat {
+	if x.Cmp(y) >= 0 {
+		return x
+	}
+	return y
+}
+
+// Cost is exact: whole ms rounded up, less the fraction of the last.
 func TestBucketCost(t *testing.T) {
 	for _, c := range []struct {
 		rule Rule
 		n    int
-		want int64
+		want TAT
 	}{
-		{Rule{Requests: 10, Window: 1000}, 1, 100},
-		{Rule{Requests: 3, Window: 1000}, 1, 334},
-		{Rule{Requests: 3, Window: 1000}, 3, 1000},
-		{Rule{Requests: 50, Rate: 10, Window: 1000}, 2, 200},
+		{Rule{Requests: 10, Window: 1000}, 1, TAT{100, 0}},
+		{Rule{Requests: 3, Window: 1000}, 1, TAT{334, 2}}, // 333 1/3 ms
+		{Rule{Requests: 3, Window: 1000}, 3, TAT{1000, 0}},
+		{Rule{Requests: 50, Rate: 10, Window: 1000}, 2, TAT{200, 0}},
+		{Rule{Requests: 10_000, Window: 1000}, 1, TAT{1, 9000}}, // 0.1 ms
 	} {
 		if got := BucketOf(c.rule).Cost(c.n); got != c.want {
-			t.Errorf("%+v: Cost(%d) = %d, want %d", c.rule, c.n, got, c.want)
+			t.Errorf("%+v: Cost(%d) = %+v, want %+v", c.rule, c.n, got, c.want)
+		}
+	}
+}
+
+// A burst of calls of weight 1 at one instant fills the bucket exactly,
+// whatever the interval's fraction of a ms.
+func TestBucketBurstAtOnce(t *testing.T) {
+	for _, rule := range []Rule{
+		{Requests: 3, Window: 1000}, {Requests: 600, Window: 1000}, {Requests: 10_000, Window: 1000},
+		{Requests: 5, Rate: 7, Window: 2000}, {Requests: 2000, Rate: 1_000_000, Window: 3_600_000},
+	} {
+		b, now, tat, admitted := BucketOf(rule), int64(1_700_000_000_000), TAT{}, 0
+		for rule.HasRoom(b.Count(tat, now, 1).Used, 1) {
+			tat, admitted = b.Advance(tat, now, 1), admitted+1
+		}
+		if admitted != rule.Requests {
+			t.Errorf("%+v: a burst admitted %d, want %d", rule, admitted, rule.Requests)
 		}
 	}
 }

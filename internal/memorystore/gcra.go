@@ -12,7 +12,7 @@ import (
 )
 
 // TATs are the buckets of one Bucket under GCRA, in this process: one TAT
-// per rule and scope (limits.Bucket), in ms, decided with the arithmetic
+// per rule and scope (limits.Bucket), exact, decided with the arithmetic
 // of the Redis store, counted from the time of the decision. Every method may be
 // called from any goroutine against any other.
 type TATs struct {
@@ -31,7 +31,7 @@ type TATs struct {
 // tatShard is one lock's share of the TATs.
 type tatShard struct {
 	mu   sync.Mutex
-	tats map[tatKey]int64
+	tats map[tatKey]limits.TAT
 	// counts is a view's, by rule: scratch, under mu, so that a decision
 	// allocates no view.
 	counts []limits.Count
@@ -68,7 +68,7 @@ func NewTATs(rules []limits.Rule, byClient bool) *TATs {
 		t.kindOf = append(t.kindOf, at)
 	}
 	for i := range t.shards {
-		t.shards[i].tats = map[tatKey]int64{}
+		t.shards[i].tats = map[tatKey]limits.TAT{}
 		t.shards[i].counts = make([]limits.Count, len(rules))
 	}
 	return t
@@ -143,7 +143,7 @@ func (sh *tatShard) sweep(now int64) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for k, tat := range sh.tats {
-		if tat <= now {
+		if tat.Empty(now) {
 			delete(sh.tats, k)
 		}
 	}

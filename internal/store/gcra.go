@@ -30,31 +30,43 @@ func NewGCRA(p Plan) Store {
 }
 
 // gcraStore is the GCRA strategy: a leaky bucket per rule and scope, each
-// one number, its TAT (limits.Bucket), kept as the expiry of a key with an
-// empty value, which Redis drops once the bucket is empty. A batch of a
-// line is decided by compare-and-swap, without a script, in two round
-// trips on one connection:
+// one exact TAT (limits.Bucket), kept as a key that Redis drops once the
+// bucket is empty: the key's expiry X is the last ms at which the bucket
+// holds anything, and its value v the fraction of the next ms already
+// drained, in 1/Rate of a ms: TAT = X+1 - v/Rate, v in [0, Rate). So the
+// key is there exactly while the bucket is not empty, and a WATCHed key
+// that empties aborts the EXEC (Redis 7.0). A batch of a line is decided
+// by compare-and-swap, without a script, in two round trips on one
+// connection:
 //
-//  1. WATCH the batch's keys, PEXPIRETIME of each (its TAT, or -2 where
-//     the bucket is empty), TIME.
-//  2. The calls are decided, in order, at the time TIME read (now), each
-//     on the buckets as the calls before it left them. For each bucket an
-//     admitted call changed, by cost, MULTI, SET key "" PX cost, and if
-//     it held a TAT, PEXPIREAT key TAT+cost GT; EXEC. Redis sets the
-//     expiry from its own clock when EXEC runs (at w): the TAT becomes
-//     max(TAT, w) + cost, which is GCRA's at w, however late the EXEC
-//     runs. EXEC applies nothing if a watched key changed or expired
-//     since the WATCH; then the batch is decided again.
+//  1. WATCH the batch's keys, PEXPIRETIME and GET of each, TIME (now).
+//  2. The calls are decided, in order, at now, each on the buckets as the
+//     calls before it left them; then MULTI, a SET of each bucket an
+//     admitted call changed, EXEC. A bucket that held something at now
+//     still does when EXEC runs (at w), or EXEC applies nothing: so its
+//     TAT was past w, GCRA's max(TAT, w) is the TAT, and the new one,
+//     TAT + cost, is written as it is (SET key v PXAT X, or KEEPTTL if X
+//     is unchanged, since a SET of an expiry that is already due deletes
+//     the key). A bucket that was empty at now is empty at w, where GCRA
+//     counts from w: SET key v PX cost, which Redis counts from its own
+//     clock when EXEC runs, however late.
 //
-// So every admitted call is counted in its buckets at the time Redis
-// ran its write, exactly as GCRA counts a call then; and it was decided
-// on what those buckets held at now, no later than w, when they held as
-// much or more: the calls admitted are calls GCRA admits at the times
-// Redis ran them (it may deny one that GCRA at w would admit, by up to
-// the drain between now and w). A batch whose calls are all denied
-// writes nothing and costs one round trip and an UNWATCH. The calls are
-// evaluated (Evaluate) only once their write has applied: a batch that
-// fails returns its error, and no call of it reads as admitted.
+// So every admitted call is counted in its buckets as GCRA counts it at
+// the time Redis ran its write; and it was decided on what those buckets
+// held at now, no later than w, when they held as much or more: the calls
+// admitted are calls GCRA admits at the times Redis ran them (it may deny
+// one that GCRA at w would admit, by up to the drain between now and w).
+//
+// One TAT cannot be kept so: a bucket, empty at w, that a cost under a ms
+// (a rule faster than one unit per ms) leaves empty before w+1. An expiry
+// of w is due at once; so it is kept one ms longer, with v in [Rate,
+// 2*Rate) to say so, and until then a decision counts that bucket as full
+// until X (never less than it holds): at most a ms of drain more, once
+// after each time the bucket was empty. A batch whose calls are all
+// denied writes nothing and costs one round trip and an UNWATCH. The
+// calls are evaluated (Evaluate) only once their write has applied: a
+// batch that fails returns its error, and no call of it reads as
+// admitted.
 type gcraStore struct {
 	Plan
 	lockFree
@@ -117,11 +129,12 @@ type gcraBatch struct {
 	gcraStore
 	ks    keys.Space
 	calls []limits.Call
-	keys  []string // the distinct keys of the calls' buckets
-	keyOf [][]int  // by call, by rule: its bucket's key, in keys
-	read  []int64  // by key: the TAT read, 0 if none
-	tats  []int64  // by key: as the calls decided leave it at now
-	cost  []int64  // by key: what the admitted calls add to it, ms
+	keys  []string     // the distinct keys of the calls' buckets
+	keyOf [][]int      // by call, by rule: its bucket's key, in keys
+	rate  []int64      // by key: its bucket's Rate
+	ttl   []int64      // by key: its expiry read (X), -2 if none
+	read  []limits.TAT // by key: its TAT read
+	tats  []limits.TAT // by key: as the calls decided leave it at now
 	views []limits.View
 }
 
@@ -136,12 +149,12 @@ func (s gcraStore) newBatch(ks keys.Space, calls []limits.Call) *gcraBatch {
 			if !ok {
 				at = len(b.keys)
 				index[k] = at
-				b.keys = append(b.keys, k)
+				b.keys, b.rate = append(b.keys, k), append(b.rate, s.buckets[r].Rate)
 			}
 			b.keyOf[i][r] = at
 		}
 	}
-	b.read, b.tats, b.cost = make([]int64, len(b.keys)), make([]int64, len(b.keys)), make([]int64, len(b.keys))
+	b.ttl, b.read, b.tats = make([]int64, len(b.keys)), make([]limits.TAT, len(b.keys)), make([]limits.TAT, len(b.keys))
 	return b
 }
 
@@ -164,14 +177,8 @@ func (b *gcraBatch) attempt(ctx context.Context, where Site) (done bool, err err
 	}
 	t := txn.New(b.ks, false)
 	for k, key := range b.keys {
-		if b.cost[k] == 0 {
-			continue
-		}
-		t.Add("set", key, "", "px", b.cost[k])
-		// A bucket empty at the time read is empty at the EXEC's, later:
-		// there max(TAT, w) is w, which PX alone counts from.
-		if b.read[k] > ms {
-			t.Add("pexpireat", key, b.read[k]+b.cost[k], "gt")
+		if b.tats[k] != b.read[k] {
+			t.Add(b.write(k, key, ms)...)
 		}
 	}
 	outcome, err := t.ExecOn(ctx, conn, where.Node.Options().ReadTimeout)
@@ -187,12 +194,29 @@ func (b *gcraBatch) attempt(ctx context.Context, where Site) (done bool, err err
 	return false, err
 }
 
+// write is the SET that leaves key k's TAT as the calls decided at now
+// (ms): see gcraStore.
+func (b *gcraBatch) write(k int, key string, now int64) []any {
+	tat := b.tats[k]
+	if !b.read[k].Empty(now) {
+		if x := tat.Ms - 1; x != b.ttl[k] {
+			return []any{"set", key, tat.Short, "pxat", x}
+		}
+		return []any{"set", key, tat.Short, "keepttl"}
+	}
+	// From w, as Redis counts PX: cost is tat less now.
+	if cost := tat.Ms - now; cost > 1 {
+		return []any{"set", key, tat.Short, "px", cost - 1}
+	}
+	return []any{"set", key, tat.Short + b.rate[k], "px", 1}
+}
+
 // readOn reads the TATs into b.read on conn, under WATCH if watch, and
 // returns Redis's time.
 func (b *gcraBatch) readOn(ctx context.Context, conn pipeliner, watch bool) (time.Time, error) {
-	tats := make([]*redis.Cmd, len(b.keys))
+	ttls, values := make([]*redis.Cmd, len(b.keys)), make([]*redis.StringCmd, len(b.keys))
 	var clock *redis.TimeCmd
-	_, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
+	cmds, err := conn.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		if watch {
 			args := make([]any, 0, len(b.keys)+1)
 			args = append(args, "watch")
@@ -202,31 +226,51 @@ func (b *gcraBatch) readOn(ctx context.Context, conn pipeliner, watch bool) (tim
 			pipe.Do(ctx, args...)
 		}
 		for k, key := range b.keys {
-			tats[k] = pipe.Do(ctx, "pexpiretime", key)
+			ttls[k], values[k] = pipe.Do(ctx, "pexpiretime", key), pipe.Get(ctx, key)
 		}
 		clock = pipe.Time(ctx)
 		return nil
 	})
-	if err != nil {
+	// redis.Nil: a GET of an empty bucket, which has no key; the first
+	// error is err, and another may follow it.
+	for _, cmd := range cmds {
+		if e := cmd.Err(); e != nil && !errors.Is(e, redis.Nil) {
+			err = e
+		}
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
 		return time.Time{}, err
 	}
-	for k, tat := range tats {
-		// -2: no key, an empty bucket; -1, a key without an expiry, is
-		// none this code wrote: read as empty, it is written over.
-		at, err := tat.Int64()
-		if err != nil {
-			return time.Time{}, err
-		}
-		b.read[k] = max(at, 0)
+	for k := range b.keys {
+		b.ttl[k], _ = ttls[k].Int64()
+		b.read[k] = tatOf(b.ttl[k], values[k].Val(), b.rate[k])
 	}
 	return clock.Val(), nil
+}
+
+// tatOf is the TAT of a key whose expiry is x (ms; -2: no key, -1: none
+// this code wrote, an empty bucket written over) and whose value is v,
+// for a bucket of rate: see gcraStore. A value this code did not write
+// ("" before it kept fractions, or any other) counts the bucket as full
+// until x+1, never less than it holds.
+func tatOf(x int64, v string, rate int64) limits.TAT {
+	if x < 0 {
+		return limits.TAT{}
+	}
+	short, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil || short < 0 || short >= 2*rate:
+		return limits.TAT{Ms: x + 1}
+	case short >= rate:
+		return limits.TAT{Ms: x} // kept a ms longer: full until x
+	}
+	return limits.TAT{Ms: x + 1, Short: short}
 }
 
 // decide decides the calls, in order, at now (ms), each on the buckets
 // the calls before it left; it reports whether any was admitted.
 func (b *gcraBatch) decide(now int64) bool {
 	copy(b.tats, b.read)
-	clear(b.cost)
 	admitted := false
 	for i, c := range b.calls {
 		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
@@ -243,7 +287,6 @@ func (b *gcraBatch) decide(now int64) bool {
 		for r := range b.Rules {
 			if k := b.keyOf[i][r]; !b.sharesKey(i, r) {
 				b.tats[k] = b.buckets[r].Advance(b.tats[k], now, c.N)
-				b.cost[k] += b.buckets[r].Cost(c.N)
 			}
 		}
 	}
