@@ -497,9 +497,9 @@ func TestGCRAFractionalIntervals(t *testing.T) {
 }
 
 // A rule faster than one unit per ms has one bound in Redis (see
-// docs/strategies.md): a bucket that a call costing less than a ms fills
-// from empty counts as full until the end of the next ms, at most one ms
-// of drain more than GCRA, 10 units at 10 000 a second. NewLocal keeps
+// docs/strategies.md): when a call costing less than a ms fills an empty
+// bucket, the next decisions read its TAT rounded up to the ms, at most
+// one ms of drain more than GCRA, 10 units at 10 000 a second. NewLocal keeps
 // the TAT in process, with no such bound. Before TATs kept fractions, a
 // burst of this rule admitted 1 003.
 func TestGCRAFasterThanAMillisecond(t *testing.T) {

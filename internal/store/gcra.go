@@ -60,8 +60,8 @@ func NewGCRA(p Plan) Store {
 // One TAT cannot be kept so: a bucket, empty at w, that a cost under a ms
 // (a rule faster than one unit per ms) leaves empty before w+1. An expiry
 // of w is due at once; so it is kept one ms longer, with v in [Rate,
-// 2*Rate) to say so, and until then a decision counts that bucket as full
-// until X (never less than it holds): at most a ms of drain more, once
+// 2*Rate) to say so, and a decision reads its TAT as X, rounded up to the
+// ms (never less than the bucket holds): at most a ms of drain more, once
 // after each time the bucket was empty. A batch whose calls are all
 // denied writes nothing and costs one round trip and an UNWATCH. The
 // calls are evaluated (Evaluate) only once their write has applied: a
@@ -251,8 +251,8 @@ func (b *gcraBatch) readOn(ctx context.Context, conn pipeliner, watch bool) (tim
 // tatOf is the TAT of a key whose expiry is x (ms; -2: no key, -1: none
 // this code wrote, an empty bucket written over) and whose value is v,
 // for a bucket of rate: see gcraStore. A value this code did not write
-// ("" before it kept fractions, or any other) counts the bucket as full
-// until x+1, never less than it holds.
+// ("" before it kept fractions, or any other) reads as the TAT x+1, never
+// less than the bucket holds.
 func tatOf(x int64, v string, rate int64) limits.TAT {
 	if x < 0 {
 		return limits.TAT{}
@@ -262,7 +262,7 @@ func tatOf(x int64, v string, rate int64) limits.TAT {
 	case err != nil || short < 0 || short >= 2*rate:
 		return limits.TAT{Ms: x + 1}
 	case short >= rate:
-		return limits.TAT{Ms: x} // kept a ms longer: full until x
+		return limits.TAT{Ms: x} // kept a ms longer: the TAT rounded up
 	}
 	return limits.TAT{Ms: x + 1, Short: short}
 }
