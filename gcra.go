@@ -31,7 +31,11 @@ import (
 // Every field of a Result is exact, in whole units of weight and
 // milliseconds rounded up: Used is the weight in the bucket, Remaining the
 // room left, RetryAfter when the call fits (Never above the burst), and
-// ResetAfter when the bucket is empty. GCRA refuses WithRecordDenied,
+// ResetAfter when the bucket is empty. One bound, in Redis only and for
+// rules faster than one unit per millisecond: just after a call costing
+// under a millisecond filled an empty bucket, its TAT is read rounded up
+// to the millisecond, so the fields may count up to a millisecond of
+// drain more than the bucket holds (docs/strategies.md). GCRA refuses WithRecordDenied,
 // WithReplicas, WithLockTTL and WithLockWait, and a Limit with a
 // Precision, with an error matching ErrInvalidOption. Flush empties a
 // client's own buckets: a per-resource bucket keeps no client's share, so
