@@ -22,8 +22,9 @@ type Bucket struct {
 // (remote, made by New) or in this process's memory (local, made by
 // NewLocal). The Bucket checks the input; the backend does the rest.
 type backend interface {
-	// allow decides a call of weight n and writes its Result into res.
-	allow(ctx context.Context, resource, client string, n int, res *Result) error
+	// allow decides a call of weight n and writes its Result into res;
+	// atMost: as much of n as every rule has room for (AllowAtMost).
+	allow(ctx context.Context, resource, client string, n int, atMost bool, res *Result) error
 	// read returns what every rule counts for a call of weight n,
 	// writing nothing, by ctx's deadline.
 	read(ctx context.Context, resource, client string, n int) (reading, error)

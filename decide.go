@@ -82,7 +82,41 @@ func (b *Bucket) AllowNInto(ctx context.Context, resource, client string, n int,
 		// anything about the client's lighter calls.
 		return b.look(ctx, resource, client, n, res)
 	}
-	return b.counts.allow(ctx, resource, client, n, res)
+	return b.counts.allow(ctx, resource, client, n, false, res)
+}
+
+// AllowAtMost admits as much of a request of weight n by client to
+// resource as every rule has room for, and records that much under every
+// rule: the same weight under each, so the rule with the least room
+// decides it. Result.Admitted says how much, from 1 to n (and never more
+// than the least Requests of the rules); the Result is then AllowN's for
+// that weight. When some rule has no room at all, nothing is admitted nor
+// recorded: the Result is AllowN's denial of weight 1, with Admitted 0 and
+// RetryAfter until one unit fits. It is one decision, made on the counts
+// as they stand when it is recorded, as AllowN's is: two callers asking
+// at once are never admitted more than the room between them, and a
+// caller that gets a part was not beaten to it by a round trip of its
+// own. It is redis_rate's AllowAtMost: a worker draining a queue asks how
+// many of its items it may send now.
+//
+// Its errors are AllowN's, and so is its bad input (nothing is sent). A
+// Bucket made WithRecordDenied refuses it with ErrInvalidOption: what
+// such a Bucket would record of a partial grant has no single meaning.
+// The observer hears it as an "allow" of weight n.
+func (b *Bucket) AllowAtMost(ctx context.Context, resource, client string, n int) (res Result, err error) {
+	defer b.observe(ctx, b.observed(), opAllow, resource, client, n, &res, &err)
+	if err = b.check(resource, client, n); err != nil {
+		return Result{}, err
+	}
+	if b.cfg.recordDenied {
+		return Result{}, fmt.Errorf("%w: AllowAtMost on a Bucket made WithRecordDenied", ErrInvalidOption)
+	}
+	// No rule admits more than its Requests: the rest would be written
+	// only to be taken back.
+	if err = b.counts.allow(ctx, resource, client, min(n, b.plan.maxN), true, &res); err != nil {
+		return Result{}, err
+	}
+	return res, nil
 }
 
 // check refuses bad input before anything is sent. A weight above a

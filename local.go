@@ -84,22 +84,26 @@ type localStore interface {
 // allow decides a call in process. A call heavier than a rule (which
 // reaches it only as a fallback's, whose rules are smaller than the
 // Bucket's) is denied and recorded nowhere, as the Bucket's look does.
-func (l *localCounts) allow(ctx context.Context, resource, client string, n int, res *Result) error {
+func (l *localCounts) allow(ctx context.Context, resource, client string, n int, atMost bool, res *Result) error {
 	if ctx.Err() != nil {
 		*res = Result{}
 		return batch.GivenUp(ctx, false, nil)
 	}
+	call := limits.Call{Client: client, N: n, AtMost: atMost}
+	if atMost {
+		call.N = min(n, l.maxN) // a fallback's rules may be smaller than the Bucket's
+	}
 	evaluate := func(v limits.View) bool {
-		l.evaluateInto(res, v, n, l.RecordDenied)
-		return (res.Allowed || l.RecordDenied) && n <= l.maxN
+		weight := l.evaluateCall(res, v, call, l.RecordDenied)
+		return (res.Allowed || l.RecordDenied) && weight <= l.maxN
 	}
 	// Called on the concrete type: through the interface, evaluate would
 	// escape, an allocation per decision.
 	switch c := l.counts.(type) {
 	case *memorystore.Counts:
-		c.Decide(resource, client, n, evaluate)
+		c.DecideCall(resource, call, evaluate)
 	case *memorystore.TATs:
-		c.Decide(resource, client, n, evaluate)
+		c.DecideCall(resource, call, evaluate)
 	}
 	return nil
 }

@@ -55,12 +55,13 @@ type queued struct {
 	batch.Call
 	resource, client string
 	n                int
+	atMost           bool   // AllowAtMost: as much of n as fits (limits.Call.AtMost)
 	res              Result // written by its batch's worker once Answer says the caller waits
 }
 
 // allow answers from the denial cache when it may, and else queues the
 // call in its line.
-func (r *remote) allow(ctx context.Context, resource, client string, n int, res *Result) (err error) {
+func (r *remote) allow(ctx context.Context, resource, client string, n int, atMost bool, res *Result) (err error) {
 	if n == 1 && !r.denials.Empty() && r.clockRuns(ctx, resource) {
 		if cached, elapsed, ok := r.denials.Answer(resource, client); ok {
 			// A caller that loops on its denials would now never wait:
@@ -71,7 +72,7 @@ func (r *remote) allow(ctx context.Context, resource, client string, n int, res 
 		}
 	}
 	start := time.Now()
-	if *res, err = r.decide(ctx, resource, client, n); err != nil {
+	if *res, err = r.decide(ctx, resource, client, n, atMost); err != nil {
 		return err
 	}
 	if valid, ok := cacheable(*res, n, r.cfg.recordDenied); ok {
@@ -126,12 +127,12 @@ func (res Result) after(elapsed time.Duration) Result {
 // decide queues a call in its line, unless the breaker of its server is
 // open, and cuts it short should the breaker open while it waits (see
 // breaker.go).
-func (r *remote) decide(ctx context.Context, resource, client string, n int) (Result, error) {
+func (r *remote) decide(ctx context.Context, resource, client string, n int, atMost bool) (Result, error) {
 	br, cut, err := r.watch(ctx, resource)
 	if err != nil {
 		return Result{}, err
 	}
-	call := &queued{Call: batch.Call{Ctx: ctx, Cut: cut}, resource: resource, client: client, n: n}
+	call := &queued{Call: batch.Call{Ctx: ctx, Cut: cut}, resource: resource, client: client, n: n, atMost: atMost}
 	l, first, err := r.batches.Join(r.batchKey(resource, client), call)
 	if err != nil {
 		return Result{}, err
@@ -210,6 +211,7 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *batch.Line
 	requests := requestsOf(calls)
 	if now, ok := where.Clock.Now(); ok && r.foresees() {
 		r.foresight.Foresee(resource, requests, now)
+		unforesee(requests)
 	}
 	again, err := r.decideRequests(ctx, where, requests, calls)
 	if err != nil {
@@ -224,9 +226,21 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *batch.Line
 func requestsOf(calls []*queued) []limits.Call {
 	requests := make([]limits.Call, len(calls))
 	for i, c := range calls {
-		requests[i] = limits.Call{Client: c.client, N: c.n}
+		requests[i] = limits.Call{Client: c.client, N: c.n, AtMost: c.atMost}
 	}
 	return requests
+}
+
+// unforesee sends every call AtMost to write, on a full read, whatever
+// foresight said of it: foresight judges a call at its whole weight, while
+// one AtMost may fit in part, and its Weight is taken from counts read
+// exactly (a bound, Far, would judge it on more than the count).
+func unforesee(requests []limits.Call) {
+	for i := range requests {
+		if requests[i].AtMost {
+			requests[i].Look, requests[i].Far = false, false
+		}
+	}
 }
 
 // acks is what a batch's decision asks of the replicas (WithReplicas):
@@ -266,7 +280,7 @@ func (r *remote) decideAgain(ctx context.Context, where store.Site, calls []*que
 		retry := make([]*queued, len(again))
 		for i, a := range again {
 			retry[i] = calls[a.i]
-			requests[i] = limits.Call{Client: calls[a.i].client, N: calls[a.i].n, Look: a.look}
+			requests[i] = limits.Call{Client: calls[a.i].client, N: calls[a.i].n, Look: a.look, AtMost: calls[a.i].atMost}
 		}
 		calls, requests = retry, requests[:len(again)]
 		r.foreseeFound(where, calls[0].resource, requests, again)
@@ -300,6 +314,7 @@ func (r *remote) foreseeFound(where store.Site, resource string, requests []limi
 		}
 	}
 	r.foresight.Foresee(resource, found, now)
+	unforesee(found)
 	for i, a := range again {
 		if a.found {
 			requests[i], found = found[0], found[1:]
@@ -339,15 +354,16 @@ type verdict struct {
 	// (limits.View.Undecided).
 	again, undecided bool
 	seen             limits.View // what the store read for it, for foresight
+	weight           int         // what it was judged at (limits.Call.Weight)
 }
 
 // evaluate is the verdict on call c, which only looks if look, given v,
 // what every rule counted before it. It only reads: what it finds is
 // acted on by answer, once the round is over.
 func (r *remote) evaluate(c *queued, look bool, v limits.View) verdict {
-	n := c.n
-	vd := verdict{evaluated: true, res: r.plan.evaluate(v, n, r.cfg.recordDenied), seen: foresight.Copy(v)}
-	vd.undecided = v.Undecided(r.plan.Rules, n)
+	vd := verdict{evaluated: true, seen: foresight.Copy(v)}
+	n := r.plan.evaluateCall(&vd.res, v, limits.Call{N: c.n, AtMost: c.atMost}, r.cfg.recordDenied)
+	vd.undecided, vd.weight = v.Undecided(r.plan.Rules, n), n
 	vd.again = look && vd.res.Allowed || vd.undecided
 	vd.record = !vd.again && !look && (vd.res.Allowed || r.cfg.recordDenied) && !c.Gone()
 	return vd
@@ -367,13 +383,13 @@ func (r *remote) answer(calls []*queued, verdicts []verdict) []redo {
 		case !vd.evaluated:
 		case vd.again:
 			// What it read is what foresight judges it again by.
-			r.foresight.Saw(q.resource, q.client, vd.seen, q.n, false)
+			r.foresight.Saw(q.resource, q.client, vd.seen, vd.weight, false)
 			again = append(again, redo{i: i, look: vd.seen.Short, found: !vd.undecided})
 		default:
 			if r.batches.Answer(q) {
 				q.res = vd.res
 			}
-			r.foresight.Saw(q.resource, q.client, vd.seen, q.n, vd.record)
+			r.foresight.Saw(q.resource, q.client, vd.seen, vd.weight, vd.record)
 		}
 	}
 	return again

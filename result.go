@@ -6,7 +6,7 @@ import (
 	"github.com/leakybucket/leakybucket/internal/limits"
 )
 
-// Result is the answer to Allow, AllowN, Peek and PeekN. All its durations are
+// Result is the answer to Allow, AllowN, AllowAtMost, Peek and PeekN. All its durations are
 // computed from Redis time and the counts Redis holds, exact to the
 // millisecond (under Windows, rounded up to the end of an interval); those
 // of a Result whose Fallback is true, from this host's clock and the counts
@@ -30,6 +30,12 @@ type Result struct {
 	// recorded under all of them (for Peek: whether Allow would admit it).
 	// With WithRecordDenied, a denied request is recorded too.
 	Allowed bool
+
+	// Admitted is the weight AllowAtMost admitted: as much of its n as every
+	// rule had room for, the same under every rule, and recorded under
+	// each; 0 when it admitted none (Allowed false). It is 0 for Allow,
+	// AllowN, Peek and PeekN, which admit all of their weight or nothing.
+	Admitted int
 
 	// Remaining is the least room left over all rules after this call: the
 	// weight the same resource and client could still be admitted now (or
@@ -138,6 +144,18 @@ func (p plan) evaluateInto(res *Result, v limits.View, n int, recordDenied bool)
 	if n > p.maxN {
 		res.RetryAfter = Never
 	}
+}
+
+// evaluateCall is evaluateInto for call c, judged at its Weight given v
+// (n, but for a call AtMost), which it returns; a call AtMost that was
+// admitted says in Admitted how much.
+func (p plan) evaluateCall(res *Result, v limits.View, c limits.Call, recordDenied bool) int {
+	n := c.Weight(p.Rules, v.Counts)
+	p.evaluateInto(res, v, n, recordDenied)
+	if c.AtMost && res.Allowed {
+		res.Admitted = n
+	}
+	return n
 }
 
 // roomFor returns s with length n, zeroed, in its room if it has enough.

@@ -62,6 +62,28 @@ type Call struct {
 	// (package foresight). A store may then leave out the reads that only
 	// a denial's Result needs, and say so (View.Short).
 	Far bool
+	// AtMost: the call asks for as much of N as every rule has room for
+	// (AllowAtMost), not all of N or nothing. A store writes N as it
+	// would, and records only Weight of it: its room is known only once
+	// the counts are read, in the same decision.
+	AtMost bool
+}
+
+// Weight is the weight call c is judged and recorded at, given counts, what
+// each of rules counted before it: N; or, AtMost, the least room of the
+// rules, up to N, the same in every rule (all or nothing across them), and
+// 1 if some rule has no room at all, so that the call is a denial whose
+// RetryAfter is until one unit fits. It reads only each count's Used,
+// which every store reads whatever the weight.
+func (c Call) Weight(rules []Rule, counts []Count) int {
+	if !c.AtMost {
+		return c.N
+	}
+	w := c.N
+	for r, rule := range rules {
+		w = min(w, rule.Requests-counts[r].Used)
+	}
+	return max(w, 1)
 }
 
 // A View is what was read for one call.
@@ -91,6 +113,16 @@ func (v View) Undecided(rules []Rule, n int) bool {
 		denied = denied || !rule.HasRoom(c.Used, n)
 	}
 	return denied && (v.Short || bounded)
+}
+
+// Fits reports whether every rule has room for n beside what v counts.
+func (v View) Fits(rules []Rule, n int) bool {
+	for r, rule := range rules {
+		if !rule.HasRoom(v.Counts[r].Used, n) {
+			return false
+		}
+	}
+	return true
 }
 
 // Margin is the room a rule must show beside a call for the call to be

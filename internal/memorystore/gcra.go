@@ -100,12 +100,26 @@ func (t *TATs) key(r int, resource, client string) tatKey {
 // if it says so the call is counted in every bucket, from now. The View
 // is evaluate's only while it runs: its counts are the shard's scratch.
 func (t *TATs) Decide(resource, client string, n int, evaluate func(limits.View) bool) {
+	t.DecideCall(resource, limits.Call{Client: client, N: n}, evaluate)
+}
+
+// DecideCall is Decide of call c, which AtMost is judged and counted at its
+// Weight, the room the buckets leave it under the lock.
+func (t *TATs) DecideCall(resource string, c limits.Call, evaluate func(limits.View) bool) {
 	t.Sweep()
+	client := c.Client
 	sh := t.shardOf(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := t.now()
-	if !evaluate(t.view(sh, resource, client, n, now)) {
+	v := t.view(sh, resource, client, c.N, now)
+	// A bucket's Used is its level, whatever the weight: the view is
+	// read again only for the weight's own stamp and RetryAfter.
+	n := c.Weight(t.rules, v.Counts)
+	if n != c.N {
+		v = t.view(sh, resource, client, n, now)
+	}
+	if !evaluate(v) {
 		return
 	}
 	for r, b := range t.buckets {

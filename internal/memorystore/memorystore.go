@@ -228,22 +228,30 @@ func (l *Counts) shardOf(w who) *shard {
 // call. The View is evaluate's only while it runs: its counts and their
 // Oldest are the shard's scratch, which later calls reuse.
 func (l *Counts) Decide(resource, client string, n int, evaluate func(limits.View) bool) {
+	l.DecideCall(resource, limits.Call{Client: client, N: n}, evaluate)
+}
+
+// DecideCall is Decide of call c, which AtMost is judged and recorded at
+// its Weight, the room the shard's counts leave it under the lock.
+func (l *Counts) DecideCall(resource string, c limits.Call, evaluate func(limits.View) bool) {
 	now := l.now()
 	l.sweepNext(now)
-	w := l.who(resource, client)
+	w := l.who(resource, c.Client)
 	sh := l.shardOf(w)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.sweep(now, l.longest)
 	v := sh.view(l, w, now)
-	if !fits(l.rules, v, n) {
+	// No Result of a call that fits reads the counts' Oldest.
+	n := c.Weight(l.rules, v.Counts)
+	if !v.Fits(l.rules, n) {
 		sh.readOldest(l, v, n)
 	}
 	if !evaluate(v) {
 		return
 	}
-	for i, c := range l.counts {
-		sh.record(l, i, c, w, n, now)
+	for i, count := range l.counts {
+		sh.record(l, i, count, w, n, now)
 	}
 }
 
@@ -268,17 +276,6 @@ func (l *Counts) Peek(resource, client string, n int) limits.View {
 		v.Counts[i].Oldest = entries(nil, counted[:readable(rule, v.Counts[i], most, counted)])
 	}
 	return v
-}
-
-// fits reports whether a call of weight n has room under every rule: then
-// no Result reads the counts' Oldest.
-func fits(rules []limits.Rule, v limits.View, n int) bool {
-	for i, rule := range rules {
-		if !rule.HasRoom(v.Counts[i].Used, n) {
-			return false
-		}
-	}
-	return true
 }
 
 // readOldest sets the Oldest of v's counts, in sh's scratch, for a call of

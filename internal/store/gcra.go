@@ -275,23 +275,33 @@ func (b *gcraBatch) decide(now int64) bool {
 	admitted := false
 	for i, c := range b.calls {
 		v := limits.View{Now: now, Counts: make([]limits.Count, len(b.Rules))}
-		fits := true
-		for r, rule := range b.Rules {
-			v.Counts[r] = b.buckets[r].Count(b.tats[b.keyOf[i][r]], now, c.N)
-			fits = fits && rule.HasRoom(v.Counts[r].Used, c.N)
+		b.count(i, v, c.N)
+		// A call AtMost is judged at the room the read leaves it: the
+		// TATs advance for that weight alone, in the same swap.
+		n := c.Weight(b.Rules, v.Counts)
+		if n != c.N {
+			b.count(i, v, n)
 		}
 		b.views[i] = v
-		if !fits {
+		if !v.Fits(b.Rules, n) {
 			continue
 		}
 		admitted = true
 		for r := range b.Rules {
 			if k := b.keyOf[i][r]; !b.sharesKey(i, r) {
-				b.tats[k] = b.buckets[r].Advance(b.tats[k], now, c.N)
+				b.tats[k] = b.buckets[r].Advance(b.tats[k], now, n)
 			}
 		}
 	}
 	return admitted
+}
+
+// count fills v.Counts with what call i's buckets count, at v.Now, for a
+// call of weight n, as the calls decided before it left them.
+func (b *gcraBatch) count(i int, v limits.View, n int) {
+	for r := range b.Rules {
+		v.Counts[r] = b.buckets[r].Count(b.tats[b.keyOf[i][r]], v.Now, n)
+	}
 }
 
 // sharesKey reports whether rule r of call i keeps its TAT in the key of

@@ -79,9 +79,12 @@ func (s logsStore) Decide(ctx context.Context, where Site, calls []limits.Call, 
 		t.sort()
 		weights := map[string]int{}
 		for i, c := range calls {
-			if evaluate(i, t.view(s.Rules, c.Client, t.now)) {
-				t.add(c.Client, limits.Entry{At: t.now, Weight: c.N})
-				weights[c.Client] = limits.AddCapped(weights[c.Client], c.N)
+			// Under the lock the room is what was read: a call AtMost
+			// writes only its Weight.
+			v := t.view(s.Rules, c.Client, t.now)
+			if n := c.Weight(s.Rules, v.Counts); evaluate(i, v) {
+				t.add(c.Client, limits.Entry{At: t.now, Weight: n})
+				weights[c.Client] = limits.AddCapped(weights[c.Client], n)
 			}
 		}
 		for client, weight := range weights {

@@ -381,8 +381,9 @@ func (b *zBatch) conclude(t *txn.Txn, evaluate Evaluate, back *txn.Txn, now int6
 	rescore := rescored(b.score, now) // later ones were settled: see early
 	for i := range b.calls {
 		v := b.view(i, now)
-		recorded := evaluate(i, v)
-		b.mirrorWrites(t, i, recorded, now, &due)
+		kept := keptOf(b.calls[i], b.Rules, v, evaluate(i, v))
+		recorded := kept > 0
+		b.mirrorWrites(t, i, kept, now, &due)
 		if recorded && rescore {
 			due.rescore = due.note(due.rescore, b.writes[i])
 		}
@@ -512,7 +513,7 @@ func (zBacklog) note(m map[*zSet][]any, writes []*zWrite) map[*zSet][]any {
 
 // mirrorWrites updates call i's sets as Redis did, and notes in due the
 // members to take back if the call was not recorded.
-func (b *zBatch) mirrorWrites(t *txn.Txn, i int, recorded bool, stamp int64, due *zBacklog) {
+func (b *zBatch) mirrorWrites(t *txn.Txn, i, kept int, stamp int64, due *zBacklog) {
 	for _, w := range b.writes[i] {
 		if len(w.members) == 0 {
 			continue // it only looked
@@ -521,12 +522,20 @@ func (b *zBatch) mirrorWrites(t *txn.Txn, i int, recorded bool, stamp int64, due
 		if b.RecordDenied {
 			evicted = int(txn.ReplyInt(t.Replies[w.evicted]))
 		}
-		if recorded || b.RecordDenied {
+		switch {
+		case kept > 0:
+			// Its first kept members stay; the rest of a call AtMost
+			// (limits.Call.Weight) is taken back as a denial is.
+			w.set.add(kept, evicted, stamp)
+			if kept < len(w.members) {
+				due.undo = due.note(due.undo, []*zWrite{{set: w.set, members: w.members[kept:]}})
+			}
+		case b.RecordDenied:
 			w.set.add(len(w.members), evicted, stamp)
 		}
 		// A write the cap made room for dropped calls counted in the
 		// window: taken back, it would leave the set short of them.
-		if !recorded && evicted == 0 {
+		if kept == 0 && evicted == 0 {
 			due.undo = due.note(due.undo, []*zWrite{w})
 		}
 	}

@@ -349,16 +349,24 @@ func (b *hBatch) evaluateCall(i int, evaluate Evaluate, now int64) {
 		}
 		return
 	}
-	recorded := evaluate(i, v)
+	kept := keptOf(c, b.Rules, v, evaluate(i, v))
 	for _, h := range hashes {
-		switch {
-		case c.Look: // it wrote nothing
-		case recorded:
-			h.admitted += c.N
-		default:
-			h.denied += c.N
+		if !c.Look { // else it wrote nothing
+			h.admitted += kept
+			h.denied += c.N - kept
 		}
 	}
+}
+
+// keptOf is how much of the weight N that call c wrote stays counted,
+// given v, what its rules counted before it, and whether evaluate said to
+// record it: its Weight (all of N but for a call AtMost), or none. The rest
+// is taken back, as a denied call's whole weight is.
+func keptOf(c limits.Call, rules []limits.Rule, v limits.View, recorded bool) int {
+	if !recorded {
+		return 0
+	}
+	return c.Weight(rules, v.Counts)
 }
 
 // errCrossed: Redis ran the transaction in a later interval than its

@@ -120,13 +120,11 @@ func (c *confirmation) evaluateCall(i int, evaluate Evaluate, now int64) {
 	for r, rule := range b.Rules {
 		v.Counts[r] = b.count(c.whole[hashes[b.hashOf(rule)]], r, rule, b.at(b.Lane(r).Group, b.ran), now)
 	}
-	recorded := evaluate(i, v)
+	call := b.calls[i]
+	kept := keptOf(call, b.Rules, v, evaluate(i, v))
 	for _, h := range hashes {
-		if recorded {
-			c.whole[h].admitted += b.calls[i].N
-		} else {
-			c.whole[h].denied += b.calls[i].N
-		}
+		c.whole[h].admitted += kept
+		c.whole[h].denied += call.N - kept
 	}
 }
 
