@@ -52,11 +52,17 @@ type want struct {
 //     whole milliseconds) and the step's value.
 func (e *env) run(t *testing.T, b *Bucket, resource string, steps []step) {
 	t.Helper()
+	e.runWith(t, b, steps, func(s step) (Result, error) { return s.call(b, resource) })
+}
+
+// runWith is run, each step's call made by call.
+func (e *env) runWith(t *testing.T, b *Bucket, steps []step, call func(step) (Result, error)) {
+	t.Helper()
 	for i, s := range steps {
 		time.Sleep(s.wait)
 		e.clock.now += s.wait
 		before := time.Now()
-		got, err := s.call(b, resource)
+		got, err := call(s)
 		after := time.Now()
 		desc := fmt.Sprintf("step %d: %s at %v", i, s, e.clock.now)
 		if err != nil {
