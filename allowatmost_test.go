@@ -134,17 +134,6 @@ func TestAllowAtMostCounts(t *testing.T) {
 	}
 }
 
-// onFake runs test under s on miniredis and in process, on fake time.
-func onFake(t *testing.T, s Strategy, test func(t *testing.T, e *env)) {
-	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) { test(t, newMiniEnv(t, s)) })
-	})
-	t.Run("local", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) { test(t, newLocalEnv(s)) })
-	})
-}
-
 // Bad input is an error, as AllowN's, and writes nothing; so is a Bucket
 // that records denied calls.
 func TestAllowAtMostBadInput(t *testing.T) {

@@ -262,6 +262,17 @@ func eachOf(t *testing.T, strategies []Strategy, test func(t *testing.T, e *env)
 	}
 }
 
+// onFake runs test under s on miniredis and in process, on fake time.
+func onFake(t *testing.T, s Strategy, test func(t *testing.T, e *env)) {
+	t.Helper()
+	t.Run("miniredis", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) { test(t, newMiniEnv(t, s)) })
+	})
+	t.Run("local", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) { test(t, newLocalEnv(s)) })
+	})
+}
+
 // newMiniEnv returns an env for strategy s on a miniredis in the current
 // synctest bubble. The server refuses script commands and the test fails if
 // any is sent, or if the Bucket's client sends a command not listed for s.

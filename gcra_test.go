@@ -29,12 +29,7 @@ func eachGCRA(t *testing.T, test func(t *testing.T, e *env)) {
 // unseen.
 func onFakeTime(t *testing.T, test func(t *testing.T, e *env)) {
 	t.Helper()
-	t.Run("miniredis", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) { test(t, newMiniEnv(t, GCRA)) })
-	})
-	t.Run("local", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) { test(t, newLocalEnv(GCRA)) })
-	})
+	onFake(t, GCRA, test)
 }
 
 // The cases of go-redis/redis_rate v10's rate_test.go (TestAllow), with
