@@ -197,7 +197,7 @@ func (b *Bucket) Usage(ctx context.Context, resource, client string) ([]RuleResu
 }
 
 // Observability. WithObserver gives the Bucket a function that hears every
-// call of AllowN, PeekN, Flush and FlushAll (Allow and Peek included) once
+// call of AllowN, AllowAtMost, PeekN, Flush and FlushAll (Allow and Peek included) once
 // it has decided: what was asked, what was answered, how long it took and
 // the error, if any. The OpenTelemetry adapter
 // (github.com/leakybucket/leakybucket/otelmetrics, a module of its own)
@@ -225,9 +225,10 @@ const (
 // A Decision reports one call of a Bucket's method to its observer (see
 // WithObserver).
 type Decision struct {
-	// Op is the method called: "allow" (Allow and AllowN), "peek" (Peek
-	// and PeekN), "flush" (Flush) or "flush_all" (FlushAll). Short, fixed
-	// names, fit for a metric attribute, as net.OpError's Op is.
+	// Op is the method called: "allow" (Allow, AllowN and AllowAtMost),
+	// "peek" (Peek and PeekN), "flush" (Flush) or "flush_all" (FlushAll).
+	// Short, fixed names, fit for a metric attribute, as net.OpError's Op
+	// is.
 	Op string
 
 	// Resource and Client are the call's arguments (Client is empty for
@@ -235,11 +236,12 @@ type Decision struct {
 	// keys): do not make them metric attributes without bounding them.
 	Resource, Client string
 
-	// N is the weight asked for: n of AllowN and PeekN, 1 for Allow and
-	// Peek, 0 for Flush and FlushAll.
+	// N is the weight asked for: n of AllowN, AllowAtMost and PeekN, 1 for
+	// Allow and Peek, 0 for Flush and FlushAll.
 	N int
 
-	// Allowed is Result.Allowed of AllowN and PeekN; false for Flush and
+	// Allowed is Result.Allowed of AllowN, AllowAtMost and PeekN (of
+	// AllowAtMost: some of N was admitted); false for Flush and
 	// FlushAll, and whenever Err is not nil.
 	Allowed bool
 

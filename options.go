@@ -123,7 +123,7 @@ func WithScanCount(n int) Option {
 }
 
 // WithObserver makes the Bucket call observe with a Decision after every
-// call of AllowN, PeekN, Flush and FlushAll (Allow and Peek included),
+// call of AllowN, AllowAtMost, PeekN, Flush and FlushAll (Allow and Peek included),
 // with the caller's context, synchronously, before the method returns.
 // Keep it fast: its time adds to the caller's. It cannot change what the
 // method returns, and a panic in it reaches the caller, leaving the Bucket
