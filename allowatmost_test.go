@@ -261,3 +261,22 @@ func atMostRace(t *testing.T, e *env, goroutines int) {
 		t.Errorf("the total counts %d, the Results admitted %d", u[0].Used, got)
 	}
 }
+
+// atMostMaxWeight is the most a call of TestAllowAtMostProcesses asks for.
+const atMostMaxWeight = 10
+
+// TestAllowAtMostProcesses is TestContentionProcesses (case 4 of the
+// contention suite) with AllowAtMost: 4 processes (children of this test,
+// each with its own client) x 100 goroutines ask for 1 to 10 at a time on
+// one key under PerClient(Per(100, 2s)), for procRun, on the real Redis and
+// the real cluster, under every contention strategy. The same two checks
+// on the admissions, each of the weight its Result admitted: no window
+// holds more than 100 units surely counted in it, and at least 90% of the
+// most possible is admitted. It loads the machine as case 4 does: it is
+// skipped with -short.
+func TestAllowAtMostProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("4 processes of 100 goroutines for seconds per strategy")
+	}
+	onServers(t, false, func(t *testing.T, e *env) { checkProcesses(t, e, true) })
+}

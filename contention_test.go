@@ -504,6 +504,9 @@ type procJob struct {
 	User, Password string // the ACL user of the strategy
 	Strategy       string // the String of one of contentionStrategies
 	Prefix         string
+	// AtMost: the calls are AllowAtMost of 1 to atMostMaxWeight, each
+	// admission of the weight it admitted (TestAllowAtMostProcesses).
+	AtMost bool
 }
 
 // procReport is what a child process prints: its admissions as [call
@@ -547,33 +550,39 @@ type admission struct {
 //     2.02 s under Windows(20ms)), so the partial window at the end is its
 //     margin.
 func TestContentionProcesses(t *testing.T) {
-	onServers(t, false, func(t *testing.T, e *env) {
-		start, admissions := runProcesses(t, e)
-		end := start.Add(procRun)
-		fixed := isFixed(e.strategy)
-		worst, at := worstWindow(admissions, fixed)
-		units := 0
-		for _, a := range admissions {
-			units += a.weight
-		}
-		most := procLimit * fullWindows(start, end, fixed)
-		t.Logf("%d admissions, %d units in %v: %d%% of the most possible (%d); the fullest window holds %d surely counted units (from %v into the run)",
-			len(admissions), units, procRun, units*100/most, most, worst, at.Sub(start).Round(time.Millisecond))
-		if worst > procLimit {
-			t.Errorf("exact: a window from %v into the run holds %d units surely counted in it, limit %d", at.Sub(start).Round(time.Millisecond), worst, procLimit)
-		}
-		if units*100 < procFairPercent*most {
-			t.Errorf("fair: %d units admitted in %v, %d%% of the most possible %d, want at least %d%%; admitted per second: %v",
-				units, procRun, units*100/most, most, procFairPercent, perSecond(admissions, start))
-		}
-	})
+	onServers(t, false, func(t *testing.T, e *env) { checkProcesses(t, e, false) })
+}
+
+// checkProcesses runs the children (their calls AllowAtMost if atMost)
+// and checks their admissions: exact, and fair (see
+// TestContentionProcesses).
+func checkProcesses(t *testing.T, e *env, atMost bool) {
+	t.Helper()
+	start, admissions := runProcesses(t, e, atMost)
+	end := start.Add(procRun)
+	fixed := isFixed(e.strategy)
+	worst, at := worstWindow(admissions, fixed)
+	units := 0
+	for _, a := range admissions {
+		units += a.weight
+	}
+	most := procLimit * fullWindows(start, end, fixed)
+	t.Logf("%d admissions, %d units in %v: %d%% of the most possible (%d); the fullest window holds %d surely counted units (from %v into the run)",
+		len(admissions), units, procRun, units*100/most, most, worst, at.Sub(start).Round(time.Millisecond))
+	if worst > procLimit {
+		t.Errorf("exact: a window from %v into the run holds %d units surely counted in it, limit %d", at.Sub(start).Round(time.Millisecond), worst, procLimit)
+	}
+	if units*100 < procFairPercent*most {
+		t.Errorf("fair: %d units admitted in %v, %d%% of the most possible %d, want at least %d%%; admitted per second: %v",
+			units, procRun, units*100/most, most, procFairPercent, perSecond(admissions, start))
+	}
 }
 
 // runProcesses runs the children, starts them together, and returns the
 // start and every admission they reported.
-func runProcesses(t *testing.T, e *env) (time.Time, []admission) {
+func runProcesses(t *testing.T, e *env, atMost bool) (time.Time, []admission) {
 	t.Helper()
-	job := procJob{Strategy: e.strategy.String(), Prefix: e.prefix, User: userOf(strategyName(e.strategy)), Password: testUsers.password}
+	job := procJob{Strategy: e.strategy.String(), Prefix: e.prefix, User: userOf(strategyName(e.strategy)), Password: testUsers.password, AtMost: atMost}
 	if _, ok := e.rdb.(*redis.ClusterClient); ok {
 		job.Cluster = clusterAddrs(t)
 	} else {
@@ -703,7 +712,7 @@ func contentionMain(spec string) int {
 		fmt.Fprintln(os.Stderr, "reading the start:", err)
 		return 2
 	}
-	out, _ := json.Marshal(callFor(b, time.Unix(0, startNs)))
+	out, _ := json.Marshal(callFor(b, time.Unix(0, startNs), job.AtMost))
 	fmt.Println(string(out))
 	return 0
 }
@@ -718,7 +727,7 @@ func (job procJob) client() redis.UniversalClient {
 
 // callFor waits until start, then calls AllowN on one key from
 // procGoroutines goroutines until procRun after start, and reports.
-func callFor(b *Bucket, start time.Time) procReport {
+func callFor(b *Bucket, start time.Time, atMost bool) procReport {
 	time.Sleep(time.Until(start))
 	end := start.Add(procRun)
 	var mu sync.Mutex
@@ -726,9 +735,8 @@ func callFor(b *Bucket, start time.Time) procReport {
 	stop := make(chan struct{})
 	time.AfterFunc(time.Until(end), func() { close(stop) })
 	hammer(procGoroutines, stop, func(_ int, r *rand.Rand) {
-		n := 1 + r.IntN(procMaxWeight)
 		called := time.Now()
-		res, err := allowBounded(b, 5*time.Second, "r", "c", n)
+		res, n, err := procCall(b, r, atMost)
 		replied := time.Now()
 		mu.Lock()
 		defer mu.Unlock()
@@ -745,6 +753,21 @@ func callFor(b *Bucket, start time.Time) procReport {
 		}
 	})()
 	return rep
+}
+
+// procCall is one call of a child: AllowN of 1 to procMaxWeight, or if
+// atMost AllowAtMost of 1 to atMostMaxWeight; n is the weight it admits
+// if res.Allowed.
+func procCall(b *Bucket, r *rand.Rand, atMost bool) (res Result, n int, err error) {
+	if !atMost {
+		n = 1 + r.IntN(procMaxWeight)
+		res, err = allowBounded(b, 5*time.Second, "r", "c", n)
+		return res, n, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err = b.AllowAtMost(ctx, "r", "c", 1+r.IntN(atMostMaxWeight))
+	return res, res.Admitted, err
 }
 
 // surely returns the span in which admission a's stamp lies for sure.
