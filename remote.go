@@ -211,7 +211,6 @@ func (r *remote) decideBatch(ctx context.Context, calls []*queued, l *batch.Line
 	requests := requestsOf(calls)
 	if now, ok := where.Clock.Now(); ok && r.foresees() {
 		r.foresight.Foresee(resource, requests, now)
-		unforesee(requests)
 	}
 	again, err := r.decideRequests(ctx, where, requests, calls)
 	if err != nil {
@@ -229,18 +228,6 @@ func requestsOf(calls []*queued) []limits.Call {
 		requests[i] = limits.Call{Client: c.client, N: c.n, AtMost: c.atMost}
 	}
 	return requests
-}
-
-// unforesee sends every call AtMost to write, on a full read, whatever
-// foresight said of it: foresight judges a call at its whole weight, while
-// one AtMost may fit in part, and its Weight is taken from counts read
-// exactly (a bound, Far, would judge it on more than the count).
-func unforesee(requests []limits.Call) {
-	for i := range requests {
-		if requests[i].AtMost {
-			requests[i].Look, requests[i].Far = false, false
-		}
-	}
 }
 
 // acks is what a batch's decision asks of the replicas (WithReplicas):
@@ -314,7 +301,6 @@ func (r *remote) foreseeFound(where store.Site, resource string, requests []limi
 		}
 	}
 	r.foresight.Foresee(resource, found, now)
-	unforesee(found)
 	for i, a := range again {
 		if a.found {
 			requests[i], found = found[0], found[1:]

@@ -97,6 +97,17 @@ func (f *Foresight) seenKeyOf(resource, client string, r int) seenKey {
 	return seenKey{resource: resource, client: client, rule: r}
 }
 
+// atLeast is the least of call c that must fit for it to be admitted: a
+// call AtMost (limits.Call.AtMost) needs room for one unit, and looks only
+// if some rule showed none. It is never sent Far: its Weight is taken from
+// the counts, which a bound would overstate.
+func atLeast(c limits.Call) limits.Call {
+	if c.AtMost {
+		c.N = 1
+	}
+	return c
+}
+
 // Foresee marks each call that some rule showed no room for, in order: a
 // call that is written counts for the calls after it. now is the estimate
 // of Redis's time.
@@ -108,8 +119,8 @@ func (f *Foresight) Foresee(resource string, calls []limits.Call, now int64) {
 	}
 	defer f.clearWritten()
 	for i := range calls {
-		room, far := f.roomFor(resource, calls[i], now, f.written)
-		calls[i].Look, calls[i].Far = !room, far
+		room, far := f.roomFor(resource, atLeast(calls[i]), now, f.written)
+		calls[i].Look, calls[i].Far = !room, far && !calls[i].AtMost
 		if !room {
 			continue
 		}
