@@ -57,3 +57,30 @@ func TestAddCapped(t *testing.T) {
 		t.Error("HasRoom at MaxInt: want room for exactly 1")
 	}
 }
+
+// A call AtMost is judged at the least room of its rules, up to N, and at
+// 1 when a rule has none (or less than none: a limit lowered below its
+// count); any other call at N, whatever the room.
+func TestCallWeight(t *testing.T) {
+	rules := []Rule{{Requests: 10}, {Requests: 4, PerClient: true}}
+	for _, c := range []struct {
+		n, usedTotal, usedClient int
+		atMost                   bool
+		want                     int
+	}{
+		{3, 0, 0, true, 3},  // fits all
+		{10, 0, 0, true, 4}, // the client's rule has the least room
+		{10, 8, 0, true, 2}, // the total's
+		{3, 10, 0, true, 1}, // none: judged as one unit, a denial
+		{3, 12, 0, true, 1}, // less than none
+		{3, 0, 4, true, 1},  // the client's is full
+		{7, 9, 3, false, 7}, // all or nothing
+		{math.MaxInt, 0, 0, true, 4},
+	} {
+		counts := []Count{{Used: c.usedTotal}, {Used: c.usedClient}}
+		got := Call{N: c.n, AtMost: c.atMost}.Weight(rules, counts)
+		if got != c.want {
+			t.Errorf("Call{N: %d, AtMost: %v}.Weight(used %d, %d) = %d, want %d", c.n, c.atMost, c.usedTotal, c.usedClient, got, c.want)
+		}
+	}
+}
