@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // atMostStrategies are every strategy AllowAtMost is tested under:
@@ -279,4 +281,29 @@ func TestAllowAtMostProcesses(t *testing.T) {
 		t.Skip("4 processes of 100 goroutines for seconds per strategy")
 	}
 	onServers(t, false, func(t *testing.T, e *env) { checkProcesses(t, e, true) })
+}
+
+// With Redis down, AllowAtMost is decided by the fallback, on the shares
+// of the rules (10 a minute over 3 instances: 3): n above the share
+// admits the share, as above a rule's Requests on Redis.
+func TestAllowAtMostFallback(t *testing.T) {
+	for _, s := range atMostStrategies {
+		t.Run(s.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				sw := newOutageSwitch(t, true)
+				b := fallbackNew(t, sw.client(t, redis.Options{}), WithStrategy(s), PerClient(Per(10, time.Minute)), WithFallback(3))
+				ctx := context.Background()
+				if res, err := b.AllowAtMost(ctx, "r", "c", 4); err != nil || res.Admitted != 4 || res.Fallback || res.Remaining != 6 {
+					t.Fatalf("on Redis: %+v, %v; want 4 admitted by Redis, 6 left", res, err)
+				}
+				sw.Down()
+				for i, want := range []int{3, 0} {
+					res, err := b.AllowAtMost(ctx, "r", "c", 8)
+					if err != nil || res.Admitted != want || res.Allowed != (want > 0) || !res.Fallback || res.Remaining != 0 {
+						t.Errorf("step %d in process: %+v, %v; want %d admitted in process, none left", i, res, err, want)
+					}
+				}
+			})
+		})
+	}
 }
