@@ -93,10 +93,10 @@ func (b *Bucket) AllowNInto(ctx context.Context, resource, client string, n int,
 // that weight. When some rule has no room at all, nothing is admitted nor
 // recorded: the Result is AllowN's denial of weight 1, with Admitted 0 and
 // RetryAfter until one unit fits. It is one decision, made on the counts
-// as they stand when it is recorded, as AllowN's is: two callers asking
-// at once are never admitted more than the room between them, and a
-// caller that gets a part was not beaten to it by a round trip of its
-// own. It is redis_rate's AllowAtMost: a worker draining a queue asks how
+// it is recorded against, as AllowN's is (not a loop of AllowN with
+// shrinking weights, between which another caller takes the room): two
+// callers asking at once are never admitted more than the room between
+// them. It is redis_rate's AllowAtMost: a worker draining a queue asks how
 // many of its items it may send now.
 //
 // Its errors are AllowN's, and so is its bad input (nothing is sent). A
