@@ -47,6 +47,11 @@ var ErrUnknownTier = errors.New("leakybucket: unknown tier")
 //
 // Use Logs or Windows where counts must follow clients across tiers.
 //
+// Set changes a tier in this process only. With WithSharedLimits among
+// the shared options, the tiers' rules live in Redis, so that SetLimits
+// (or the ops command's "limits set") changes a tier's limits in every
+// process that serves it, within a refresh interval, counts kept.
+//
 // The tiers' Buckets share what they learn of a server's outage, so the
 // first call that finds Redis gone switches every tier. With WithFallback
 // among the shared options, each tier's Bucket then decides in process by
@@ -197,7 +202,8 @@ func (t *Tiers) Allow(ctx context.Context, tier, resource, client string) (Resul
 
 // AllowN is Bucket.AllowN under the rules of tier: the Result reports
 // them. It returns an error matching ErrUnknownTier if the tier has no
-// rules.
+// rules. With WithSharedLimits, it first reads the rules from Redis if
+// they are stale, within ctx.
 func (t *Tiers) AllowN(ctx context.Context, tier, resource, client string, n int) (Result, error) {
 	t.fresh(ctx)
 	b, ok := t.bucket(tier)
