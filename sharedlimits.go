@@ -168,25 +168,21 @@ func (t *Tiers) SetLimits(ctx context.Context, tier string, rules ...Rule) error
 	if tier == "" {
 		return fmt.Errorf("%w: empty tier name", ErrInvalidOption)
 	}
-	value, err := t.rdb.HGet(ctx, t.limits.key, tier).Result()
-	stored, known := []Rule(nil), err == nil
-	switch {
-	case known:
-		if stored, err = decodeRules(value); err != nil {
-			known = false // written by hand: the tier's rules in code decide
-		}
-	case !errors.Is(err, redis.Nil):
-		return fmt.Errorf("leakybucket: reading the limits of tier %q: %w", tier, err)
+	stored, err := t.storedRules(ctx, tier)
+	if err != nil {
+		return err
 	}
 	if err := t.checkChange(tier, stored, rules); err != nil {
 		return err
 	}
-	if err := t.rdb.HSet(ctx, t.limits.key, tier, encodeRules(rules)).Err(); err != nil {
-		return fmt.Errorf("leakybucket: writing the limits of tier %q: %w", tier, err)
+	if !t.local {
+		if err := t.rdb.HSet(ctx, t.limits.key, tier, encodeRules(rules)).Err(); err != nil {
+			return fmt.Errorf("leakybucket: writing the limits of tier %q: %w", tier, err)
+		}
 	}
+	stored = slices.Clone(rules)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	stored = slices.Clone(rules)
 	t.limits.stored = maps.Clone(t.limits.stored)
 	if t.limits.stored == nil {
 		t.limits.stored = map[string][]Rule{}
@@ -194,6 +190,27 @@ func (t *Tiers) SetLimits(ctx context.Context, tier string, rules ...Rule) error
 	t.limits.stored[tier] = stored
 	t.applyLocked()
 	return nil
+}
+
+// storedRules returns the rules Redis holds for tier: nil if none, or if
+// they are not rules (written by hand: the tier's rules in code decide),
+// and always in process (NewLocalTiers), where the code's decide.
+func (t *Tiers) storedRules(ctx context.Context, tier string) ([]Rule, error) {
+	if t.local {
+		return nil, nil
+	}
+	value, err := t.rdb.HGet(ctx, t.limits.key, tier).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("leakybucket: reading the limits of tier %q: %w", tier, err)
+	}
+	rules, err := decodeRules(value)
+	if err != nil {
+		return nil, nil
+	}
+	return rules, nil
 }
 
 // checkChange returns the error of SetLimits, if any, for new rules of
@@ -213,7 +230,7 @@ func (t *Tiers) checkChange(tier string, stored, rules []Rule) error {
 	if defined {
 		opts = append(opts, def.opts...)
 	}
-	b, err := New(t.rdb, append(opts, withRules(rules))...) // checks the limits
+	b, err := t.newBucket(append(opts, withRules(rules))) // checks the limits
 	switch {
 	case err != nil:
 		return fmt.Errorf("leakybucket: tier %q: %w", tier, err)
@@ -229,6 +246,11 @@ func (t *Tiers) checkChange(tier string, stored, rules []Rule) error {
 // prefix (see WithSharedLimits), by tier. A field of the hash that is not
 // rules, written by hand, is left out.
 func (t *Tiers) Limits(ctx context.Context) (map[string][]Rule, error) {
+	if t.local {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return maps.Clone(t.limits.stored), nil
+	}
 	hash, err := t.rdb.HGetAll(ctx, t.limits.key).Result()
 	if err != nil {
 		return nil, fmt.Errorf("leakybucket: reading the limits: %w", err)
@@ -317,7 +339,7 @@ func (t *Tiers) applyLocked() {
 		if slices.Equal(m[tier].cfg.rules, def.effective(stored)) {
 			continue
 		}
-		b, err := t.build(def, stored)
+		b, err := t.build(def, stored, m[tier])
 		if err != nil {
 			continue // New refused the code's options: keep the Bucket Set made
 		}

@@ -308,3 +308,115 @@ func TestSharedLimitsWithoutTiers(t *testing.T) {
 		mustAllow(t, a, "free", true, 1)
 	})
 }
+
+// In process (NewLocalTiers), SetLimits changes a tier's limits at once,
+// keeping every count, as on Redis; bad input changes nothing.
+func TestLocalTiersSetLimits(t *testing.T) {
+	t.Parallel()
+	for _, s := range []Strategy{Logs, Windows(10 * time.Millisecond), FixedWindows} {
+		t.Run(s.String(), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) { localSetLimits(t, s) })
+		})
+	}
+}
+
+func localSetLimits(t *testing.T, s Strategy) {
+	ctx := context.Background()
+	tiers, err := NewLocalTiers(WithStrategy(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustSet(t, tiers, "free", PerClient(PerHour(10)))
+	for i := range 6 {
+		mustAllow(t, tiers, "free", true, 10-1-i)
+	}
+	if err := tiers.SetLimits(ctx, "free", perClientRule(PerHour(5))); err != nil {
+		t.Fatal(err)
+	}
+	res, err := tiers.Allow(ctx, "free", "GET /", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Allowed || res.Remaining != 0 || res.RetryAfter <= 0 {
+		t.Fatalf("after lowering to 5 with 6 used: %+v, want denied with a RetryAfter", res)
+	}
+	for _, bad := range [][]Rule{{perClientRule(PerHour(0))}, {perClientRule(PerMinute(5))}, {{Limit: PerHour(5)}}} {
+		if err := tiers.SetLimits(ctx, "free", bad...); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("SetLimits(%v): err = %v, want ErrInvalidOption", bad, err)
+		}
+	}
+	if err := tiers.SetLimits(ctx, "gold", perClientRule(PerHour(5))); !errors.Is(err, ErrUnknownTier) {
+		t.Errorf("SetLimits(gold): err = %v, want ErrUnknownTier", err)
+	}
+	if err := tiers.SetLimits(ctx, "free", perClientRule(PerHour(20))); err != nil {
+		t.Fatal(err)
+	}
+	mustAllow(t, tiers, "free", true, 20-7)
+	got, err := tiers.Limits(ctx)
+	if err != nil || len(got) != 1 || got["free"][0] != perClientRule(PerHour(20)) {
+		t.Errorf("Limits() = %v, %v; want free: %v", got, err, perClientRule(PerHour(20)))
+	}
+	// A Set of rules that differ in Requests only keeps the counts too;
+	// as on Redis, the limits SetLimits set decide over the code's.
+	mustSet(t, tiers, "free", PerClient(PerHour(8)))
+	mustAllow(t, tiers, "free", true, 20-8)
+}
+
+// The strategies whose counts depend on the limit are refused in process
+// too, as on Redis: the same rules behave the same on both.
+func TestLocalTiersRefusesStrategies(t *testing.T) {
+	t.Parallel()
+	for _, s := range []Strategy{SortedSet, GCRA} {
+		tiers, err := NewLocalTiers(WithStrategy(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustSet(t, tiers, "free", PerClient(PerHour(10)))
+		if err := tiers.SetLimits(context.Background(), "free", perClientRule(PerHour(5))); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%v: SetLimits: err = %v, want ErrInvalidOption", s, err)
+		}
+	}
+}
+
+// Calls race with changes of the limit in process: no data race, and no
+// more admitted in the window than the highest limit it had.
+func TestLocalTiersSetLimitsWhileServing(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		tiers, err := NewLocalTiers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustSet(t, tiers, "free", PerResource(PerHour(30)))
+		var admitted atomic.Int64
+		done := make(chan struct{})
+		for range 4 {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				for range 50 {
+					res, err := tiers.Allow(ctx, "free", "r", "c")
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if res.Allowed {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		for i := range 20 {
+			if err := tiers.SetLimits(ctx, "free", Rule{Limit: PerHour(20 + i%2*20)}); err != nil {
+				t.Error(err)
+			}
+		}
+		for range 4 {
+			<-done
+		}
+		if n := admitted.Load(); n > 40 {
+			t.Errorf("%d admitted in an hour, above every limit it had (at most 40)", n)
+		}
+	})
+}

@@ -58,7 +58,8 @@ var ErrUnknownTier = errors.New("leakybucket: unknown tier")
 // the shares of its own rules, on counts of its own: a Set during an
 // outage makes a Bucket whose counts in process start empty.
 type Tiers struct {
-	rdb    redis.UniversalClient
+	rdb    redis.UniversalClient // nil in process (NewLocalTiers)
+	local  bool                  // NewLocalTiers: Buckets of NewLocal
 	shared []Option
 	limits sharedLimits // the rules kept in Redis (WithSharedLimits)
 
@@ -110,6 +111,21 @@ func NewTiers(rdb redis.UniversalClient, shared ...Option) (*Tiers, error) {
 	return t, nil
 }
 
+// NewLocalTiers returns a Tiers whose Buckets keep their counts in this
+// process's memory, as NewLocal's do, made with the shared options. Its
+// SetLimits changes a tier's limits in this process only, keeping every
+// count (under Logs, Windows and FixedWindows), and so does a Set of a
+// tier with rules that differ in Requests only; as with WithSharedLimits,
+// limits that SetLimits set decide over a later Set's of the same shape.
+// Limits returns what SetLimits set. Each tier keeps counts of its own: a client that moves
+// from one tier to another starts from zero. WithSharedLimits changes
+// nothing.
+func NewLocalTiers(shared ...Option) (*Tiers, error) {
+	t := &Tiers{local: true, shared: slices.Clone(shared), defs: map[string]tierDef{}}
+	t.buckets.Store(&map[string]*Bucket{})
+	return t, nil
+}
+
 // Set makes the rules (PerResource, PerClient, and any other Option, which
 // overrides the shared ones for this tier only) those of tier, adding the
 // tier or replacing its rules; the next call of the tier decides by them.
@@ -125,7 +141,7 @@ func (t *Tiers) Set(tier string, rules ...Option) error {
 		return fmt.Errorf("%w: empty tier name", ErrInvalidOption)
 	}
 	def := tierDef{opts: slices.Clone(rules)}
-	b, err := New(t.rdb, append(slices.Clip(t.shared), def.opts...)...)
+	b, err := t.newBucket(append(slices.Clip(t.shared), def.opts...))
 	switch {
 	case err != nil:
 		return fmt.Errorf("leakybucket: tier %q: %w", tier, err)
@@ -135,10 +151,9 @@ func (t *Tiers) Set(tier string, rules ...Option) error {
 	def.rules = b.cfg.rules
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if stored := t.limits.stored[tier]; !slices.Equal(def.effective(stored), def.rules) {
-		if sb, err := t.build(def, stored); err == nil {
-			b = sb
-		}
+	old, _ := t.bucket(tier)
+	if sb, err := t.build(def, t.limits.stored[tier], old); err == nil {
+		b = sb
 	}
 	t.defs[tier] = def
 	t.updateLocked(func(m map[string]*Bucket) { m[tier] = b })
@@ -146,10 +161,34 @@ func (t *Tiers) Set(tier string, rules ...Option) error {
 }
 
 // build returns a Bucket of the tier def, by the rules stored in Redis
-// for it, if they have the shape of its own.
-func (t *Tiers) build(def tierDef, stored []Rule) (*Bucket, error) {
+// for it, if they have the shape of its own. In process, it keeps the
+// counts of old, the tier's Bucket until now, where they count alike.
+func (t *Tiers) build(def tierDef, stored []Rule, old *Bucket) (*Bucket, error) {
 	opts := append(slices.Clip(t.shared), def.opts...)
-	return New(t.rdb, append(opts, withRules(def.effective(stored)))...)
+	b, err := t.newBucket(append(opts, withRules(def.effective(stored))))
+	if err != nil || !t.local || old == nil || !countsAlike(old, b) {
+		return b, err
+	}
+	if c, ok := old.counts.(*localCounts).withLimits(b.plan); ok {
+		b.counts = c
+	}
+	return b, nil
+}
+
+// countsAlike reports whether Buckets a and b keep the same counts, and
+// differ at most in their rules' Requests.
+func countsAlike(a, b *Bucket) bool {
+	return a.cfg.strategy == b.cfg.strategy && keepsCounts(a.cfg.strategy) &&
+		a.cfg.recordDenied == b.cfg.recordDenied && sameShape(a.cfg.rules, b.cfg.rules)
+}
+
+// newBucket returns a Bucket of opts: on Redis (New), or in process
+// (NewLocal) for NewLocalTiers.
+func (t *Tiers) newBucket(opts []Option) (*Bucket, error) {
+	if t.local {
+		return NewLocal(opts...)
+	}
+	return New(t.rdb, opts...)
 }
 
 // Delete removes tier: its calls return ErrUnknownTier from then on. Its
