@@ -24,9 +24,10 @@ import (
 // ended (Unix ns), whether it was admitted, and the Requests its Result
 // was decided by.
 const (
-	limitsChildVar = "LEAKYBUCKET_LIMITS_CHILD" // the prefix, in a child
-	limitsOutVar   = "LEAKYBUCKET_LIMITS_OUT"   // the child's output file
-	limitsStopVar  = "LEAKYBUCKET_LIMITS_STOP"  // when it stops, Unix ns
+	limitsChildVar = "LEAKYBUCKET_LIMITS_CHILD"    // the prefix, in a child
+	limitsOutVar   = "LEAKYBUCKET_LIMITS_OUT"      // the child's output file
+	limitsStopVar  = "LEAKYBUCKET_LIMITS_STOP"     // when it stops, Unix ns
+	limitsStratVar = "LEAKYBUCKET_LIMITS_STRATEGY" // as -strategy takes it
 	limitsRefresh  = 200 * time.Millisecond
 	limitsWindow   = 500 * time.Millisecond
 )
@@ -43,7 +44,12 @@ func TestLimitsChild(t *testing.T) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(redisAddrVar), DB: 2})
 	defer rdb.Close()
-	tiers, err := leakybucket.NewTiers(rdb, leakybucket.WithPrefix(prefix), leakybucket.WithSharedLimits(limitsRefresh))
+	strategy, err := parseStrategy(os.Getenv(limitsStratVar))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiers, err := leakybucket.NewTiers(rdb, leakybucket.WithPrefix(prefix), leakybucket.WithStrategy(strategy),
+		leakybucket.WithSharedLimits(limitsRefresh))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,14 +91,20 @@ func TestLimitsTwoProcesses(t *testing.T) {
 	if os.Getenv(redisAddrVar) == "" {
 		t.Skip("needs a real Redis ($" + redisAddrVar + "): the windows expire on its clock")
 	}
+	for _, strategy := range []string{"logs", "windows:10ms"} {
+		t.Run(strategy, func(t *testing.T) { limitsTwoProcesses(t, strategy) })
+	}
+}
+
+func limitsTwoProcesses(t *testing.T, strategy string) {
 	r := newTestRedis(t)
 	stop := time.Now().Add(4 * time.Second)
-	children := startLimitsChildren(t, r.prefix, stop)
+	children := startLimitsChildren(t, r.prefix, strategy, stop)
 	waitForTier(t, r, "t")
 	time.Sleep(600 * time.Millisecond)
-	lowered := runLimitsSet(t, r, "5/500ms")
+	lowered := runLimitsSet(t, r, strategy, "5/500ms")
 	time.Sleep(1200 * time.Millisecond)
-	raised := runLimitsSet(t, r, "40/500ms")
+	raised := runLimitsSet(t, r, strategy, "40/500ms")
 	calls := waitLimitsChildren(t, children)
 
 	mostAfterRaise := 0
@@ -144,10 +156,10 @@ func admittedBefore(calls []limitsCall, c limitsCall) int {
 
 // runLimitsSet runs "limits set" as an operator does, and returns when it
 // started and when it ended (Unix ns).
-func runLimitsSet(t *testing.T, r *testRedis, limit string) [2]int64 {
+func runLimitsSet(t *testing.T, r *testRedis, strategy, limit string) [2]int64 {
 	t.Helper()
 	began := time.Now().UnixNano()
-	code, stdout, stderr := cli("-redis", r.url, "-prefix", r.prefix, "-resource-limit", limit, "limits", "set", "-tier", "t")
+	code, stdout, stderr := cli("-redis", r.url, "-prefix", r.prefix, "-strategy", strategy, "-resource-limit", limit, "limits", "set", "-tier", "t")
 	if code != exitOK {
 		t.Fatalf("limits set %s: exit %d, stderr %q", limit, code, stderr)
 	}
@@ -174,14 +186,14 @@ type limitsChild struct {
 	out string
 }
 
-func startLimitsChildren(t *testing.T, prefix string, stop time.Time) []limitsChild {
+func startLimitsChildren(t *testing.T, prefix, strategy string, stop time.Time) []limitsChild {
 	t.Helper()
 	dir := t.TempDir()
 	var children []limitsChild
 	for i := range 2 {
 		c := limitsChild{out: filepath.Join(dir, strconv.Itoa(i))}
 		c.cmd = exec.Command(os.Args[0], "-test.run=^TestLimitsChild$", "-test.count=1")
-		c.cmd.Env = append(os.Environ(), limitsChildVar+"="+prefix, limitsOutVar+"="+c.out,
+		c.cmd.Env = append(os.Environ(), limitsChildVar+"="+prefix, limitsOutVar+"="+c.out, limitsStratVar+"="+strategy,
 			limitsStopVar+"="+strconv.FormatInt(stop.UnixNano(), 10))
 		c.cmd.Stdout, c.cmd.Stderr = os.Stderr, os.Stderr
 		if err := c.cmd.Start(); err != nil {
