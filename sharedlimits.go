@@ -17,6 +17,10 @@ import (
 // defaultLimitsRefresh is WithSharedLimits' refresh interval when given 0.
 const defaultLimitsRefresh = time.Second
 
+// limitsReadTimeout bounds a read of the limits made by Tiers.Bucket,
+// which has no context of its caller's.
+const limitsReadTimeout = time.Second
+
 // WithSharedLimits makes a Tiers keep its tiers' rules in Redis, so that
 // a change of a limit made in any process (Tiers.SetLimits, or the ops
 // command's "limits set") reaches every process that serves the tiers,
@@ -27,8 +31,8 @@ const defaultLimitsRefresh = time.Second
 // refresh or more after a SetLimits returned decides by the new rules, as
 // long as the process can read Redis. One call per refresh interval and
 // process waits for that read, one round trip; the others do not. A
-// process that cannot read Redis keeps the rules it had, and tries again
-// a refresh interval later.
+// process that cannot read Redis, or whose call gave up on the read,
+// keeps the rules it had, and tries again a refresh interval later.
 //
 // A process that reads the hash writes there, once, the rules of each
 // tier it has Set and the hash lacks (HSETNX), so that the ops command
@@ -283,24 +287,24 @@ func (t *Tiers) fresh(ctx context.Context) {
 
 // read reads the hash, writes the tiers it lacks, and applies it. The
 // next read is due a refresh interval after this one began, so that no
-// call decides by rules read longer ago than that. A read its caller gave
-// up on is tried again by the next call. read requires l.reading.
+// call decides by rules read longer ago than that. A failed read is due
+// again as late, whatever failed (Redis, or the caller's context): while
+// Redis is down, one call per interval pays for a read, not every call
+// with its whole deadline, which the breaker (or WithFallback) would have
+// answered at once. read requires l.reading.
 func (t *Tiers) read(ctx context.Context) error {
 	l := &t.limits
 	began := time.Since(l.start)
+	defer func() { l.due.Store(int64(began + l.refresh)) }()
 	stored, err := t.Limits(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
-			l.due.Store(int64(began + l.refresh))
-		}
 		return err
 	}
 	t.publish(ctx, stored)
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	l.stored = stored
 	t.applyLocked()
-	t.mu.Unlock()
-	l.due.Store(int64(began + l.refresh))
 	return nil
 }
 

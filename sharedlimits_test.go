@@ -21,6 +21,7 @@ import (
 type sharedEnv struct {
 	m       *miniredis.Miniredis
 	reads   atomic.Int64 // HGETALLs served
+	tries   atomic.Int64 // HGETALLs received, refused or not
 	refuse  atomic.Bool  // answer HGETALL with an error
 	clients []*redis.Client
 }
@@ -38,6 +39,7 @@ func newSharedEnv(t *testing.T) *sharedEnv {
 		if !strings.EqualFold(cmd, "hgetall") {
 			return false
 		}
+		e.tries.Add(1)
 		if e.refuse.Load() {
 			c.WriteError("ERR refused by the test")
 			return true
@@ -150,13 +152,38 @@ func TestSharedLimitsCacheBound(t *testing.T) {
 		e.refuse.Store(true)
 		time.Sleep(time.Second)
 		mustAllow(t, a, "free", true, 100-51) // it keeps the rules it had
+		// While reads fail, one call per interval tries, not every call.
+		tries := e.tries.Load()
+		for range 10 {
+			mustAllowed(t, a, true)
+		}
+		if n := e.tries.Load() - tries; n != 0 {
+			t.Errorf("%d reads of the limits tried within the interval after a failed one, want 0", n)
+		}
 		if err := a.Refresh(ctx); err == nil {
 			t.Error("Refresh succeeded while Redis refused it")
 		}
 		e.refuse.Store(false)
-		mustAllow(t, a, "free", true, 100-52) // tried again a second later, not sooner
+		mustAllow(t, a, "free", true, 100-62) // tried again a second later, not sooner
 		time.Sleep(time.Second)
 		mustAllow(t, a, "free", false, 0)
+
+		// A call that gave up on its read makes the interval start too:
+		// the calls after it do not each read (during an outage, each
+		// would spend its deadline on it).
+		time.Sleep(time.Second)
+		ended, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := a.Allow(ended, "free", "GET /", "c"); err == nil {
+			t.Fatal("a call with an ended context succeeded")
+		}
+		tries = e.tries.Load()
+		for range 5 {
+			mustAllowed(t, a, false)
+		}
+		if n := e.tries.Load() - tries; n != 0 {
+			t.Errorf("%d reads of the limits within the interval of a read given up on, want 0", n)
+		}
 	})
 }
 

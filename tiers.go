@@ -117,9 +117,10 @@ func NewTiers(rdb redis.UniversalClient, shared ...Option) (*Tiers, error) {
 // count (under Logs, Windows and FixedWindows), and so does a Set of a
 // tier with rules that differ in Requests only; as with WithSharedLimits,
 // limits that SetLimits set decide over a later Set's of the same shape.
-// Limits returns what SetLimits set. Each tier keeps counts of its own: a client that moves
-// from one tier to another starts from zero. WithSharedLimits changes
-// nothing.
+// Limits returns what SetLimits set. Each tier keeps counts of its own: a
+// client that moves from one tier to another starts from zero.
+// WithSharedLimits changes nothing. It returns no error today; the error
+// is New's and NewLocal's shape, kept for options it may check.
 func NewLocalTiers(shared ...Option) (*Tiers, error) {
 	t := &Tiers{local: true, shared: slices.Clone(shared), defs: map[string]tierDef{}}
 	t.buckets.Store(&map[string]*Bucket{})
@@ -212,11 +213,10 @@ func (t *Tiers) updateLocked(change func(map[string]*Bucket)) {
 // Bucket returns the Bucket that decides tier's calls now, and whether the
 // tier exists. After a Set of the tier, or a change of its limits, it is a
 // new Bucket: ask again rather than keep it. With WithSharedLimits, it
-// first reads the rules from Redis if they are stale, for up to the
-// refresh interval.
+// first reads the rules from Redis if they are stale, for up to a second.
 func (t *Tiers) Bucket(tier string) (*Bucket, bool) {
 	if t.limits.stale() {
-		ctx, cancel := context.WithTimeout(context.Background(), t.limits.refresh)
+		ctx, cancel := context.WithTimeout(context.Background(), limitsReadTimeout)
 		defer cancel()
 		t.fresh(ctx)
 	}
