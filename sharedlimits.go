@@ -29,7 +29,8 @@ const limitsReadTimeout = time.Second
 // again once its copy is older than refresh (0 means 1s), before the
 // first call that finds it so: a call (AllowN, Allow, Bucket) that starts
 // refresh or more after a SetLimits returned decides by the new rules, as
-// long as the process can read Redis. One call per refresh interval and
+// long as the process can read Redis (and the call that reads does not
+// give up on it). One call per refresh interval and
 // process waits for that read, one round trip; the others do not. A
 // process that cannot read Redis, or whose call gave up on the read,
 // keeps the rules it had, and tries again a refresh interval later.
@@ -172,6 +173,11 @@ func (t *Tiers) SetLimits(ctx context.Context, tier string, rules ...Rule) error
 	if tier == "" {
 		return fmt.Errorf("%w: empty tier name", ErrInvalidOption)
 	}
+	// No read of the hash runs meanwhile: one that began before the write
+	// would apply the old rules after it, here where the new ones apply at
+	// once.
+	t.limits.reading.Lock()
+	defer t.limits.reading.Unlock()
 	stored, err := t.storedRules(ctx, tier)
 	if err != nil {
 		return err
