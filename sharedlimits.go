@@ -254,12 +254,17 @@ func (t *Tiers) checkChange(tier string, stored, rules []Rule) error {
 
 // Limits returns the rules of every tier kept in Redis under the Tiers'
 // prefix (see WithSharedLimits), by tier. A field of the hash that is not
-// rules, written by hand, is left out.
+// rules, written by hand, is left out. In process (NewLocalTiers), it
+// returns the rules SetLimits set. The map and slices are the caller's.
 func (t *Tiers) Limits(ctx context.Context) (map[string][]Rule, error) {
 	if t.local {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		return maps.Clone(t.limits.stored), nil
+		m := make(map[string][]Rule, len(t.limits.stored))
+		for tier, rules := range t.limits.stored {
+			m[tier] = slices.Clone(rules)
+		}
+		return m, nil
 	}
 	hash, err := t.rdb.HGetAll(ctx, t.limits.key).Result()
 	if err != nil {
