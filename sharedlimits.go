@@ -234,7 +234,7 @@ func (t *Tiers) checkChange(tier string, stored, rules []Rule) error {
 		base = def.rules
 	}
 	if base == nil {
-		return fmt.Errorf("%w: %q: neither Set here nor in Redis", ErrUnknownTier, tier)
+		return fmt.Errorf("%w: %q: not Set in this Tiers, nor written to %q by a process that shares its limits", ErrUnknownTier, tier, t.limits.key)
 	}
 	opts := slices.Clip(t.shared)
 	if defined {

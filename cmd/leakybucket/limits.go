@@ -19,7 +19,7 @@ import (
 var (
 	limitsSetCommand = command{
 		name:     "limits set",
-		synopsis: "-client-limit L ... -resource-limit L ... limits set -tier T",
+		synopsis: "limits set -tier T (with -client-limit and -resource-limit)",
 		summary:  "change a tier's limits in every process that shares them (Tiers.SetLimits)",
 		detail: `Makes the rules given with -client-limit and -resource-limit, in the order of
 the tier's rules, the limits of tier T in Redis: every process whose Tiers
