@@ -47,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd, ok := lookup(name)
 	if !ok {
-		fmt.Fprintf(stderr, "leakybucket: unknown subcommand %q (run leakybucket -h)\n", name)
+		fmt.Fprintf(stderr, "leakybucket: unknown subcommand %q (run leakybucket -h; limits takes set, get or show)\n", name)
 		return exitUsage
 	}
 	return cmd.execute(g, rest, stdout, stderr)
