@@ -143,3 +143,15 @@ func (l *localCounts) flushAll(ctx context.Context, resource string) error {
 
 // finalError leaves err as it is: no breaker watches process memory.
 func (*localCounts) finalError(_ context.Context, _ string, err error) error { return err }
+
+// withLimits returns the counts of l judged by p, whose rules differ from
+// l's in Requests only: the same counts, kept, read for p's rules from
+// now on. ok is false for GCRA's buckets, which a rate and a burst shape.
+func (l *localCounts) withLimits(p plan) (c *localCounts, ok bool) {
+	counts, ok := l.counts.(*memorystore.Counts)
+	if !ok {
+		return nil, false
+	}
+	counts.SetRules(p.Rules, p.maxN)
+	return &localCounts{plan: p, counts: counts, noClientShare: l.noClientShare, noClientBucket: l.noClientBucket}, true
+}

@@ -35,6 +35,10 @@ type config struct {
 	replicaWait  time.Duration     // WithReplicas: how long a decision waits for them
 	fallback     bool              // WithFallback
 	instances    int               // WithFallback's: each rule's Requests is shared by them
+	// WithSharedLimits, which only NewTiers reads: how long a Tiers keeps
+	// the rules it read from Redis.
+	shareLimits   bool
+	limitsRefresh time.Duration
 }
 
 func defaultConfig() config {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -46,17 +47,40 @@ var ErrUnknownTier = errors.New("leakybucket: unknown tier")
 //
 // Use Logs or Windows where counts must follow clients across tiers.
 //
+// Set changes a tier in this process only. With WithSharedLimits among
+// the shared options, the tiers' rules live in Redis, so that SetLimits
+// (or the ops command's "limits set") changes a tier's limits in every
+// process that serves it, within a refresh interval, counts kept.
+//
 // The tiers' Buckets share what they learn of a server's outage, so the
 // first call that finds Redis gone switches every tier. With WithFallback
 // among the shared options, each tier's Bucket then decides in process by
 // the shares of its own rules, on counts of its own: a Set during an
 // outage makes a Bucket whose counts in process start empty.
 type Tiers struct {
-	rdb    redis.UniversalClient
+	rdb    redis.UniversalClient // nil in process (NewLocalTiers)
+	local  bool                  // NewLocalTiers: Buckets of NewLocal
 	shared []Option
+	limits sharedLimits // the rules kept in Redis (WithSharedLimits)
 
-	mu      sync.Mutex                         // serializes Set and Delete
+	mu      sync.Mutex                         // serializes Set, Delete and changes of limits
+	defs    map[string]tierDef                 // under mu: each tier as Set gave it
 	buckets atomic.Pointer[map[string]*Bucket] // copied on write, never changed
+}
+
+// tierDef is a tier as Set gave it: its options, and the rules they make.
+type tierDef struct {
+	opts  []Option
+	rules []Rule
+}
+
+// effective returns the rules the tier decides by: stored, those Redis
+// holds for it, if they have the shape of the code's; else the code's.
+func (d tierDef) effective(stored []Rule) []Rule {
+	if stored != nil && sameShape(d.rules, stored) {
+		return stored
+	}
+	return d.rules
 }
 
 // NewTiers returns a Tiers with no tier yet, whose Buckets are made on rdb
@@ -72,7 +96,33 @@ func NewTiers(rdb redis.UniversalClient, shared ...Option) (*Tiers, error) {
 	// costs the process one call, not one per tier.
 	breakers := &breaker.Breakers{}
 	shared = append(slices.Clone(shared), func(c *config) { c.breakers = breakers })
-	t := &Tiers{rdb: rdb, shared: shared}
+	cfg := defaultConfig()
+	for _, opt := range shared {
+		if opt != nil {
+			opt(&cfg)
+		}
+	}
+	if cfg.limitsRefresh < 0 {
+		return nil, fmt.Errorf("%w: WithSharedLimits(%v): a negative refresh", ErrInvalidOption, cfg.limitsRefresh)
+	}
+	t := &Tiers{rdb: rdb, shared: shared, defs: map[string]tierDef{},
+		limits: sharedLimits{key: cfg.prefix + ":limits", refresh: cfg.limitsRefresh, start: time.Now()}}
+	t.buckets.Store(&map[string]*Bucket{})
+	return t, nil
+}
+
+// NewLocalTiers returns a Tiers whose Buckets keep their counts in this
+// process's memory, as NewLocal's do, made with the shared options. Its
+// SetLimits changes a tier's limits in this process only, keeping every
+// count (under Logs, Windows and FixedWindows), and so does a Set of a
+// tier with rules that differ in Requests only; as with WithSharedLimits,
+// limits that SetLimits set decide over a later Set's of the same shape.
+// Limits returns what SetLimits set. Each tier keeps counts of its own: a
+// client that moves from one tier to another starts from zero.
+// WithSharedLimits changes nothing. It returns no error today; the error
+// is New's and NewLocal's shape, kept for options it may check.
+func NewLocalTiers(shared ...Option) (*Tiers, error) {
+	t := &Tiers{local: true, shared: slices.Clone(shared), defs: map[string]tierDef{}}
 	t.buckets.Store(&map[string]*Bucket{})
 	return t, nil
 }
@@ -82,37 +132,99 @@ func NewTiers(rdb redis.UniversalClient, shared ...Option) (*Tiers, error) {
 // tier or replacing its rules; the next call of the tier decides by them.
 // It returns New's error, and leaves the tier as it was, if the rules are
 // invalid, and an ErrInvalidOption error for an empty tier name. Counts are kept as the Tiers type describes.
+//
+// With WithSharedLimits, rules are the tier's rules in code: where Redis
+// holds rules of their shape for the tier, the tier decides by those (see
+// WithSharedLimits), and Set returns an ErrInvalidOption error for a
+// strategy whose counts depend on the limit (SortedSet, GCRA).
 func (t *Tiers) Set(tier string, rules ...Option) error {
 	if tier == "" {
 		return fmt.Errorf("%w: empty tier name", ErrInvalidOption)
 	}
-	b, err := New(t.rdb, append(slices.Clip(t.shared), rules...)...)
-	if err != nil {
+	def := tierDef{opts: slices.Clone(rules)}
+	b, err := t.newBucket(append(slices.Clip(t.shared), def.opts...))
+	switch {
+	case err != nil:
 		return fmt.Errorf("leakybucket: tier %q: %w", tier, err)
+	case t.limits.refresh > 0 && !keepsCounts(b.cfg.strategy):
+		return fmt.Errorf("%w: tier %q: WithSharedLimits: strategy %v names its counts by their limit, so a change would lose them", ErrInvalidOption, tier, b.cfg.strategy)
 	}
-	t.update(func(m map[string]*Bucket) { m[tier] = b })
+	def.rules = b.cfg.rules
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old, _ := t.bucket(tier)
+	if sb, err := t.build(def, t.limits.stored[tier], old); err == nil {
+		b = sb
+	}
+	t.defs[tier] = def
+	t.updateLocked(func(m map[string]*Bucket) { m[tier] = b })
 	return nil
 }
 
-// Delete removes tier: its calls return ErrUnknownTier from then on. Its
-// counts stay in Redis until they expire.
-func (t *Tiers) Delete(tier string) {
-	t.update(func(m map[string]*Bucket) { delete(m, tier) })
+// build returns a Bucket of the tier def, by the rules stored in Redis
+// for it, if they have the shape of its own. In process, it keeps the
+// counts of old, the tier's Bucket until now, where they count alike.
+func (t *Tiers) build(def tierDef, stored []Rule, old *Bucket) (*Bucket, error) {
+	opts := append(slices.Clip(t.shared), def.opts...)
+	b, err := t.newBucket(append(opts, withRules(def.effective(stored))))
+	if err != nil || !t.local || old == nil || !countsAlike(old, b) {
+		return b, err
+	}
+	if c, ok := old.counts.(*localCounts).withLimits(b.plan); ok {
+		b.counts = c
+	}
+	return b, nil
 }
 
-// update swaps in a copy of the tiers, changed by change.
-func (t *Tiers) update(change func(map[string]*Bucket)) {
+// countsAlike reports whether Buckets a and b keep the same counts, and
+// differ at most in their rules' Requests.
+func countsAlike(a, b *Bucket) bool {
+	return a.cfg.strategy == b.cfg.strategy && keepsCounts(a.cfg.strategy) &&
+		a.cfg.recordDenied == b.cfg.recordDenied && sameShape(a.cfg.rules, b.cfg.rules)
+}
+
+// newBucket returns a Bucket of opts: on Redis (New), or in process
+// (NewLocal) for NewLocalTiers.
+func (t *Tiers) newBucket(opts []Option) (*Bucket, error) {
+	if t.local {
+		return NewLocal(opts...)
+	}
+	return New(t.rdb, opts...)
+}
+
+// Delete removes tier: its calls return ErrUnknownTier from then on. Its
+// counts stay in Redis until they expire, and so do its rules (see
+// WithSharedLimits).
+func (t *Tiers) Delete(tier string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	delete(t.defs, tier)
+	t.updateLocked(func(m map[string]*Bucket) { delete(m, tier) })
+}
+
+// updateLocked swaps in a copy of the tiers, changed by change. It
+// requires t.mu.
+func (t *Tiers) updateLocked(change func(map[string]*Bucket)) {
 	m := maps.Clone(*t.buckets.Load())
 	change(m)
 	t.buckets.Store(&m)
 }
 
 // Bucket returns the Bucket that decides tier's calls now, and whether the
-// tier exists. After a Set of the tier it is a new Bucket: ask again
-// rather than keep it.
+// tier exists. After a Set of the tier, or a change of its limits, it is a
+// new Bucket: ask again rather than keep it. With WithSharedLimits, it
+// first reads the rules from Redis if they are stale, for up to a second.
 func (t *Tiers) Bucket(tier string) (*Bucket, bool) {
+	if t.limits.stale() {
+		ctx, cancel := context.WithTimeout(context.Background(), limitsReadTimeout)
+		defer cancel()
+		t.fresh(ctx)
+	}
+	return t.bucket(tier)
+}
+
+// bucket is Bucket without a read of the rules.
+func (t *Tiers) bucket(tier string) (*Bucket, bool) {
 	b, ok := (*t.buckets.Load())[tier]
 	return b, ok
 }
@@ -129,9 +241,11 @@ func (t *Tiers) Allow(ctx context.Context, tier, resource, client string) (Resul
 
 // AllowN is Bucket.AllowN under the rules of tier: the Result reports
 // them. It returns an error matching ErrUnknownTier if the tier has no
-// rules.
+// rules. With WithSharedLimits, it first reads the rules from Redis if
+// they are stale, within ctx.
 func (t *Tiers) AllowN(ctx context.Context, tier, resource, client string, n int) (Result, error) {
-	b, ok := t.Bucket(tier)
+	t.fresh(ctx)
+	b, ok := t.bucket(tier)
 	if !ok {
 		return Result{}, fmt.Errorf("%w: %q", ErrUnknownTier, tier)
 	}

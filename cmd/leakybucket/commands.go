@@ -29,9 +29,11 @@ type action interface {
 }
 
 // commands are the subcommands, in the order of the help.
-var commands = []command{peekCommand, flushCommand, flushAllCommand, doctorCommand, inFlightCommand}
+var commands = []command{peekCommand, flushCommand, flushAllCommand, doctorCommand, inFlightCommand,
+	limitsSetCommand, limitsGetCommand, limitsShowCommand}
 
-// lookup returns the subcommand called name.
+// lookup returns the subcommand called name: one word, or two for the
+// subcommands of limits ("limits set").
 func lookup(name string) (command, bool) {
 	for _, c := range commands {
 		if c.name == name {
@@ -92,9 +94,10 @@ func (c command) usage(w io.Writer) {
 func topUsage(w io.Writer) {
 	fmt.Fprint(w, `Usage: leakybucket [global flags] <subcommand> [flags]
 
-Looks at and clears the counts that a leakybucket.Bucket keeps in Redis. Give
-the same prefix, strategy and rules as the service's Bucket: its keys are named
-after the strategy, the longest window and the precision.
+Looks at and clears the counts that a leakybucket.Bucket keeps in Redis, and
+changes the limits that a leakybucket.Tiers shares there. Give the same prefix,
+strategy and rules as the service's Bucket: its keys are named after the
+strategy, the longest window and the precision.
 
 Subcommands:
 `)
@@ -110,7 +113,8 @@ Subcommands:
 	fs.PrintDefaults()
 	fmt.Fprint(w, `
 Exit status: 0 on success, 1 if Redis failed or did not answer within
--timeout, 2 for bad input (then nothing was sent to Redis), 3 if a check
+-timeout, 2 for bad input (then nothing was written to Redis, and nothing sent
+but limits' read of the tier), 3 if a check
 of doctor FAILed.
 
 Example:

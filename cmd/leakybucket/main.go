@@ -2,7 +2,9 @@
 // leakybucket.Bucket keeps in Redis, for operators who do not write Go:
 // peek prints how much of each rule a (resource, client) has used and when
 // it frees, flush forgets a client's counts at a resource and flush-all
-// every count of a resource.
+// every count of a resource; limits set changes a leakybucket.Tiers'
+// limits in every process that shares them (WithSharedLimits), and limits
+// get and limits show print them.
 //
 // Give it the same prefix, strategy and rules as the service's Bucket: the
 // keys are named after the strategy, the longest window and the precision,

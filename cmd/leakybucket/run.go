@@ -41,16 +41,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "leakybucket: no subcommand (run leakybucket -h)")
 		return exitUsage
 	}
-	name, rest := top.Arg(0), top.Args()[1:]
+	name, rest := subcommand(top.Args())
 	if name == "help" {
 		return help(rest, stdout, stderr)
 	}
 	cmd, ok := lookup(name)
 	if !ok {
-		fmt.Fprintf(stderr, "leakybucket: unknown subcommand %q (run leakybucket -h)\n", name)
+		fmt.Fprintf(stderr, "leakybucket: unknown subcommand %q (run leakybucket -h; limits takes set, get or show)\n", name)
 		return exitUsage
 	}
 	return cmd.execute(g, rest, stdout, stderr)
+}
+
+// subcommand splits the arguments after the global flags into the
+// subcommand's name, two words for those of limits ("limits set"), and
+// its own arguments.
+func subcommand(args []string) (string, []string) {
+	if args[0] == "limits" && len(args) > 1 {
+		return "limits " + args[1], args[2:]
+	}
+	return args[0], args[1:]
 }
 
 // help prints the top-level help, or one subcommand's, on stdout.
@@ -59,8 +69,9 @@ func help(args []string, stdout, stderr io.Writer) int {
 		topUsage(stdout)
 		return exitOK
 	}
-	cmd, ok := lookup(args[0])
-	if !ok || len(args) > 1 {
+	name, rest := subcommand(args)
+	cmd, ok := lookup(name)
+	if !ok || len(rest) > 0 {
 		fmt.Fprintf(stderr, "leakybucket help: want one subcommand, got %q (run leakybucket -h)\n", args)
 		return exitUsage
 	}
@@ -114,5 +125,6 @@ func badInput(err error) bool {
 		errors.Is(err, leakybucket.ErrInvalidOption) ||
 		errors.Is(err, leakybucket.ErrInvalidWeight) ||
 		errors.Is(err, leakybucket.ErrEmptyResource) ||
-		errors.Is(err, leakybucket.ErrEmptyClient)
+		errors.Is(err, leakybucket.ErrEmptyClient) ||
+		errors.Is(err, leakybucket.ErrUnknownTier)
 }

@@ -537,6 +537,22 @@ func (l *Counts) FlushAll(resource string) {
 	}
 }
 
+// SetRules makes rules the rules the counts are read for, and maxN the
+// smallest of their Requests: rules that differ from the counts' own in
+// Requests only (the same windows, scopes and precisions, and not
+// capped, whose scopes hold the newest Requests calls), so that every
+// count is kept. It takes every shard's lock, under which each reading
+// of the rules runs.
+func (l *Counts) SetRules(rules []limits.Rule, maxN int) {
+	for i := range l.shards {
+		l.shards[i].mu.Lock()
+	}
+	l.rules, l.maxN = rules, maxN
+	for i := range l.shards {
+		l.shards[i].mu.Unlock()
+	}
+}
+
 // Keys names the scopes held, as "resource" or "resource client": what
 // tests list in place of Redis keys.
 func (l *Counts) Keys() []string {
