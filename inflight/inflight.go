@@ -199,6 +199,7 @@ type call struct {
 	resource, client string
 	n                int
 	ttl              time.Duration
+	grace            time.Duration // how long past ctx's deadline an attempt under way is awaited (AcquireWithin)
 }
 
 // check checks a call's input, with its options applied.
@@ -273,7 +274,12 @@ func (l *Limiter) AcquireN(ctx context.Context, resource, client string, n int, 
 // AcquireWithin acquires weight n at resource for client, waiting for room
 // at most wait (0: TryAcquireN's answer, without waiting), and within ctx:
 // what a server's middleware does for each request. No room in time is a
-// nil Lease and a nil error; ctx's own end is its error.
+// nil Lease and a nil error; ctx's own end is its error. An attempt to
+// take room that is under way when the wait runs out is awaited, at most
+// as long again as the wait (and a second), rather than thrown away: a
+// waiter first in line after a release is typically one about to give up,
+// and the room its attempt took would otherwise be held for nothing until
+// taken back.
 func (l *Limiter) AcquireWithin(ctx context.Context, resource, client string, n int, wait time.Duration, opts ...AcquireOption) (*Lease, error) {
 	if wait <= 0 {
 		le, _, err := l.TryAcquireN(ctx, resource, client, n, opts...)
@@ -281,12 +287,17 @@ func (l *Limiter) AcquireWithin(ctx context.Context, resource, client string, n 
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	le, err := l.AcquireN(wctx, resource, client, n, opts...)
+	grace := func(c *call) { c.grace = min(wait, maxGrace) }
+	le, err := l.AcquireN(wctx, resource, client, n, append(opts, grace)...)
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		return nil, nil // the wait ran out: no room in time
 	}
 	return le, err
 }
+
+// maxGrace bounds how long AcquireWithin awaits an attempt under way
+// past its wait.
+const maxGrace = time.Second
 
 // TryAcquire is shorthand for TryAcquireN(ctx, resource, client, 1, opts...).
 func (l *Limiter) TryAcquire(ctx context.Context, resource, client string, opts ...AcquireOption) (*Lease, bool, error) {
