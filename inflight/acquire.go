@@ -2,7 +2,6 @@ package inflight
 
 import (
 	"context"
-	"math"
 	"time"
 
 	"github.com/leakybucket/leakybucket/internal/txn"
@@ -16,7 +15,8 @@ import (
 //	          ZCARD set                               the room before it writes
 //	the line: ZREMRANGEBYSCORE qd -inf (now; [ZADD qd life ticket];
 //	          ZINTERSTORE q 2 q qd WEIGHTS 1 0; [ZADD q GT arrival ticket]
-//	          PEXPIREAT q, qd; ZRANGE q 0 1 WITHSCORES  who is first in line, and next
+//	          [ZADD qn weight ticket]; ZINTERSTORE qn 2 qn qd WEIGHTS 1 0
+//	          PEXPIREAT q, qd, qn; ZRANGE q, qn 0 -1 WITHSCORES  the line, and its weights
 //	if it writes, per set:
 //	          ZADD set 2^52 m1..mn                    pending: ranked last
 //	          ZREMRANGEBYRANK set limit -1            the cap: only ours go
@@ -24,8 +24,9 @@ import (
 //	          PEXPIREAT set deadline+1s NX; ... GT
 //
 // It is admitted if the cap removed none of its members in any set and
-// it is first in line (or no one is in line, without a ticket); else its
-// kept members are taken back. An admitted waiter's ticket leaves the
+// the room it found fits the weights of the tickets ahead of it in line
+// beside its own (without a ticket: of every ticket); else its kept
+// members are taken back. An admitted waiter's ticket leaves the
 // line in a transaction of its own, which tells the next one.
 type attempt struct {
 	st       site
@@ -40,21 +41,24 @@ type attempt struct {
 	time     int
 	earliest []int
 	held     []int // each set's size before the attempt writes
-	line     int
+	line     lineReplies
 	capped   []int
 }
 
 // attemptResult is what an attempt learned.
 type attemptResult struct {
 	admitted    bool
-	head, next  string  // the first two tickets in line, "" if none
+	head        string  // the first ticket in line, "" if none
+	next        string  // the ticket after the attempt's, "" if none
 	nextArrival float64 // next's arrival, +Inf if none
 	earliest    int64   // the earliest deadline held, 0 if none
 	room        int     // the weight that fitted under every limit before the attempt wrote
+	ahead       int     // the weight the tickets ahead of the attempt's ask for (every ticket's, without one)
+	line        line    // the line it saw
 	now         int64   // Redis's time (ms)
 }
 
-func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64) *attempt {
+func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64, msg attemptMsg) *attempt {
 	a := &attempt{st: st, le: le, tk: tk, write: write, at: at, deadline: at + le.ttl.Milliseconds(), t: txn.New(zeroSpace, false)}
 	t := a.t
 	a.time = t.Add("time")
@@ -70,6 +74,11 @@ func (r *remote) newAttempt(st site, le *Lease, tk *ticket, write bool, at int64
 		life = tk.life(at)
 	}
 	a.line = pruneTickets(t, st.space, at, tk, life)
+	// After the reads: its process's view is what they saw, and the
+	// messages after this one; every other process's takes a write's
+	// weight as taken (a refusal is followed by a take-back, which tells
+	// them to look again).
+	t.Add("publish", st.space.channel(), msg.String())
 	if !write {
 		return a
 	}
@@ -103,39 +112,21 @@ func (a *attempt) judge() (attemptResult, bool, error) {
 		}
 	}
 	res := attemptResult{earliest: a.earliestHeld(), room: a.room()}
-	res.head, res.next, res.nextArrival = a.firstInLine()
+	l := readLine(a.t, a.line)
+	id := ""
+	if a.tk != nil {
+		id = a.tk.id
+	}
+	res.line, res.head, res.ahead = l, l.head(), l.ahead(id)
+	res.next, res.nextArrival = l.after(id)
 	removed := 0
 	for _, i := range a.capped {
 		removed += int(txn.ReplyInt(a.t.Replies[i]))
 	}
-	first := res.head == "" || (a.tk != nil && res.head == a.tk.id)
-	res.admitted = a.write && removed == 0 && first
-	kept := a.write && removed < len(a.capped)*a.le.n
-	return res, kept && !res.admitted, nil
-}
-
-// firstInLine reads the first two tickets in line ("" if none), and the
-// second one's arrival (+Inf if none).
-func (a *attempt) firstInLine() (head, next string, nextArrival float64) {
-	line, _ := a.t.Replies[a.line].([]any)
-	var names []string
-	for i := 0; i < len(line); i++ {
-		if pair, ok := line[i].([]any); ok && len(pair) == 2 { // RESP3: [member, score]
-			names = append(names, txn.ReplyString(pair[0]))
-			continue
-		}
-		names = append(names, txn.ReplyString(line[i])) // RESP2: member, score, ...
-		i++
-	}
-	scores := txn.ReplyScores(line)
-	nextArrival = math.Inf(1)
-	if len(names) > 0 {
-		head = names[0]
-	}
-	if len(names) > 1 && len(scores) > 1 {
-		next, nextArrival = names[1], scores[1]
-	}
-	return head, next, nextArrival
+	// It takes room only if the room left fits every ticket ahead of it
+	// too: it never takes what an earlier waiter needs.
+	res.admitted = a.write && removed == 0 && res.room-res.ahead >= a.le.n
+	return res, a.write && !res.admitted, nil
 }
 
 // room reads the weight that fitted under every limit, before a wrote.
@@ -172,8 +163,18 @@ func (r *remote) lostAttempt(a *attempt) func(ran bool) {
 		if !ran {
 			a.t.Resolve(a.st.node, false)
 		}
-		r.takeBack(a.le, nil, true)
+		r.takeBack(a.le, true)
 	}
+}
+
+// graced returns the context an attempt runs on: ctx, or, for one that
+// writes, one that outlives ctx's deadline by c.grace (see AcquireWithin).
+func graced(ctx context.Context, c call, write bool) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !write || c.grace <= 0 || !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(c.grace))
 }
 
 // attempt makes one attempt, with a lease of its own, and takes back
@@ -190,9 +191,18 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 	if err != nil {
 		return nil, attemptResult{}, st.settle(ctx, err)
 	}
-	a := r.newAttempt(st, le, tk, write, at)
+	msg := attemptMsg{from: r.wakes.id}
+	if write {
+		msg.n = c.n
+	}
+	if tk != nil {
+		msg.seq = r.wakes.looking(st.channel())
+	}
+	a := r.newAttempt(st, le, tk, write, at, msg)
+	rctx, cancel := graced(ctx, c, write)
+	defer cancel()
 	sent := time.Now()
-	out, err := st.run(ctx, a.t, r.lostAttempt(a))
+	out, err := st.run(rctx, a.t, r.lostAttempt(a))
 	if out != txn.Ran {
 		return nil, attemptResult{}, st.settle(ctx, err)
 	}
@@ -201,7 +211,7 @@ func (r *remote) attempt(ctx context.Context, c call, tk *ticket, write bool) (*
 		res.now, _ = st.sample(a.t.Replies[a.time], sent)
 	}
 	if kept {
-		r.takeBackNow(ctx, le, tk)
+		r.takeBackNow(ctx, le)
 	}
 	if err != nil {
 		return nil, res, classify(err)

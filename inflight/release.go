@@ -17,7 +17,7 @@ import (
 // release removes le's members from every set, and tells the first
 // waiter:
 //
-//	TIME; ZSCORE set m0; per set: ZREM set m1..mn; PUBLISH wake ""
+//	TIME; ZSCORE set m0; per set: ZREM set m1..mn; PUBLISH wake n
 //
 // ZREM is idempotent: released twice, or after an expiry, nothing is
 // freed twice. ZSCORE, read before, says whether it was held, and TIME
@@ -35,7 +35,7 @@ func (r *remote) release(ctx context.Context, le *Lease) error {
 	for _, z := range sets {
 		t.Add(append([]any{"zrem", z.key}, ms...)...)
 	}
-	t.Add("publish", st.channel(), "") // for the first in line, whoever it is
+	t.Add("publish", st.channel(), strconv.Itoa(le.n)) // the weight freed: each waiter in line reckons whether it fits now
 	sent := time.Now()
 	if out, err := st.run(ctx, t, nil); out != txn.Ran {
 		return st.settle(ctx, err)
@@ -88,7 +88,7 @@ func (r *remote) extend(ctx context.Context, le *Lease, ttl time.Duration) error
 	redisNow, _ := st.sample(t.Replies[now], sent)
 	for _, i := range scores {
 		if _, ok := replyScore(t.Replies[i]); !ok {
-			go r.takeBack(le, nil, true)
+			go r.takeBack(le, true)
 			return lost(le, time.UnixMilli(redisNow))
 		}
 	}

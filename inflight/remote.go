@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,6 +74,7 @@ const keyLife = time.Second
 type ticket struct {
 	id      string
 	arrival float64   // its place in line: see arrivals
+	weight  int       // the weight its waiter asks for: room the waiters behind it leave
 	until   time.Time // the waiter's deadline (zero if none): its ticket lives no longer
 }
 
@@ -104,7 +107,10 @@ func (r *remote) spaceOf(resource string) space {
 
 func (s space) queue() string     { return s.base + "q" }
 func (s space) queueLife() string { return s.base + "qd" }
-func (s space) channel() string   { return s.base + "wake" }
+
+// queueWeight is the line's weights: each ticket scored by its waiter's.
+func (s space) queueWeight() string { return s.base + "qn" }
+func (s space) channel() string     { return s.base + "wake" }
 
 // zset is one limit's sorted set.
 type zset struct {
@@ -320,101 +326,157 @@ func replyScore(v any) (float64, bool) {
 	return 0, false
 }
 
-// replyFirst reads the first member of a ZRANGE reply ("" if none).
-func replyFirst(v any) string {
-	items, _ := v.([]any)
-	if len(items) == 0 {
-		return ""
-	}
-	if pair, ok := items[0].([]any); ok && len(pair) > 0 { // RESP3 WITHSCORES
-		return txn.ReplyString(pair[0])
-	}
-	return txn.ReplyString(items[0])
-}
-
 // pruneTickets queues the commands that drop the tickets of waiters not
 // seen alive since at, and (re)register tk's if not nil, alive until
-// life; it returns the index of the reply naming the first two tickets in
-// line, with their arrivals.
-func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) int {
+// life, with its weight; it returns where the replies naming the line
+// are.
+func pruneTickets(t *txn.Txn, s space, at int64, tk *ticket, life int64) lineReplies {
 	t.Add("zremrangebyscore", s.queueLife(), "-inf", "("+strconv.FormatInt(at, 10))
 	if tk != nil {
 		t.Add("zadd", s.queueLife(), life, tk.id)
+		t.Add("zadd", s.queueWeight(), tk.weight, tk.id)
 	}
-	t.Add("zinterstore", s.queue(), 2, s.queue(), s.queueLife(), "weights", 1, 0)
+	for _, k := range []string{s.queue(), s.queueWeight()} {
+		t.Add("zinterstore", k, 2, k, s.queueLife(), "weights", 1, 0)
+	}
 	if tk != nil {
 		t.Add("zadd", s.queue(), "gt", tk.arrival, tk.id)
 	}
-	// ZINTERSTORE made q anew, without a deadline: every ticket in it
-	// lives at most ticketTTL past a stamp no later than Redis's time.
-	for _, k := range []string{s.queue(), s.queueLife()} {
+	// ZINTERSTORE made q and qn anew, without a deadline: every ticket in
+	// them lives at most ticketTTL past a stamp no later than Redis's time.
+	for _, k := range []string{s.queue(), s.queueLife(), s.queueWeight()} {
 		for _, c := range txn.ExtendTo(k, max(life, at+ticketTTL.Milliseconds())+keyLife.Milliseconds()) {
 			t.Add(c...)
 		}
 	}
-	return t.Add("zrange", s.queue(), 0, 1, "withscores")
+	return lineReplies{
+		order:   t.Add("zrange", s.queue(), 0, -1, "withscores"),
+		weights: t.Add("zrange", s.queueWeight(), 0, -1, "withscores"),
+	}
 }
 
-// takeBack removes le's members from every set, and tells the first
-// waiter (unless it is tk, the caller's), if tell, that room may have
-// come: in a transaction of its own,
-// detached from any caller, tried again until it runs or retryFor passes
-// (the members expire at their deadline anyway).
-func (r *remote) takeBack(le *Lease, tk *ticket, tell bool) {
+// lineReplies is where a transaction's replies name the line: its
+// tickets in order of arrival, and their weights.
+type lineReplies struct{ order, weights int }
+
+// A line is Redis's line as a transaction saw it.
+type line struct {
+	ids      []string
+	arrivals []float64
+	weights  map[string]int
+}
+
+// readLine reads the line from t's replies at at.
+func readLine(t *txn.Txn, at lineReplies) line {
+	ids, arrivals := replyPairs(t.Replies[at.order])
+	names, ws := replyPairs(t.Replies[at.weights])
+	l := line{ids: ids, arrivals: arrivals, weights: map[string]int{}}
+	for i, n := range names {
+		l.weights[n] = int(ws[i])
+	}
+	return l
+}
+
+// replyPairs reads a ZRANGE WITHSCORES reply, in RESP2 or RESP3.
+func replyPairs(v any) (names []string, scores []float64) {
+	items, _ := v.([]any)
+	for i := 0; i < len(items); i++ {
+		if pair, ok := items[i].([]any); ok && len(pair) == 2 { // RESP3: [member, score]
+			names = append(names, txn.ReplyString(pair[0]))
+			continue
+		}
+		names = append(names, txn.ReplyString(items[i])) // RESP2: member, score, ...
+		i++
+	}
+	return names, txn.ReplyScores(items)
+}
+
+// head is the first ticket in line, "" if none.
+func (l line) head() string {
+	if len(l.ids) == 0 {
+		return ""
+	}
+	return l.ids[0]
+}
+
+// after returns the ticket after id in line and its arrival ("" and +Inf
+// if none).
+func (l line) after(id string) (string, float64) {
+	if i := slices.Index(l.ids, id); i >= 0 && i+1 < len(l.ids) {
+		return l.ids[i+1], l.arrivals[i+1]
+	}
+	return "", math.Inf(1)
+}
+
+// ahead is the weight the tickets ahead of id ask for: every ticket's, if
+// id is not in line.
+func (l line) ahead(id string) int {
+	sum := 0
+	for _, other := range l.ids {
+		if other == id {
+			break
+		}
+		sum += l.weights[other]
+	}
+	return sum
+}
+
+// takeBack removes le's members from every set, and tells every waiter
+// in line, if tell, that the line moved (room may have come): in a
+// transaction of its own, detached from any caller, tried again until it
+// runs or retryFor passes (the members expire at their deadline anyway).
+func (r *remote) takeBack(le *Lease, tell bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), retryFor)
 	defer cancel()
 	backoff.New(txn.ResolveFirstBackoff, txn.ResolveMaxBackoff).Retry(ctx, func() bool {
-		return r.takeBackOnce(ctx, le, tk, tell)
+		return r.takeBackOnce(ctx, le, tell)
 	})
 }
 
 // takeBackOnce makes one attempt of takeBack, and reports whether it ran.
-func (r *remote) takeBackOnce(ctx context.Context, le *Lease, tk *ticket, tell bool) bool {
+func (r *remote) takeBackOnce(ctx context.Context, le *Lease, tell bool) bool {
 	st, err := r.siteOf(ctx, le.resource)
 	if err != nil {
 		return false
 	}
-	head, err := r.undo(ctx, st, undo{lease: le})
-	if err != nil {
-		return false
+	u := undo{lease: le}
+	if tell {
+		u.tell = takenBack
 	}
-	if tell && head != "" && (tk == nil || head != tk.id) { // no need to wake oneself
-		_ = st.node.Publish(ctx, st.channel(), head).Err()
-	}
-	return true
+	return r.undo(ctx, st, u) == nil
 }
 
-// takeBackNow takes le back before its caller (tk's waiter, if not nil)
-// is answered, as others may be refused while it is counted: once, within
-// a second, and else in the background.
-func (r *remote) takeBackNow(ctx context.Context, le *Lease, tk *ticket) {
+// takeBackNow takes le back before its caller is answered, as others
+// may be refused while it is counted: once, within a second, and else in
+// the background.
+func (r *remote) takeBackNow(ctx context.Context, le *Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if r.takeBackOnce(ctx, le, tk, true) {
+	if r.takeBackOnce(ctx, le, true) {
 		return
 	}
-	go r.takeBack(le, tk, true)
+	go r.takeBack(le, true)
 }
 
 // retryFor bounds how long a take-back is tried in the background.
 const retryFor = 10 * time.Second
 
 // undo is what a transaction of undo takes back: a lease's members, a
-// ticket out of line (and the waiter then told, tell, if not ""), or a
-// process's ticket passed to its next waiter (pass: scored by that one's
-// arrival, alive until its life).
+// ticket out of line (drop), or a process's ticket passed to its next
+// waiter (pass: scored by that one's arrival and weight, alive until its
+// life); tell, if not "", is the message that tells every waiter in line.
 type undo struct {
 	lease *Lease
-	drop  *ticket
+	drop  string
 	pass  *ticket
 	tell  string
 }
 
-// undo runs u, and returns the first ticket in line.
-func (r *remote) undo(ctx context.Context, st site, u undo) (string, error) {
+// undo runs u.
+func (r *remote) undo(ctx context.Context, st site, u undo) error {
 	at, err := st.stamp(ctx)
 	if err != nil {
-		return "", err
+		return err
 	}
 	t := txn.New(zeroSpace, false)
 	if u.lease != nil {
@@ -423,25 +485,27 @@ func (r *remote) undo(ctx context.Context, st site, u undo) (string, error) {
 			t.Add(append([]any{"zrem", z.key}, ms...)...)
 		}
 	}
-	if u.drop != nil {
-		t.Add("zrem", st.queue(), u.drop.id)
-		t.Add("zrem", st.queueLife(), u.drop.id)
+	if u.drop != "" {
+		for _, k := range []string{st.queue(), st.queueLife(), st.queueWeight()} {
+			t.Add("zrem", k, u.drop)
+		}
 	}
 	life := int64(0)
 	if u.pass != nil {
 		life = u.pass.life(at)
 		t.Add("zadd", st.queueLife(), "xx", life, u.pass.id)
+		t.Add("zadd", st.queueWeight(), "xx", u.pass.weight, u.pass.id)
 		t.Add("zadd", st.queue(), "xx", "gt", u.pass.arrival, u.pass.id)
 	}
+	pruneTickets(t, st.space, at, nil, life)
 	if u.tell != "" {
 		t.Add("publish", st.channel(), u.tell)
 	}
-	head := pruneTickets(t, st.space, at, nil, life)
 	out, err := t.Exec(ctx, st.node)
 	if out != txn.Ran {
-		return "", err // ZREM and ZADD are idempotent: simply try again
+		return err // ZREM and ZADD are idempotent: simply try again
 	}
-	return replyFirst(t.Replies[head]), nil
+	return nil
 }
 
 var zeroSpace keys.Space
