@@ -305,8 +305,9 @@ func (l *Limiter) TryAcquire(ctx context.Context, resource, client string, opts 
 }
 
 // TryAcquireN acquires weight n at resource for client if there is room
-// now and no one waits for it, without waiting. Refused, it returns false
-// and a nil error: a refusal is not an error.
+// now beyond what the waiters in line ask for (NewLocal's: if no one
+// waits), without waiting. Refused, it returns false and a nil error: a
+// refusal is not an error.
 func (l *Limiter) TryAcquireN(ctx context.Context, resource, client string, n int, opts ...AcquireOption) (*Lease, bool, error) {
 	c, err := l.check(resource, client, n, opts)
 	if err != nil {

@@ -27,16 +27,15 @@ func (r *remote) acquire(ctx context.Context, c call, wait bool) (*Lease, error)
 
 // waitInLine waits for its turn in two lines: this process's, in memory,
 // then Redis's, which holds one ticket per process: its first waiter's,
-// scored by that waiter's arrival. Each process's waiters are in order of
-// arrival, so the earliest of all is always one of those firsts: Redis's
-// line is the order of arrival of every waiter, and a waiter that gives
-// up before it is first here costs Redis nothing. A process's ticket
-// stays in line while it has waiters, passed from each first to the
-// next (its score only grows), so no process's waiter ever comes in ahead
-// of a ticket already first. In Redis's line, a waiter tries only when
-// it is first (others only sign of life, writing no members), and is
-// woken when a release or a take-back tells it its turn came, when the
-// earliest lease expires, or every ticketRefresh.
+// scored by that waiter's arrival, with its weight. Each process's
+// waiters are in order of arrival, so the earliest of all is always one
+// of those firsts, and a waiter that gives up before it is first here
+// costs Redis nothing. A process's ticket stays in line while it has
+// waiters, passed from each first to the next (its score only grows). In
+// Redis's line, a waiter takes room when what is free fits its weight
+// behind the tickets ahead of it: it tries when this process's view of
+// the line says so (see view), and looks when it has no view, or every
+// ticketRefresh, or when the earliest lease expires.
 func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 	st, err := r.siteOf(ctx, c.resource)
 	if err != nil {
