@@ -506,7 +506,7 @@ func (s *subscription) hear(msg, self string) {
 		return
 	}
 	if m, ok := parseAttempt(msg); ok {
-		if m.from != self {
+		if m.from != self || m.seq == 0 { // a newcomer's write here is no waiter's (see leave)
 			s.view.room -= m.n
 		}
 		return
