@@ -189,20 +189,20 @@ func TestArrivalsKeepTheirOrder(t *testing.T) {
 	const ms = int64(1_764_331_234_567) // today's Redis time, 41 bits
 	var last float64
 	for i, at := range []int64{ms, ms, ms, ms - 3, ms, ms + 1} {
-		s := a.next(at)
+		s := a.next(float64(at))
 		if s <= last || s < float64(at) {
 			t.Fatalf("arrival %d stamped %d scored %v after %v: want more than the one before and at least its stamp", i, at, s, last)
 		}
 		last = s
 	}
 	for range 2000 {
-		if s := a.next(ms + 1); s <= last {
+		if s := a.next(float64(ms + 1)); s <= last {
 			t.Fatalf("in one millisecond, %v after %v", s, last)
 		} else {
 			last = s
 		}
 	}
-	if s := a.next(ms + 10); s != float64(ms+10) {
+	if s := a.next(float64(ms + 10)); s != float64(ms+10) {
 		t.Fatalf("a later millisecond scored %v, want %d", s, ms+10)
 	}
 }

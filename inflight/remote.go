@@ -513,29 +513,30 @@ var zeroSpace keys.Space
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // arrivals numbers this process's waiters in the order they arrive. A
-// ticket is scored by the Redis time of its waiter's first attempt, in
-// milliseconds: two waiters of one process that arrive within the same
-// millisecond, or across a correction of the clock's estimate, would tie
-// or swap, and a tie is broken by the tickets' random ids, so the later
-// one would pass the earlier one half the time. So each score is at least
-// the one before it plus arrivalStep: a fraction of a millisecond, on the
-// same scale as every other process's scores.
+// ticket is scored by the Redis time of its waiter's arrival, in ms to
+// the microsecond (the clock's estimate): two waiters of one process that
+// arrive within the same microsecond, or across a correction of the
+// clock's estimate, would tie or swap, and a tie is broken by the
+// tickets' random ids, so the later one would pass the earlier one half
+// the time. So each score is at least the one before it plus
+// arrivalStep: a fraction of a millisecond, on the same scale as every
+// other process's scores.
 type arrivals struct {
 	mu   sync.Mutex
 	last float64
 }
 
 // arrivalStep is the least gap between two arrivals of one process, in
-// ms: a power of two, so that a score of today's Redis time in ms (41
-// bits) plus steps is exact in a float64.
+// ms: about a microsecond, far above a float64's resolution at today's
+// Redis time in ms (41 bits), so that every step is kept.
 const arrivalStep = 1.0 / 1024
 
 // next returns the score of a waiter whose first attempt was stamped at
 // (Redis ms): after every earlier arrival of this process, and no earlier
 // than at.
-func (a *arrivals) next(at int64) float64 {
+func (a *arrivals) next(at float64) float64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.last = max(float64(at), a.last+arrivalStep)
+	a.last = max(at, a.last+arrivalStep)
 	return a.last
 }

@@ -45,14 +45,18 @@ func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 	if err != nil {
 		return nil, st.settle(ctx, err)
 	}
-	// Its arrival is the clock's best estimate, not the stamp (which is
-	// earlier by the estimate's error): a process whose round trips are
-	// slower would otherwise arrive earlier, and be served first.
-	if now, ok := st.clock.Now(); ok {
-		at = now
+	// Its arrival is the clock's best estimate, to the microsecond, not
+	// the stamp: earlier by the estimate's error, the stamp would put a
+	// process whose round trips are slower ahead; and to the millisecond,
+	// arrivals of several processes in one millisecond would tie, and a
+	// tie goes to the ticket whose name sorts first, the same process's
+	// for as long as its waiters keep its ticket.
+	arrival := float64(at)
+	if fine, ok := st.clock.Fine(); ok {
+		arrival = fine
 	}
 	until, _ := ctx.Deadline()
-	w, err := r.wakes.join(ctx, st.channel(), at, c.n, until)
+	w, err := r.wakes.join(ctx, st.channel(), arrival, c.n, until)
 	if err != nil {
 		return nil, joinFailed(ctx, err)
 	}
@@ -221,7 +225,7 @@ func (w *wakes) behind(channel string) int {
 // before it returns, so that no message sent after is missed. Its turn
 // comes when it is first here. Its leave takes it out, and gives the next
 // its turn; it returns whether it was first, and the next one's ticket.
-func (w *wakes) join(ctx context.Context, channel string, at int64, n int, until time.Time) (*waiter, error) {
+func (w *wakes) join(ctx context.Context, channel string, at float64, n int, until time.Time) (*waiter, error) {
 	for {
 		s, err := w.ready(ctx, channel)
 		if err != nil {
@@ -252,7 +256,7 @@ func (w *wakes) ready(ctx context.Context, channel string) (*subscription, error
 }
 
 // enter puts a waiter last in s's line (see join); w.mu is held.
-func (w *wakes) enter(channel string, s *subscription, at int64, n int, until time.Time) *waiter {
+func (w *wakes) enter(channel string, s *subscription, at float64, n int, until time.Time) *waiter {
 	if len(s.line) == 0 {
 		s.ticket, s.inLine = newToken(), false // a late leaveLine of the one before never drops it
 	}
