@@ -159,3 +159,18 @@ func TestErrorsSayWhatIsAccepted(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixWithBrace: a prefix with a brace would move the hash tag
+// that keeps a resource's keys in one cluster slot: refused, as the
+// Bucket refuses it, saying what would be accepted.
+func TestPrefixWithBrace(t *testing.T) {
+	for _, p := range []string{"a{b", "a}b", "{x}"} {
+		_, local := NewLocal(PerResource(1), WithPrefix(p))
+		_, remote := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), PerResource(1), WithPrefix(p))
+		for _, err := range []error{local, remote} {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "without '{' or '}'") {
+				t.Errorf("WithPrefix(%q): %v, want ErrInvalid saying what is accepted", p, err)
+			}
+		}
+	}
+}

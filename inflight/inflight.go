@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -42,10 +43,10 @@ var (
 	// acquired).
 	ErrNotHeld = errors.New("inflight: lease not held")
 	// ErrInvalid: bad input, and the text says which and what would be
-	// accepted: no limit, or one outside [1, MaxLimit] (New, NewLocal); a
-	// time to live under a millisecond or an empty prefix (New, NewLocal,
-	// LeaseTTL, Extend); an empty resource or client, or a weight under 1
-	// (the acquisitions, Held); a malformed lease id (ParseID,
+	// accepted: no limit, or one outside [1, MaxLimit], an empty prefix or
+	// one with a brace (New, NewLocal); a time to live under a millisecond
+	// (New, NewLocal, LeaseTTL, Extend); an empty resource or client, or a
+	// weight under 1 (the acquisitions, Held); a malformed lease id (ParseID,
 	// Limiter.Release); a Lease from ParseID released or extended itself.
 	// Nothing was sent to Redis.
 	ErrInvalid = errors.New("inflight: invalid argument")
@@ -112,7 +113,8 @@ func PerClient(n int) Option {
 func WithTTL(d time.Duration) Option { return func(c *config) { c.ttl = d } }
 
 // WithPrefix sets the prefix of every key (DefaultPrefix). Limiters on
-// one prefix must agree on their limits, as their keys carry them.
+// one prefix must agree on their limits, as their keys carry them. The
+// prefix must not be empty nor contain '{' or '}'.
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
 // WithObserver reports each acquisition, refusal and release to o.
@@ -137,6 +139,10 @@ func configure(opts []Option) (config, error) {
 		return cfg, fmt.Errorf("%w: WithTTL(%v): want 1ms or more", ErrInvalid, cfg.ttl)
 	case cfg.prefix == "":
 		return cfg, fmt.Errorf("%w: WithPrefix(\"\"): want a non-empty prefix (default %q)", ErrInvalid, DefaultPrefix)
+	case strings.ContainsAny(cfg.prefix, "{}"):
+		// A brace would move the hash tag that keeps a resource's keys in
+		// one cluster slot (the Bucket refuses it too).
+		return cfg, fmt.Errorf("%w: WithPrefix(%q): want a prefix without '{' or '}'", ErrInvalid, cfg.prefix)
 	}
 	return cfg, nil
 }
