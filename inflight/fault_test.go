@@ -252,3 +252,39 @@ func TestRedisFaults(t *testing.T) {
 		t.Errorf("after the restart %d held, limit 3", n)
 	}
 }
+
+// TestWaiterToldServerGone: a waiter asleep in line learns that Redis is
+// gone when the breaker opens, not at its next sign of life (500 ms).
+func TestWaiterToldServerGone(t *testing.T) {
+	p := startRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: p.addr(), DialerRetries: 1, MaxRetries: -1})
+	defer rdb.Close()
+	l, err := New(rdb, PerResource(1), WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, _, err := l.TryAcquire(ctx, "r", "holder"); err != nil {
+		t.Fatal(err)
+	}
+	gave := make(chan error, 1)
+	go func() {
+		_, err := l.Acquire(ctx, "r", "waiter")
+		gave <- err
+	}()
+	waitForWaiters(t, l, "r", 1) // it looked: its next sign of life is 500 ms away
+	p.kill()
+	opened := time.Now()
+	if _, _, err := l.TryAcquire(ctx, "r", "other"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("TryAcquire on a killed server: %v, want ErrUnavailable", err)
+	}
+	select {
+	case err := <-gave:
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("the waiter: %v, want ErrUnavailable", err)
+		}
+		t.Logf("the waiter was told %v after the breaker opened", time.Since(opened))
+	case <-time.After(300 * time.Millisecond):
+		t.Errorf("the waiter still waits 300 ms after the breaker opened")
+	}
+}

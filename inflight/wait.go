@@ -63,7 +63,7 @@ func (r *remote) waitInLine(ctx context.Context, c call) (*Lease, error) {
 	var le *Lease
 	select {
 	case <-w.turn:
-		le, err = r.waitFirst(ctx, c, w)
+		le, err = r.waitFirst(ctx, c, w, st.cut)
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
@@ -90,14 +90,14 @@ func placedOf(tk *ticket) *placed {
 // room only when this process's view of the line says its weight fits
 // behind the tickets ahead of it, and looks (an attempt that writes
 // nothing) when there is no view, or the view cannot tell.
-func (r *remote) waitFirst(ctx context.Context, c call, w *waiter) (*Lease, error) {
+func (r *remote) waitFirst(ctx context.Context, c call, w *waiter, cut <-chan struct{}) (*Lease, error) {
 	channel := r.spaceOf(c.resource).channel()
 	tk := w.tk
 	var res attemptResult
 	for {
 		write, known := r.wakes.reckon(channel, tk)
 		for known && !write { // the view says it does not fit: wait for news
-			woken, err := r.sleep(ctx, w.wake, res)
+			woken, err := r.sleep(ctx, w.wake, cut, res)
 			if err != nil {
 				return nil, err
 			}
@@ -121,8 +121,10 @@ func (r *remote) waitFirst(ctx context.Context, c call, w *waiter) (*Lease, erro
 }
 
 // sleep waits until wake, the earliest lease's deadline, the next sign
-// of life, or ctx's end; woken if wake came.
-func (r *remote) sleep(ctx context.Context, wake <-chan struct{}, res attemptResult) (woken bool, err error) {
+// of life, or ctx's end; woken if wake came. A server found gone (cut:
+// the breaker opened) wakes it too, not woken: its next attempt says so
+// at once rather than at its next sign of life.
+func (r *remote) sleep(ctx context.Context, wake, cut <-chan struct{}, res attemptResult) (woken bool, err error) {
 	d := ticketRefresh
 	if until := time.Duration(res.earliest-res.now+1) * time.Millisecond; res.earliest > 0 && until < d {
 		d = max(until, time.Millisecond)
@@ -133,6 +135,8 @@ func (r *remote) sleep(ctx context.Context, wake <-chan struct{}, res attemptRes
 	case <-wake:
 		return true, nil
 	case <-t.C:
+		return false, nil
+	case <-cut:
 		return false, nil
 	case <-ctx.Done():
 		return false, ctx.Err()
