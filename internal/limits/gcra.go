@@ -141,3 +141,37 @@ func (x u128) div(c int64, up bool) int64 {
 	}
 	return int64(min(q, math.MaxInt64))
 }
+
+// Undrained is how many whole units of a call of weight n, counted from
+// at or later, are still in the bucket elapsed ms after at: n less what
+// drains in elapsed, rounded up. A call's units drain only once the
+// bucket's older weight has, and at is no later than the call started to
+// count, so at least this much of it is still held: a refund of at most
+// this much never gives back room the call no longer holds.
+func (b Bucket) Undrained(n int, elapsed int64) int {
+	if elapsed <= 0 {
+		return n
+	}
+	drained := mul(min(elapsed, MaxBucketSpan), b.Rate).div(b.Window, true)
+	if drained >= int64(n) {
+		return 0
+	}
+	return n - int(drained)
+}
+
+// Retreat returns tat moved back by the cost of n units, as if a call of
+// weight n had never been counted, and empty if that leaves nothing in
+// the bucket at now (ms): never before now, so that it gives back no more
+// than the bucket holds.
+func (b Bucket) Retreat(tat TAT, now int64, n int) TAT {
+	cost := b.Cost(n)
+	back := TAT{Ms: tat.Ms - cost.Ms, Short: tat.Short - cost.Short}
+	if back.Short < 0 {
+		// Ms - Short/Rate with Short in [0, Rate): borrow a ms.
+		back = TAT{Ms: back.Ms + 1, Short: back.Short + b.Rate}
+	}
+	if tat.Empty(now) || cost.Ms >= tat.Ms || back.Empty(now) {
+		return TAT{}
+	}
+	return back
+}

@@ -89,3 +89,54 @@ func TestBucketBurstAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// Retreat undoes Advance exactly: a call counted then taken back at the
+// same ms leaves the TAT as it was, or the bucket empty if it was.
+func TestBucketRetreatUndoesAdvance(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 100_000 {
+		b := Bucket{Window: 1 + r.Int64N(10_000), Rate: 1 + r.Int64N(5_000), Burst: 1 + r.IntN(1000)}
+		now := 1_000_000 + r.Int64N(1000)
+		n := 1 + r.IntN(b.Burst)
+		var tat TAT
+		if r.IntN(4) > 0 {
+			tat = b.Advance(TAT{}, now-r.Int64N(100), 1+r.IntN(b.Burst))
+		}
+		want := tat
+		if tat.Empty(now) {
+			want = TAT{}
+		}
+		if got := b.Retreat(b.Advance(tat, now, n), now, n); got != want {
+			t.Fatalf("%+v: Retreat(Advance(%+v, %d, %d)) = %+v, want %+v", b, tat, now, n, got, want)
+		}
+	}
+}
+
+// A refund never gives back more than the bucket holds: Retreat past it
+// leaves the bucket empty, not before now.
+func TestBucketRetreatStopsAtEmpty(t *testing.T) {
+	b := Bucket{Window: 1000, Rate: 10, Burst: 10} // 100 ms a unit
+	tat := b.Advance(TAT{}, 0, 2)                   // 200
+	if got := b.Retreat(tat, 150, 1); got != (TAT{}) {
+		t.Fatalf("Retreat to 100 at 150 = %+v, want empty", got)
+	}
+	if got := b.Retreat(tat, 50, 2); got != (TAT{}) {
+		t.Fatalf("Retreat past the level = %+v, want empty", got)
+	}
+	if got := b.Retreat(tat, 50, 1); got != (TAT{Ms: 100}) {
+		t.Fatalf("Retreat of one unit = %+v, want 100", got)
+	}
+}
+
+func TestBucketUndrained(t *testing.T) {
+	b := Bucket{Window: 1000, Rate: 3, Burst: 10} // 333.3 ms a unit
+	for _, c := range []struct {
+		n       int
+		elapsed int64
+		want    int
+	}{{5, 0, 5}, {5, -3, 5}, {5, 1, 4}, {5, 333, 4}, {5, 334, 3}, {5, 1334, 0}, {5, 1 << 62, 0}} {
+		if got := b.Undrained(c.n, c.elapsed); got != c.want {
+			t.Errorf("Undrained(%d, %d) = %d, want %d", c.n, c.elapsed, got, c.want)
+		}
+	}
+}
