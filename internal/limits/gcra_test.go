@@ -116,7 +116,7 @@ func TestBucketRetreatUndoesAdvance(t *testing.T) {
 // leaves the bucket empty, not before now.
 func TestBucketRetreatStopsAtEmpty(t *testing.T) {
 	b := Bucket{Window: 1000, Rate: 10, Burst: 10} // 100 ms a unit
-	tat := b.Advance(TAT{}, 0, 2)                   // 200
+	tat := b.Advance(TAT{}, 0, 2)                  // 200
 	if got := b.Retreat(tat, 150, 1); got != (TAT{}) {
 		t.Fatalf("Retreat to 100 at 150 = %+v, want empty", got)
 	}
