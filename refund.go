@@ -34,8 +34,11 @@ type Admission struct {
 	at               int64 // ms: the time its decision read (ask.at)
 	fallback         bool  // decided by the fallback (Result.Fallback)
 
-	mu   sync.Mutex // held through a Refund, so that two never both give it back
-	held int        // the weight not given back yet
+	admitted int
+
+	mu    sync.Mutex // held through a Refund, so that two never both give it back
+	held  int        // the weight not given back yet
+	given []int64    // by rule: the cost given back (limits.Bucket.Giveback)
 }
 
 // Held is the weight of the Admission not given back yet (or, after a
@@ -71,19 +74,25 @@ func (b *Bucket) Admit(ctx context.Context, resource, client string, n int) (a *
 	if err = b.counts.allow(ctx, resource, client, n, ask{at: &at}, &res); err != nil || !res.Allowed {
 		return nil, res, err
 	}
-	return &Admission{bucket: b, resource: resource, client: client, at: at, fallback: res.Fallback, held: n}, res, nil
+	return &Admission{bucket: b, resource: resource, client: client, at: at, fallback: res.Fallback,
+		admitted: n, held: n, given: make([]int64, len(res.Rules))}, res, nil
 }
 
 // Refund gives back up to n of a's weight, and returns how much it gave
-// back: at most what a holds, and no more than its call is still counted
-// with under any rule, the same weight under each. Under GCRA, each
-// rule's TAT moves back by the cost of that weight, never before now: the
-// weight that drained since the call was decided (counted from when its
-// decision read the bucket, no later than the call started to count) is
-// not given back, since it no longer takes anyone's room. So a refund
-// never lets a rule admit more than it would had the call weighed less by
-// what was given back. A second Refund of the same weight, or one after
-// the call drained, gives back nothing: it returns 0 and no error.
+// back: at most what a holds, and under each rule no more than the call
+// may still hold there. Under GCRA, each rule's TAT moves back by the
+// cost of what is given back, never before now: the part of the call that
+// drained since it was decided (counted from when its decision read the
+// bucket, no later than the call started to count) is not given back,
+// since it no longer takes anyone's room; a call that waited behind older
+// weight in a full bucket thus gets back a little less than it still
+// holds. So a refund never lets a rule admit more than it would had the
+// call weighed less by what was given back. What it returns is rounded
+// up to whole units of weight (Refund(ctx, a, 1) 30 ms after a call of
+// weight 1 under Per(10, time.Second) gives back 0.7 of a unit, and
+// returns 1), and that much leaves a. A second Refund of the same weight,
+// or one after the call drained, gives back nothing: it returns 0 and no
+// error.
 //
 // A call the fallback decided (Result.Fallback) is given back in process,
 // where it was counted. A Flush or FlushAll already gave back what the
@@ -119,7 +128,7 @@ func (b *Bucket) Refund(ctx context.Context, a *Admission, n int) (int, error) {
 		a.held = 0
 		return 0, b.counts.finalError(ctx, a.resource, err)
 	}
-	a.held -= back
+	a.held -= min(back, a.held)
 	return back, nil
 }
 
@@ -134,7 +143,8 @@ func (r *remote) refund(ctx context.Context, a *Admission, n int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	back, err := st.Refund(ctx, where, a.client, a.at, a.held, n)
+	cost, back, err := st.Refund(ctx, where, a.client, a.at, a.admitted, n, a.given)
+	addTo(a.given, cost)
 	if back > 0 {
 		// A denial cached before the refund would now deny too long.
 		r.denials.Forget(a.resource, &a.client)
@@ -148,5 +158,14 @@ func (l *localCounts) refund(_ context.Context, a *Admission, n int) (int, error
 	if !ok {
 		return 0, errNoRefunds
 	}
-	return t.Refund(a.resource, a.client, a.at, a.held, n), nil
+	cost, back := t.Refund(a.resource, a.client, a.at, a.admitted, n, a.given)
+	addTo(a.given, cost)
+	return back, nil
+}
+
+// addTo adds cost to given, rule by rule (none if cost is nil).
+func addTo(given, cost []int64) {
+	for r, c := range cost {
+		given[r] += c
+	}
 }

@@ -96,12 +96,16 @@ func TestRefundAfterDrain(t *testing.T) {
 		b := e.bucket(t, refundRule)
 		a := admitN(t, b, 3)
 		c := admitN(t, b, 3)
-		time.Sleep(150 * ms) // 1.5 units drained: 2 counted from each decision
-		refund(t, b, a, 3, 1)
-		time.Sleep(150 * ms) // 3 units drained since
+		time.Sleep(150 * ms)  // 1.5 units drained, counted from each decision
+		refund(t, b, a, 3, 2) // 1.5 units back, rounded up
+		if a.Held() != 1 {
+			t.Fatalf("held %d after 2 back, want 1", a.Held())
+		}
+		time.Sleep(150 * ms) // 3 units drained since the decisions
 		refund(t, b, c, 3, 0)
 		refund(t, b, a, 3, 0)
-		// Of the 6 admitted, 3 drained and 1 came back: room for 8.
+		// Of the 6 admitted, 3 drained and 1.5 came back: 1.5 held,
+		// Used rounds it up.
 		wantRoom(t, b, 8, "room")
 	})
 }

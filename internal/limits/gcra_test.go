@@ -90,7 +90,7 @@ func TestBucketBurstAtOnce(t *testing.T) {
 	}
 }
 
-// Retreat undoes Advance exactly: a call counted then taken back at the
+// Retreat undoes Advance exactly: a call counted then given back at the
 // same ms leaves the TAT as it was, or the bucket empty if it was.
 func TestBucketRetreatUndoesAdvance(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
@@ -106,7 +106,7 @@ func TestBucketRetreatUndoesAdvance(t *testing.T) {
 		if tat.Empty(now) {
 			want = TAT{}
 		}
-		if got := b.Retreat(b.Advance(tat, now, n), now, n); got != want {
+		if got := b.Retreat(b.Advance(tat, now, n), now, b.Giveback(n, n, 0, 0)); got != want {
 			t.Fatalf("%+v: Retreat(Advance(%+v, %d, %d)) = %+v, want %+v", b, tat, now, n, got, want)
 		}
 	}
@@ -117,26 +117,30 @@ func TestBucketRetreatUndoesAdvance(t *testing.T) {
 func TestBucketRetreatStopsAtEmpty(t *testing.T) {
 	b := Bucket{Window: 1000, Rate: 10, Burst: 10} // 100 ms a unit
 	tat := b.Advance(TAT{}, 0, 2)                  // 200
-	if got := b.Retreat(tat, 150, 1); got != (TAT{}) {
+	if got := b.Retreat(tat, 150, 1000); got != (TAT{}) {
 		t.Fatalf("Retreat to 100 at 150 = %+v, want empty", got)
 	}
-	if got := b.Retreat(tat, 50, 2); got != (TAT{}) {
-		t.Fatalf("Retreat past the level = %+v, want empty", got)
-	}
-	if got := b.Retreat(tat, 50, 1); got != (TAT{Ms: 100}) {
+	if got := b.Retreat(tat, 50, 1000); got != (TAT{Ms: 100}) {
 		t.Fatalf("Retreat of one unit = %+v, want 100", got)
+	}
+	if got := b.Retreat(tat, 50, 15); got != (TAT{Ms: 199, Short: 5}) {
+		t.Fatalf("Retreat of 1.5 ms = %+v, want 198.5", got)
 	}
 }
 
-func TestBucketUndrained(t *testing.T) {
-	b := Bucket{Window: 1000, Rate: 3, Burst: 10} // 333.3 ms a unit
+func TestBucketGiveback(t *testing.T) {
+	b := Bucket{Window: 1000, Rate: 3, Burst: 10} // 333.3 ms a unit, 1000 a unit in cost
 	for _, c := range []struct {
-		n       int
-		elapsed int64
-		want    int
-	}{{5, 0, 5}, {5, -3, 5}, {5, 1, 4}, {5, 333, 4}, {5, 334, 3}, {5, 1334, 0}, {5, 1 << 62, 0}} {
-		if got := b.Undrained(c.n, c.elapsed); got != c.want {
-			t.Errorf("Undrained(%d, %d) = %d, want %d", c.n, c.elapsed, got, c.want)
+		admitted, n    int
+		given, elapsed int64
+		want           int64
+	}{{5, 5, 0, 0, 5000}, {5, 2, 0, 0, 2000}, {5, 5, 0, -3, 5000}, {5, 5, 0, 1, 4997}, {5, 5, 1000, 1, 3997},
+		{5, 5, 0, 1667, 0}, {5, 5, 0, 1 << 62, 0}, {5, 9, 0, 0, 5000}} {
+		if got := b.Giveback(c.admitted, c.n, c.given, c.elapsed); got != c.want {
+			t.Errorf("Giveback(%d, %d, %d, %d) = %d, want %d", c.admitted, c.n, c.given, c.elapsed, got, c.want)
 		}
+	}
+	if b.Units(1) != 1 || b.Units(1000) != 1 || b.Units(1001) != 2 || b.Units(0) != 0 {
+		t.Error("Units does not round up")
 	}
 }
