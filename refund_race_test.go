@@ -3,12 +3,17 @@ package leakybucket
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The adversary's test of refunds: hammerers Admit weights of 1 to 3 on
@@ -19,9 +24,11 @@ import (
 // gave back, for refunds sent by b (a refund applies before its reply,
 // at the earliest when it is sent; before it is sent, the call counts in
 // full), exactly: the fraction of a unit a refund gives back (Refund
-// rounds it up) is read from the Admission. Decisions are made at whole ms of the clock, so a window's
-// first decision may be up to a ms before its start. Redis runs on this host, and NewLocal's clock is this host's, so
-// the test's clock bounds when each decision ran (see gcra_exact_test.go).
+// rounds it up) is read from the Admission. Decisions are made at whole
+// ms of the clock, so a window's first decision may be up to a ms before
+// its start. Redis runs on this host, and NewLocal's clock is this
+// host's, so the test's clock bounds when each decision ran (see
+// gcra_exact_test.go).
 
 const (
 	refundRaceRate    = 100 // per gcraExactWindow, with a burst of gcraExactBurst
@@ -35,8 +42,8 @@ const (
 type refundedCall struct {
 	From, To int64 // Unix ns: when Admit started and returned
 	N        int
+	Backs    []refundBack
 	a        *Admission
-	backs    []refundBack
 }
 
 // refundBack is what one refund gave back, and when it was sent: Back
@@ -52,7 +59,7 @@ type refundBack struct {
 // what the refunds sent by then gave back, exactly.
 func (c *refundedCall) weightBy(b int64) float64 {
 	w := float64(c.N)
-	for _, r := range c.backs {
+	for _, r := range c.Backs {
 		if r.Sent <= b {
 			w -= r.Exact
 		}
@@ -78,13 +85,23 @@ func refundRace(t *testing.T, b *Bucket) {
 	if testing.Short() {
 		t.Skip("an adversary of seconds")
 	}
+	start := time.Now()
+	calls, err := refundAdversary(b, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRefundExact(t, calls, start)
+}
+
+// refundAdversary hammers b and refunds from start for refundRaceFor,
+// and returns the admitted calls and their refunds.
+func refundAdversary(b *Bucket, start time.Time) ([]*refundedCall, error) {
 	var (
 		mu    sync.Mutex
 		calls []*refundedCall
 		fails []error
 	)
 	admitted := make(chan *refundedCall, 1024)
-	start := time.Now()
 	stop := start.Add(refundRaceFor)
 	var hammer, refunders sync.WaitGroup
 	for g := range refundHammerers {
@@ -134,7 +151,7 @@ func refundRace(t *testing.T, b *Bucket) {
 					if err != nil || exact > float64(back) || float64(back) >= exact+1 {
 						fails = append(fails, fmt.Errorf("Refund = %d, %v; it gave back %.3f", back, err, exact))
 					}
-					c.backs = append(c.backs, refundBack{Sent: sent, Back: back, Exact: exact})
+					c.Backs = append(c.Backs, refundBack{Sent: sent, Back: back, Exact: exact})
 					mu.Unlock()
 				}
 			}
@@ -144,9 +161,102 @@ func refundRace(t *testing.T, b *Bucket) {
 	close(admitted)
 	refunders.Wait()
 	if len(fails) > 0 {
-		t.Fatalf("%d calls failed, the first: %v", len(fails), fails[0])
+		return calls, fmt.Errorf("%d calls failed, the first: %w", len(fails), fails[0])
 	}
-	checkRefundExact(t, calls, start)
+	return calls, nil
+}
+
+// refundRaceVar holds a refundRaceJob: run as a child process of
+// TestRefundRaceProcesses.
+const refundRaceVar = "LEAKYBUCKET_TEST_REFUND_RACE"
+
+// refundRaceJob is what a child process of the race runs.
+type refundRaceJob struct {
+	Addr, User, Password, Prefix string
+	DB                           int
+	Start                        int64 // Unix ns
+}
+
+// The adversary from 4 processes on one key of the real Redis: each
+// hammers and refunds as TestRefundRaceRedis does, and the windows are
+// checked on the calls of all four.
+func TestRefundRaceProcesses(t *testing.T) {
+	addr := realAddrOrSkip(t)
+	if testing.Short() {
+		t.Skip("an adversary of seconds, from 4 processes")
+	}
+	opts := libraryOptions(addr, "gcra", 1)
+	job := refundRaceJob{Addr: addr, User: opts.Username, Password: opts.Password, DB: opts.DB, Prefix: uniquePrefix(t),
+		Start: time.Now().Add(2 * time.Second).UnixNano()} // time for the children to start
+	spec, _ := json.Marshal(job)
+	outs := make(chan []byte, 3)
+	children := spawnChildren(t, 3, refundRaceVar+"="+string(spec), outs)
+	mine, err := job.run()
+	children.Wait()
+	close(outs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := mine
+	for out := range outs {
+		var theirs []*refundedCall
+		if err := json.Unmarshal(out, &theirs); err != nil || len(theirs) == 0 {
+			t.Errorf("a child admitted nothing, or said: %v\n%s", err, out)
+		}
+		all = append(all, theirs...)
+	}
+	checkRefundExact(t, all, time.Unix(0, job.Start))
+}
+
+// spawnChildren starts n runs of this test binary with env set, which
+// TestMain hands to a child's main, and sends what each prints to outs.
+// A child that fails fails the test.
+func spawnChildren(t *testing.T, n int, env string, outs chan<- []byte) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			child := exec.Command(os.Args[0], "-test.run=^$")
+			child.Env = append(os.Environ(), env)
+			out, err := child.Output()
+			if err != nil {
+				t.Errorf("child: %v\n%s", err, out)
+			}
+			outs <- out
+		})
+	}
+	return &wg
+}
+
+// run runs the adversary of one process of the job.
+func (job refundRaceJob) run() ([]*refundedCall, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: job.Addr, DB: job.DB, Username: job.User, Password: job.Password, PoolSize: 64})
+	defer rdb.Close()
+	b, err := New(rdb, WithStrategy(GCRA), WithPrefix(job.Prefix), PerResource(Per(refundRaceRate, gcraExactWindow).WithBurst(gcraExactBurst)))
+	if err != nil {
+		return nil, err
+	}
+	start := time.Unix(0, job.Start)
+	time.Sleep(time.Until(start))
+	return refundAdversary(b, start)
+}
+
+// refundRaceMain is the body of a child process of the race: it prints
+// its calls as JSON and returns the exit code.
+func refundRaceMain(spec string) int {
+	var job refundRaceJob
+	var calls []*refundedCall
+	err := json.Unmarshal([]byte(spec), &job)
+	if err == nil {
+		calls, err = job.run()
+	}
+	if err == nil {
+		err = json.NewEncoder(os.Stdout).Encode(calls)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }
 
 // checkRefundExact checks every window [a, b] from a call's start to a
@@ -161,7 +271,7 @@ func checkRefundExact(t *testing.T, all []*refundedCall, start time.Time) {
 	byEnd := make([]*refundedCall, 0, len(all))
 	for i, a := range all {
 		admitted += a.N
-		for _, r := range a.backs {
+		for _, r := range a.Backs {
 			back, refunds = back+r.Exact, refunds+1
 		}
 		if w := a.weightBy(1 << 62); w < 0 {
