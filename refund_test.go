@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // refundRule drains one unit every 100 ms and holds 10.
@@ -174,5 +177,30 @@ func TestRefundEveryRule(t *testing.T) {
 		if err != nil || !res.Allowed || res.Rules[0].Used != 4 || res.Rules[1].Used != 4 {
 			t.Fatalf("AllowN(2) after refunding 2 = %+v, %v", res, err)
 		}
+	})
+}
+
+// WithFallback: a call the fallback admitted while Redis was down is given
+// back in process, where it was counted; one Redis admitted, on Redis.
+func TestRefundFallback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sw := newOutageSwitch(t, true)
+		b := fallbackNew(t, sw.client(t, redis.Options{}), WithStrategy(GCRA), PerClient(Per(6, time.Hour)), WithFallback(3))
+		ctx := context.Background()
+		onRedis := admitN(t, b, 6)
+		sw.Down()
+		inProcess := admitN(t, b, 2) // the share: 2 an hour
+		if res, err := b.Allow(ctx, "r", "c"); err != nil || res.Allowed || !res.Fallback {
+			t.Fatalf("past the share: %+v, %v", res, err)
+		}
+		refund(t, b, inProcess, 2, 2)
+		admitN(t, b, 2)
+		sw.Up()
+		time.Sleep(time.Second) // the probe finds it back within its longest wait
+		if res, err := b.Allow(ctx, "r", "c"); err != nil || res.Allowed || res.Fallback {
+			t.Fatalf("on Redis again, full: %+v, %v", res, err)
+		}
+		refund(t, b, onRedis, 6, 6)
+		admitN(t, b, 6)
 	})
 }
