@@ -22,9 +22,11 @@ type Bucket struct {
 // (remote, made by New) or in this process's memory (local, made by
 // NewLocal). The Bucket checks the input; the backend does the rest.
 type backend interface {
-	// allow decides a call of weight n and writes its Result into res;
-	// atMost: as much of n as every rule has room for (AllowAtMost).
-	allow(ctx context.Context, resource, client string, n int, atMost bool, res *Result) error
+	// allow decides a call of weight n, as how asks, and writes its
+	// Result into res.
+	allow(ctx context.Context, resource, client string, n int, how ask, res *Result) error
+	// refund gives back up to n of a's weight (see Bucket.Refund).
+	refund(ctx context.Context, a *Admission, n int) (int, error)
 	// read returns what every rule counts for a call of weight n,
 	// writing nothing, by ctx's deadline.
 	read(ctx context.Context, resource, client string, n int) (reading, error)
@@ -36,6 +38,16 @@ type backend interface {
 	// finalError is what a call at resource that ended with err returns: on
 	// Redis, the breaker's say (breaker.go).
 	finalError(ctx context.Context, resource string, err error) error
+}
+
+// An ask is how a backend decides a call, beyond its weight.
+type ask struct {
+	// atMost: as much of n as every rule has room for (AllowAtMost).
+	atMost bool
+	// at, if not nil, is set to the time (ms, the counts' clock) that an
+	// admitted call's decision read, no later than its weight started to
+	// count: what Refund counts its drain from.
+	at *int64
 }
 
 // A reading is what every rule counts for a call, and the plan that

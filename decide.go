@@ -82,7 +82,7 @@ func (b *Bucket) AllowNInto(ctx context.Context, resource, client string, n int,
 		// anything about the client's lighter calls.
 		return b.look(ctx, resource, client, n, res)
 	}
-	return b.counts.allow(ctx, resource, client, n, false, res)
+	return b.counts.allow(ctx, resource, client, n, ask{}, res)
 }
 
 // AllowAtMost admits as much of a request of weight n by client to
@@ -113,7 +113,7 @@ func (b *Bucket) AllowAtMost(ctx context.Context, resource, client string, n int
 	}
 	// No rule admits more than its Requests: the rest would be written
 	// only to be taken back.
-	if err = b.counts.allow(ctx, resource, client, min(n, b.plan.maxN), true, &res); err != nil {
+	if err = b.counts.allow(ctx, resource, client, min(n, b.plan.maxN), ask{atMost: true}, &res); err != nil {
 		return Result{}, err
 	}
 	return res, nil

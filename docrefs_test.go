@@ -65,6 +65,7 @@ var docOutsideNames = []string{
 	"OnLimit", "KeyFunc", "ResourceExhausted", "RetryInfo", "RemoteAddr", "ServeMux",
 	"DeadlineExceeded", "Background", "Is", "Pattern", "Error", "Options", "RateLimit",
 	"OpenTelemetry", "NaN", "DialerRetries", "MaxRetries", "gRPC", "kB",
+	"CancelAt", "ResponseController",
 	// Other projects' names, in the bench's descriptions of them.
 	"RedissonPermitExpirableSemaphore", "trySetPermits", "RedisRateLimiter",
 	// A placeholder in an example's comment.

@@ -537,6 +537,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(gcraExactVar); spec != "" {
 		os.Exit(gcraMain(spec)) // gcra_exact_test.go
 	}
+	if spec := os.Getenv(refundRaceVar); spec != "" {
+		os.Exit(refundRaceMain(spec)) // refund_race_test.go
+	}
 	ctx := context.Background()
 	teardown, err := testACLSetup(ctx)
 	if err != nil {

@@ -45,15 +45,24 @@ func sharesOf(cfg config) plan {
 // the breaker refused the call or cut it, or the call found the server
 // gone. A call decided on Redis lets the process's counts free what left
 // their windows, so that an outage's clients do not outlive it there.
-func (f *fallback) allow(ctx context.Context, resource, client string, n int, atMost bool, res *Result) error {
-	err := f.remote.allow(ctx, resource, client, n, atMost, res)
+func (f *fallback) allow(ctx context.Context, resource, client string, n int, how ask, res *Result) error {
+	err := f.remote.allow(ctx, resource, client, n, how, res)
 	if !f.down(ctx, resource, err) {
 		if err == nil {
 			f.local.counts.Sweep()
 		}
 		return err
 	}
-	return f.local.allow(ctx, resource, client, n, atMost, res)
+	return f.local.allow(ctx, resource, client, n, how, res)
+}
+
+// refund gives back on Redis what Redis admitted, and in process what the
+// fallback admitted (Result.Fallback).
+func (f *fallback) refund(ctx context.Context, a *Admission, n int) (int, error) {
+	if a.fallback {
+		return f.local.refund(ctx, a, n)
+	}
+	return f.remote.refund(ctx, a, n)
 }
 
 // read reads on Redis, or in process if Redis is unreachable.

@@ -84,17 +84,20 @@ type localStore interface {
 // allow decides a call in process. A call heavier than a rule (which
 // reaches it only as a fallback's, whose rules are smaller than the
 // Bucket's) is denied and recorded nowhere, as the Bucket's look does.
-func (l *localCounts) allow(ctx context.Context, resource, client string, n int, atMost bool, res *Result) error {
+func (l *localCounts) allow(ctx context.Context, resource, client string, n int, how ask, res *Result) error {
 	if ctx.Err() != nil {
 		*res = Result{}
 		return batch.GivenUp(ctx, false, nil)
 	}
-	call := limits.Call{Client: client, N: n, AtMost: atMost}
-	if atMost {
+	call := limits.Call{Client: client, N: n, AtMost: how.atMost}
+	if how.atMost {
 		call.N = min(n, l.maxN) // a fallback's rules may be smaller than the Bucket's
 	}
 	evaluate := func(v limits.View) bool {
 		weight := l.evaluateCall(res, v, call, l.RecordDenied)
+		if how.at != nil {
+			*how.at = v.Now
+		}
 		return (res.Allowed || l.RecordDenied) && weight <= l.maxN
 	}
 	// Called on the concrete type: through the interface, evaluate would

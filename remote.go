@@ -57,11 +57,12 @@ type queued struct {
 	n                int
 	atMost           bool   // AllowAtMost: as much of n as fits (limits.Call.AtMost)
 	res              Result // written by its batch's worker once Answer says the caller waits
+	at               int64  // with res: the time its decision read (ask.at)
 }
 
 // allow answers from the denial cache when it may, and else queues the
 // call in its line.
-func (r *remote) allow(ctx context.Context, resource, client string, n int, atMost bool, res *Result) (err error) {
+func (r *remote) allow(ctx context.Context, resource, client string, n int, how ask, res *Result) (err error) {
 	if n == 1 && !r.denials.Empty() && r.clockRuns(ctx, resource) {
 		if cached, elapsed, ok := r.denials.Answer(resource, client); ok {
 			// A caller that loops on its denials would now never wait:
@@ -72,7 +73,7 @@ func (r *remote) allow(ctx context.Context, resource, client string, n int, atMo
 		}
 	}
 	start := time.Now()
-	if *res, err = r.decide(ctx, resource, client, n, atMost); err != nil {
+	if *res, err = r.decide(ctx, resource, client, n, how); err != nil {
 		return err
 	}
 	if valid, ok := cacheable(*res, n, r.cfg.recordDenied); ok {
@@ -127,12 +128,12 @@ func (res Result) after(elapsed time.Duration) Result {
 // decide queues a call in its line, unless the breaker of its server is
 // open, and cuts it short should the breaker open while it waits (see
 // breaker.go).
-func (r *remote) decide(ctx context.Context, resource, client string, n int, atMost bool) (Result, error) {
+func (r *remote) decide(ctx context.Context, resource, client string, n int, how ask) (Result, error) {
 	br, cut, err := r.watch(ctx, resource)
 	if err != nil {
 		return Result{}, err
 	}
-	call := &queued{Call: batch.Call{Ctx: ctx, Cut: cut}, resource: resource, client: client, n: n, atMost: atMost}
+	call := &queued{Call: batch.Call{Ctx: ctx, Cut: cut}, resource: resource, client: client, n: n, atMost: how.atMost}
 	l, first, err := r.batches.Join(r.batchKey(resource, client), call)
 	if err != nil {
 		return Result{}, err
@@ -145,6 +146,9 @@ func (r *remote) decide(ctx context.Context, resource, client string, n int, atM
 		return Result{}, br.Refusal()
 	case err != nil:
 		return Result{}, err
+	}
+	if how.at != nil {
+		*how.at = call.at
 	}
 	return call.res, nil
 }
@@ -373,7 +377,7 @@ func (r *remote) answer(calls []*queued, verdicts []verdict) []redo {
 			again = append(again, redo{i: i, look: vd.seen.Short, found: !vd.undecided})
 		default:
 			if r.batches.Answer(q) {
-				q.res = vd.res
+				q.res, q.at = vd.res, vd.seen.Now
 			}
 			r.foresight.Saw(q.resource, q.client, vd.seen, vd.weight, vd.record)
 		}

@@ -82,7 +82,8 @@ type config struct {
 	timeout      time.Duration
 	inFlight     *inflight.Limiter // WithInFlight
 	inFlightWait time.Duration
-	shadow       bool // WithShadow
+	shadow       bool                  // WithShadow
+	refund       func(codes.Code) bool // WithRefund
 }
 
 // WithKey sets how a call's resource and client are named (default
@@ -152,13 +153,13 @@ func UnaryServerInterceptor(limiter *leakybucket.Bucket, opts ...Option) (grpc.U
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		trailer := func(md metadata.MD) { _ = grpc.SetTrailer(ctx, md) }
-		release, err := l.admit(ctx, info.FullMethod, trailer)
+		end, err := l.admit(ctx, info.FullMethod, trailer)
 		if err != nil {
 			return nil, err
 		}
-		defer release()
+		defer func() { end(err) }()
 		return handler(ctx, req)
 	}, nil
 }
@@ -171,12 +172,12 @@ func StreamServerInterceptor(limiter *leakybucket.Bucket, opts ...Option) (grpc.
 	if err != nil {
 		return nil, err
 	}
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		release, err := l.admit(ss.Context(), info.FullMethod, ss.SetTrailer)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		end, err := l.admit(ss.Context(), info.FullMethod, ss.SetTrailer)
 		if err != nil {
 			return err
 		}
-		defer release()
+		defer func() { end(err) }()
 		return handler(srv, ss)
 	}, nil
 }
@@ -205,38 +206,55 @@ func newLimiter(b *leakybucket.Bucket, opts []Option) (*limiter, error) {
 	return l, nil
 }
 
-// admit decides a call: nil to serve it, with what to call when it ends
-// (the release of its lease, WithInFlight), else the status error to end
-// it with. trailer sets the call's trailer metadata. A call refused by
-// either limit is charged by neither.
-func (l *limiter) admit(ctx context.Context, method string, trailer func(metadata.MD)) (func(), error) {
+// admit decides a call: nil to serve it, with what to call with the
+// handler's error when it ends (see admitted, and WithRefund), else the
+// status error to end it with.
+func (l *limiter) admit(ctx context.Context, method string, trailer func(metadata.MD)) (func(error), error) {
+	release, adm, err := l.admitted(ctx, method, trailer)
+	if err != nil {
+		return nil, err
+	}
+	return func(err error) {
+		release()
+		l.giveBack(ctx, method, adm, err)
+	}, nil
+}
+
+// admitted decides a call: nil to serve it, with what to call when it
+// ends (the release of its lease, WithInFlight) and its Admission
+// (WithRefund, if admitted), else the status error to end it with.
+// trailer sets the call's trailer metadata. A call refused by either
+// limit is charged by neither.
+func (l *limiter) admitted(ctx context.Context, method string, trailer func(metadata.MD)) (func(), *leakybucket.Admission, error) {
 	resource, client, err := l.key(ctx, method)
 	if err == nil && resource == "" {
 		err = errors.New("empty resource")
 	}
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: %w", ErrKey, err).Error())
+		return nil, nil, status.Error(codes.InvalidArgument, fmt.Errorf("%w: %w", ErrKey, err).Error())
 	}
 	release, err := l.hold(ctx, method, resource, client)
 	switch {
 	case release == nil: // refused for want of room: the Bucket never sees it
-		return l.deny(err)
+		release, err = l.deny(err)
+		return release, nil, err
 	case err != nil:
-		return nil, err
+		return nil, nil, err
 	}
-	res, err := l.decide(ctx, resource, client)
+	res, adm, err := l.decide(ctx, resource, client)
 	if err != nil {
 		if err = l.failed(ctx, method, err); err != nil {
 			release()
 		}
-		return release, err
+		return release, nil, err
 	}
 	trailer(fields(res))
 	if !res.Allowed {
 		release()
-		return l.deny(denied(res))
+		release, err = l.deny(denied(res))
+		return release, nil, err
 	}
-	return release, nil
+	return release, adm, nil
 }
 
 // deny ends a call that a limit refused with err, or under WithShadow
@@ -249,8 +267,9 @@ func (l *limiter) deny(err error) (func(), error) {
 }
 
 // decide asks the limiter, within the decision's deadline (under
-// WithShadow, marked so for its observer).
-func (l *limiter) decide(ctx context.Context, resource, client string) (leakybucket.Result, error) {
+// WithShadow, marked so for its observer): Allow, or WithRefund Admit,
+// whose Admission can give the call's weight back.
+func (l *limiter) decide(ctx context.Context, resource, client string) (leakybucket.Result, *leakybucket.Admission, error) {
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.timeout)
@@ -259,7 +278,12 @@ func (l *limiter) decide(ctx context.Context, resource, client string) (leakybuc
 	if l.shadow {
 		ctx = leakybucket.ContextWithShadow(ctx)
 	}
-	return l.bucket.Allow(ctx, resource, client)
+	if l.refund != nil {
+		adm, res, err := l.bucket.Admit(ctx, resource, client, 1)
+		return res, adm, err
+	}
+	res, err := l.bucket.Allow(ctx, resource, client)
+	return res, nil, err
 }
 
 // failed handles a limiter error by the failure policy: nil serves the

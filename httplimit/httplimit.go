@@ -252,14 +252,14 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 	if !ok {
 		return
 	}
-	res, err := m.decide(r.Context(), req)
+	res, adm, err := m.decide(r.Context(), req)
 	switch {
 	case err != nil:
 		defer release()
 		m.failed(next, w, r, req, err)
 	case res.Allowed:
 		defer release()
-		next.ServeHTTP(w, m.answered(w, r, req, res))
+		m.serveAdmitted(next, w, m.answered(w, r, req, res), req, adm)
 	default:
 		release() // at once: a denied request is charged by neither limit
 		m.deny(next, w, m.answered(w, r, req, res))
@@ -321,10 +321,11 @@ func (m *middleware) clientKey(r *http.Request) (string, error) {
 }
 
 // decide asks the limiter, within the decision's deadline (under
-// WithShadow, marked so for its observer): AllowN, or for
-// a request of cost 0, which counts nowhere, what every rule counts now
-// (Usage, one read), as an admitted Result.
-func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, error) {
+// WithShadow, marked so for its observer): AllowN (WithRefund: Admit,
+// whose Admission can give the weight back), or for a request of cost 0,
+// which counts nowhere, what every rule counts now (Usage, one read), as
+// an admitted Result.
+func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, *leakybucket.Admission, error) {
 	if m.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.timeout)
@@ -335,9 +336,14 @@ func (m *middleware) decide(ctx context.Context, req call) (leakybucket.Result, 
 	}
 	if req.n == 0 {
 		rules, err := req.limiter.Usage(ctx, req.resource, req.key)
-		return asTheyStand(rules), err
+		return asTheyStand(rules), nil, err
 	}
-	return req.limiter.AllowN(ctx, req.resource, req.key, req.n)
+	if m.refund != nil {
+		adm, res, err := req.limiter.Admit(ctx, req.resource, req.key, req.n)
+		return res, adm, err
+	}
+	res, err := req.limiter.AllowN(ctx, req.resource, req.key, req.n)
+	return res, nil, err
 }
 
 // asTheyStand is the Result of a call of weight 0 given what each rule

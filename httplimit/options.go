@@ -37,7 +37,8 @@ type config struct {
 	hideResource bool
 	inFlight     *inflight.Limiter // WithInFlight
 	inFlightWait time.Duration
-	shadow       bool // WithShadow
+	shadow       bool                  // WithShadow
+	refund       func(status int) bool // WithRefund
 }
 
 // defaultConfig holds every default of the options below.

@@ -141,3 +141,58 @@ func (x u128) div(c int64, up bool) int64 {
 	}
 	return int64(min(q, math.MaxInt64))
 }
+
+// Giveback is what a refund of up to n units may give back of a call of
+// weight admitted, decided elapsed ms ago, of which given was given back
+// already: the cost of n units, or what the call may still hold if less,
+// in 1/Rate of a ms (a unit costs Window). A call's weight drains only
+// once the bucket's older weight has, and elapsed counts from no later
+// than the call started to count, so the call holds at least this much:
+// a refund of it never gives back room the call's weight had drained
+// from. It saturates at math.MaxInt64.
+func (b Bucket) Giveback(admitted, n int, given, elapsed int64) int64 {
+	held := sat(mul(int64(admitted), b.Window)) - given
+	if elapsed > 0 {
+		held -= sat(mul(min(elapsed, MaxBucketSpan), b.Rate))
+	}
+	return max(min(held, sat(mul(int64(n), b.Window))), 0)
+}
+
+// Units is cost (in 1/Rate of a ms) in units of weight, rounded up.
+func (b Bucket) Units(cost int64) int { return int(min(mul(cost, 1).div(b.Window, true), math.MaxInt)) }
+
+// Retreat returns tat moved back by cost (in 1/Rate of a ms, see
+// Giveback), as if that much had never been counted, and empty if that
+// leaves nothing in the bucket at now (ms): never before now, so that it
+// gives back no more than the bucket holds.
+func (b Bucket) Retreat(tat TAT, now int64, cost int64) TAT {
+	back := TAT{Ms: tat.Ms - cost/b.Rate, Short: tat.Short + cost%b.Rate}
+	if back.Short >= b.Rate {
+		// Ms - Short/Rate with Short in [0, Rate): a ms more back.
+		back = TAT{Ms: back.Ms - 1, Short: back.Short - b.Rate}
+	}
+	if tat.Empty(now) || back.Empty(now) {
+		return TAT{}
+	}
+	return back
+}
+
+// sat is x, or math.MaxInt64 if it does not fit.
+func sat(x u128) int64 {
+	if x.hi != 0 || x.lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(x.lo)
+}
+
+// Givebacks is Giveback under each of the buckets of a call, by rule,
+// given (the cost given back before) by rule; and the weight that gives
+// back, the most units under any rule.
+func Givebacks(buckets []Bucket, admitted, n int, given []int64, elapsed int64) ([]int64, int) {
+	out, weight := make([]int64, len(buckets)), 0
+	for r, b := range buckets {
+		out[r] = b.Giveback(admitted, n, given[r], elapsed)
+		weight = max(weight, b.Units(out[r]))
+	}
+	return out, weight
+}

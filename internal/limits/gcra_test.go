@@ -89,3 +89,58 @@ func TestBucketBurstAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// Retreat undoes Advance exactly: a call counted then given back at the
+// same ms leaves the TAT as it was, or the bucket empty if it was.
+func TestBucketRetreatUndoesAdvance(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 100_000 {
+		b := Bucket{Window: 1 + r.Int64N(10_000), Rate: 1 + r.Int64N(5_000), Burst: 1 + r.IntN(1000)}
+		now := 1_000_000 + r.Int64N(1000)
+		n := 1 + r.IntN(b.Burst)
+		var tat TAT
+		if r.IntN(4) > 0 {
+			tat = b.Advance(TAT{}, now-r.Int64N(100), 1+r.IntN(b.Burst))
+		}
+		want := tat
+		if tat.Empty(now) {
+			want = TAT{}
+		}
+		if got := b.Retreat(b.Advance(tat, now, n), now, b.Giveback(n, n, 0, 0)); got != want {
+			t.Fatalf("%+v: Retreat(Advance(%+v, %d, %d)) = %+v, want %+v", b, tat, now, n, got, want)
+		}
+	}
+}
+
+// A refund never gives back more than the bucket holds: Retreat past it
+// leaves the bucket empty, not before now.
+func TestBucketRetreatStopsAtEmpty(t *testing.T) {
+	b := Bucket{Window: 1000, Rate: 10, Burst: 10} // 100 ms a unit
+	tat := b.Advance(TAT{}, 0, 2)                  // 200
+	if got := b.Retreat(tat, 150, 1000); got != (TAT{}) {
+		t.Fatalf("Retreat to 100 at 150 = %+v, want empty", got)
+	}
+	if got := b.Retreat(tat, 50, 1000); got != (TAT{Ms: 100}) {
+		t.Fatalf("Retreat of one unit = %+v, want 100", got)
+	}
+	if got := b.Retreat(tat, 50, 15); got != (TAT{Ms: 199, Short: 5}) {
+		t.Fatalf("Retreat of 1.5 ms = %+v, want 198.5", got)
+	}
+}
+
+func TestBucketGiveback(t *testing.T) {
+	b := Bucket{Window: 1000, Rate: 3, Burst: 10} // 333.3 ms a unit, 1000 a unit in cost
+	for _, c := range []struct {
+		admitted, n    int
+		given, elapsed int64
+		want           int64
+	}{{5, 5, 0, 0, 5000}, {5, 2, 0, 0, 2000}, {5, 5, 0, -3, 5000}, {5, 5, 0, 1, 4997}, {5, 5, 1000, 1, 3997},
+		{5, 5, 0, 1667, 0}, {5, 5, 0, 1 << 62, 0}, {5, 9, 0, 0, 5000}} {
+		if got := b.Giveback(c.admitted, c.n, c.given, c.elapsed); got != c.want {
+			t.Errorf("Giveback(%d, %d, %d, %d) = %d, want %d", c.admitted, c.n, c.given, c.elapsed, got, c.want)
+		}
+	}
+	if b.Units(1) != 1 || b.Units(1000) != 1 || b.Units(1001) != 2 || b.Units(0) != 0 {
+		t.Error("Units does not round up")
+	}
+}

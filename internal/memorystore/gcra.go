@@ -130,6 +130,32 @@ func (t *TATs) DecideCall(resource string, c limits.Call, evaluate func(limits.V
 	}
 }
 
+// Refund gives back up to n units of a call of weight admitted by client
+// to resource, decided at at (ms, this store's time, no later than it
+// started to count), of which given (by rule, limits.Bucket.Giveback's
+// cost) was given back before: in each bucket of the call, as much as
+// the call may still hold there. It returns the cost given back by rule,
+// and that in weight (limits.Givebacks).
+func (t *TATs) Refund(resource, client string, at int64, admitted, n int, given []int64) ([]int64, int) {
+	sh := t.shardOf(resource, client)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := t.now()
+	back, weight := limits.Givebacks(t.buckets, admitted, n, given, now-at)
+	for r, b := range t.buckets {
+		k := t.key(r, resource, client)
+		if slices.Contains(t.kindOf[:r], k.kind) {
+			continue // a bucket an earlier rule shares, given back once
+		}
+		if tat := b.Retreat(sh.tats[k], now, back[r]); tat.Empty(now) {
+			delete(sh.tats, k)
+		} else {
+			sh.tats[k] = tat
+		}
+	}
+	return back, weight
+}
+
 // view is what the buckets of a call hold at now; sh's lock is held. Its
 // counts are sh's scratch, valid until the lock is let go.
 func (t *TATs) view(sh *tatShard, resource, client string, n int, now int64) limits.View {

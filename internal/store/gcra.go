@@ -176,10 +176,21 @@ func (b *gcraBatch) attempt(ctx context.Context, where Site) (done bool, err err
 		unwatch(ctx, conn)
 		return true, nil
 	}
+	return b.swap(ctx, conn, where, ms)
+}
+
+// swap sends, on conn that watches the batch's keys, the transaction that
+// writes each TAT b.tats changed since the read at now (ms). done: it
+// applied; else a watched key changed, or err.
+func (b *gcraBatch) swap(ctx context.Context, conn *redis.Conn, where Site, now int64) (done bool, err error) {
 	t := txn.New(b.ks, false)
 	for k, key := range b.keys {
-		if b.tats[k] != b.read[k] {
-			t.Add(b.write(k, key, ms)...)
+		switch {
+		case b.tats[k] == b.read[k]:
+		case b.tats[k].Empty(now):
+			t.Add("del", key) // only a refund empties a bucket
+		default:
+			t.Add(b.write(k, key, now)...)
 		}
 	}
 	outcome, err := t.ExecOn(ctx, conn, where.Node.Options().ReadTimeout)

@@ -1,0 +1,73 @@
+package store
+
+import (
+	"context"
+
+	"github.com/leakybucket/leakybucket/internal/backoff"
+	"github.com/leakybucket/leakybucket/internal/limits"
+)
+
+// A Refunder is a store that can give back the weight of a call it
+// admitted (the root package's Refund): GCRA's, so far.
+type Refunder interface {
+	// Refund gives back up to n units of a call of weight admitted by
+	// client, decided at at (ms, Redis time, no later than it started to
+	// count), of which given (by rule, limits.Bucket.Giveback's cost) was
+	// given back before: under each rule, as much as the call may still
+	// hold there. It returns the cost given back by rule, and that in
+	// weight (limits.Givebacks); nothing with an error.
+	Refund(ctx context.Context, where Site, client string, at int64, admitted, n int, given []int64) ([]int64, int, error)
+}
+
+var _ Refunder = gcraStore{}
+
+// Refund is a compare-and-swap as a decision's (see gcraStore): WATCH the
+// call's keys, read their TATs and TIME (now); the weight given back is
+// the least of n and what each bucket can still hold of the call
+// (limits.Bucket.Giveback), whose cost moves each TAT back (never before
+// now: limits.Bucket.Retreat); then MULTI, the SETs (or a DEL of a bucket
+// left empty), EXEC, made again if a watched key changed. A TAT only
+// ever moves back by weight the call still holds, so the bucket never
+// holds less than the calls it admitted since, and no later decision
+// admits past the rule.
+func (s gcraStore) Refund(ctx context.Context, where Site, client string, at int64, admitted, n int, given []int64) ([]int64, int, error) {
+	b := s.newBatch(where.Keys, []limits.Call{{Client: client, N: n}})
+	pace := backoff.Jittered(casFirstWait, casLongestWait)
+	for {
+		back, weight, done, err := b.refundAttempt(ctx, where, at, admitted, n, given)
+		switch {
+		case err != nil:
+			return nil, 0, err
+		case done:
+			return back, weight, nil
+		}
+		if err := backoff.Sleep(ctx, pace.NextBackoff()); err != nil {
+			return nil, 0, err
+		}
+	}
+}
+
+// refundAttempt makes one compare-and-swap of a refund; done: it applied,
+// or nothing was left to give back.
+func (b *gcraBatch) refundAttempt(ctx context.Context, where Site, at int64, admitted, n int, given []int64) (back []int64, weight int, done bool, err error) {
+	conn := where.Node.Conn()
+	defer conn.Close()
+	clock, err := b.readOn(ctx, conn, true)
+	if err != nil {
+		unwatch(ctx, conn)
+		return nil, 0, false, err
+	}
+	now := clock.UnixMilli()
+	if back, weight = limits.Givebacks(b.buckets, admitted, n, given, now-at); weight == 0 {
+		unwatch(ctx, conn)
+		return back, 0, true, nil
+	}
+	copy(b.tats, b.read)
+	for r := range b.Rules {
+		if k := b.keyOf[0][r]; !b.sharesKey(0, r) {
+			b.tats[k] = b.buckets[r].Retreat(b.tats[k], now, back[r])
+		}
+	}
+	done, err = b.swap(ctx, conn, where, now)
+	return back, weight, done, err
+}
