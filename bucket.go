@@ -27,6 +27,9 @@ type backend interface {
 	allow(ctx context.Context, resource, client string, n int, how ask, res *Result) error
 	// refund gives back up to n of a's weight (see Bucket.Refund).
 	refund(ctx context.Context, a *Admission, n int) (int, error)
+	// generation reads resource's generation, which every Flush and
+	// FlushAll changes (see Bucket.Refund).
+	generation(ctx context.Context, resource string) (string, error)
 	// read returns what every rule counts for a call of weight n,
 	// writing nothing, by ctx's deadline.
 	read(ctx context.Context, resource, client string, n int) (reading, error)

@@ -65,6 +65,17 @@ func (f *fallback) refund(ctx context.Context, a *Admission, n int) (int, error)
 	return f.remote.refund(ctx, a, n)
 }
 
+// generation reads it on Redis, or in process if Redis is unreachable: a
+// call then decided by the other is refunded by the other, whose
+// generation differs, and gets nothing back (never too much).
+func (f *fallback) generation(ctx context.Context, resource string) (string, error) {
+	gen, err := f.remote.generation(ctx, resource)
+	if !f.down(ctx, resource, err) {
+		return gen, err
+	}
+	return f.local.generation(ctx, resource)
+}
+
 // read reads on Redis, or in process if Redis is unreachable.
 func (f *fallback) read(ctx context.Context, resource, client string, n int) (reading, error) {
 	rd, err := f.remote.read(ctx, resource, client, n)

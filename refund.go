@@ -31,8 +31,9 @@ var errNoRefunds = fmt.Errorf("leakybucket: %w: refunds need the GCRA strategy",
 type Admission struct {
 	bucket           *Bucket
 	resource, client string
-	at               int64 // ms: the time its decision read (ask.at)
-	fallback         bool  // decided by the fallback (Result.Fallback)
+	at               int64  // ms: the time its decision read (ask.at)
+	gen              string // the resource's generation read before it was decided: see Refund
+	fallback         bool   // decided by the fallback (Result.Fallback)
 
 	admitted int
 
@@ -70,11 +71,18 @@ func (b *Bucket) Admit(ctx context.Context, resource, client string, n int) (a *
 		err = b.look(ctx, resource, client, n, &res) // a denial: see AllowNInto
 		return nil, res, err
 	}
+	// The generation, read before the decision: a Flush after it, or
+	// between it and the decision, changes it, and Refund then gives back
+	// nothing, never weight the Flush already took out.
+	gen, err := b.counts.generation(ctx, resource)
+	if err != nil {
+		return nil, Result{}, b.counts.finalError(ctx, resource, err)
+	}
 	var at int64
 	if err = b.counts.allow(ctx, resource, client, n, ask{at: &at}, &res); err != nil || !res.Allowed {
 		return nil, res, err
 	}
-	return &Admission{bucket: b, resource: resource, client: client, at: at, fallback: res.Fallback,
+	return &Admission{bucket: b, resource: resource, client: client, at: at, gen: gen, fallback: res.Fallback,
 		admitted: n, held: n, given: make([]int64, len(res.Rules))}, res, nil
 }
 
@@ -95,9 +103,11 @@ func (b *Bucket) Admit(ctx context.Context, resource, client string, n int) (a *
 // error.
 //
 // A call the fallback decided (Result.Fallback) is given back in process,
-// where it was counted. A Flush or FlushAll already gave back what the
-// call counted: do not Refund a call made before one, whose weight would
-// then be given back twice.
+// where it was counted. A Flush or FlushAll of the resource after Admit
+// began (in process: of any resource) already took the call's weight
+// out: a Refund then gives back nothing, and returns 0 and no error; so
+// weight is never given back twice, and the calls counted since keep
+// their room.
 //
 // Errors, to match with errors.Is: ErrInvalidAdmission (a nil or zero
 // Admission, or another Bucket's) or ErrInvalidWeight (n below 1), for
@@ -143,7 +153,7 @@ func (r *remote) refund(ctx context.Context, a *Admission, n int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	cost, back, err := st.Refund(ctx, where, a.client, a.at, a.admitted, n, a.given)
+	cost, back, err := st.Refund(ctx, where, a.client, a.at, a.admitted, n, a.given, a.gen)
 	addTo(a.given, cost)
 	if back > 0 {
 		// A denial cached before the refund would now deny too long.
@@ -158,7 +168,7 @@ func (l *localCounts) refund(_ context.Context, a *Admission, n int) (int, error
 	if !ok {
 		return 0, errNoRefunds
 	}
-	cost, back := t.Refund(a.resource, a.client, a.at, a.admitted, n, a.given)
+	cost, back := t.Refund(a.resource, a.client, a.at, a.admitted, n, a.given, a.gen)
 	addTo(a.given, cost)
 	return back, nil
 }
@@ -168,4 +178,27 @@ func addTo(given, cost []int64) {
 	for r, c := range cost {
 		given[r] += c
 	}
+}
+
+// generation reads the resource's generation on Redis (store.Refunder).
+func (r *remote) generation(ctx context.Context, resource string) (string, error) {
+	st, ok := r.strategy.(store.Refunder)
+	if !ok {
+		return "", errNoRefunds
+	}
+	where, err := r.siteOf(ctx, resource, nil)
+	if err != nil {
+		return "", err
+	}
+	gen, err := st.Generation(ctx, where)
+	return gen, classify(r.route.Redirected(err))
+}
+
+// generation is the in-process store's generation.
+func (l *localCounts) generation(context.Context, string) (string, error) {
+	t, ok := l.counts.(*memorystore.TATs)
+	if !ok {
+		return "", errNoRefunds
+	}
+	return t.Generation(), nil
 }

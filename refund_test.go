@@ -204,3 +204,34 @@ func TestRefundFallback(t *testing.T) {
 		admitN(t, b, 6)
 	})
 }
+
+// A Flush or FlushAll took the call's weight out already: a Refund of a
+// call admitted before it gives nothing back, so that the calls counted
+// since keep their room (given back twice, the rule would admit a second
+// burst within its span).
+func TestRefundAfterFlush(t *testing.T) {
+	for _, flush := range []struct {
+		name string
+		f    func(b *Bucket) error
+	}{
+		{"Flush", func(b *Bucket) error { return b.Flush(context.Background(), "r", "c") }},
+		{"FlushAll", func(b *Bucket) error { return b.FlushAll(context.Background(), "r") }},
+	} {
+		t.Run(flush.name, func(t *testing.T) {
+			eachGCRA(t, func(t *testing.T, e *env) {
+				b := e.bucket(t, PerClient(Per(10, time.Minute))) // a unit drains every 6 s
+				before := admitN(t, b, 10)
+				if err := flush.f(b); err != nil {
+					t.Fatal(err)
+				}
+				since := admitN(t, b, 10) // a full bucket again, counted since
+				refund(t, b, before, 10, 0)
+				if res, err := b.Allow(context.Background(), "r", "c"); err != nil || res.Allowed {
+					t.Fatalf("Allow after the refund of a flushed call = %+v, %v; want denied", res, err)
+				}
+				refund(t, b, since, 10, 10) // a call of this generation is given back
+				admitN(t, b, 9)
+			})
+		})
+	}
+}

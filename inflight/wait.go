@@ -102,7 +102,7 @@ func (r *remote) waitFirst(ctx context.Context, c call, w *waiter, cut <-chan st
 				return nil, err
 			}
 			if !woken {
-				break // its timer: it looks, to sign of life and see expiries
+				break // its timer: it looks, to sign of life and to notice expiries
 			}
 			write, known = r.wakes.reckon(channel, tk)
 		}

@@ -76,12 +76,13 @@ var Strategies = map[string]map[Method]Sends{
 		FlushAll: {false, []string{"scan", "multi", "incr", "pexpire", "del", "exec"}, nil},
 	},
 	// GCRA: WATCH, PEXPIRETIME, GET and TIME, then MULTI, SET, EXEC, or
-	// UNWATCH when nothing is to write.
+	// UNWATCH when nothing is to write. Flush and FlushAll SET a new
+	// generation, which Refund reads (Allow's WATCH and GET).
 	"gcra": {
 		Allow:    {false, append(slices.Clone(Txn), "watch", "pexpiretime", "get", "time", "set", "unwatch"), nil},
 		Peek:     {false, []string{"pexpiretime", "get", "time"}, nil},
-		Flush:    {false, []string{"del"}, nil},
-		FlushAll: {false, []string{"scan", "del"}, nil},
+		Flush:    {false, []string{"multi", "set", "del", "exec"}, nil},
+		FlushAll: {false, []string{"set", "scan", "del"}, nil},
 	},
 }
 

@@ -10,7 +10,8 @@
 //	                              limit L, the resource's or the client's
 //	P:T:{R}:hash[@G][:C]:<g>.<e>  Windows: weight per interval of span g's epoch e
 //	                              in generation G, the resource's or the client's
-//	P:T:{R}:gen                   Windows: the generation, once FlushAll ran
+//	P:T:{R}:gen                   Windows: the generation, once FlushAll ran;
+//	                              GCRA: set by every Flush and FlushAll, for Refund
 //	P:T:{R}:fence:<id>            SortedSet, Windows: one transaction's marker
 //	P:T:{R}:t:W.R.B[:C]           GCRA: a bucket draining R per W ms, of burst B (in
 //	                              base 36), the resource's or the client's: its
@@ -157,7 +158,8 @@ func Epoch(scope string, g int, e int64) string {
 // GCRA is the prefix of every TAT of the resource (GCRA).
 func (k Space) GCRA() string { return k.base + "t:" }
 
-// Generation holds the generation of the resource's Windows hashes.
+// Generation holds the generation of the resource's Windows hashes, or
+// of its GCRA buckets (which a Refund checks).
 func (k Space) Generation() string { return k.base + "gen" }
 
 // MatchPrefix returns the MATCH pattern of every key that starts with

@@ -3,6 +3,7 @@ package memorystore
 import (
 	"hash/maphash"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,6 +26,7 @@ type TATs struct {
 	start    time.Time
 	seed     maphash.Seed
 	turns    atomic.Uint64 // decisions made: see Sweep
+	flushes  atomic.Uint64 // the generation: Flush and FlushAll made, see Refund
 	shards   [shardCount]tatShard
 }
 
@@ -136,10 +138,13 @@ func (t *TATs) DecideCall(resource string, c limits.Call, evaluate func(limits.V
 // cost) was given back before: in each bucket of the call, as much as
 // the call may still hold there. It returns the cost given back by rule,
 // and that in weight (limits.Givebacks).
-func (t *TATs) Refund(resource, client string, at int64, admitted, n int, given []int64) ([]int64, int) {
+func (t *TATs) Refund(resource, client string, at int64, admitted, n int, given []int64, gen string) ([]int64, int) {
 	sh := t.shardOf(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if gen != t.Generation() {
+		return make([]int64, len(t.buckets)), 0 // a Flush since took the call out
+	}
 	now := t.now()
 	back, weight := limits.Givebacks(t.buckets, admitted, n, given, now-at)
 	for r, b := range t.buckets {
@@ -200,9 +205,16 @@ func (t *TATs) Peek(resource, client string, n int) limits.View {
 	return v
 }
 
+// Generation is the count of Flush and FlushAll calls: a Refund of a call
+// decided in another generation gives nothing back, as a Flush since took
+// it out (of any resource's: rare, and never too much given back).
+func (t *TATs) Generation() string { return strconv.FormatUint(t.flushes.Load(), 10) }
+
 // Flush empties client's own buckets; a per-resource bucket keeps no
-// client's share, and stays as it is.
+// client's share, and stays as it is. The generation changes first, so
+// that a Refund after it gives nothing back.
 func (t *TATs) Flush(resource, client string) {
+	t.flushes.Add(1)
 	sh := t.shardOf(resource, client)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -214,8 +226,9 @@ func (t *TATs) Flush(resource, client string) {
 }
 
 // FlushAll empties every bucket of resource: in its shard, or, where
-// every rule is per-client, in each.
+// every rule is per-client, in each, once the generation changed.
 func (t *TATs) FlushAll(resource string) {
+	t.flushes.Add(1)
 	if !t.byClient {
 		t.shardOf(resource, "").flush(resource)
 		return

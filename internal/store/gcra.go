@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -346,7 +347,8 @@ func (s gcraStore) Peek(ctx context.Context, where Site, client string, n int) (
 }
 
 // Flush deletes client's buckets. A per-resource bucket is one TAT, which
-// keeps no client's share: it stays as it is.
+// keeps no client's share: it stays as it is. In the same transaction it
+// starts a new generation of the resource (see newGeneration).
 func (s gcraStore) Flush(ctx context.Context, where Site, client string) error {
 	if !s.HasClientRule {
 		return ErrNoClientBucket
@@ -357,10 +359,32 @@ func (s gcraStore) Flush(ctx context.Context, where Site, client string) error {
 			del = append(del, s.key(where.Keys, r, client))
 		}
 	}
-	return where.Node.Del(ctx, del...).Err()
+	_, err := where.Node.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		s.newGeneration(ctx, p, where.Keys)
+		p.Del(ctx, del...)
+		return nil
+	})
+	return err
 }
 
-// FlushAll deletes every bucket of the resource.
+// FlushAll deletes every bucket of the resource, once it started a new
+// generation of the resource (see newGeneration).
 func (s gcraStore) FlushAll(ctx context.Context, where Site) error {
+	if err := s.newGeneration(ctx, where.Node, where.Keys).Err(); err != nil {
+		return err
+	}
 	return deleteUnder(ctx, where, where.Keys.GCRA(), s.ScanCount)
+}
+
+// newGeneration names a new generation of the resource's buckets, which a
+// Refund checks: a refund of a call admitted before a Flush would give
+// back weight the Flush already took out, from the calls counted since.
+// Once every bucket has drained since (the longest Span), every call
+// admitted before has drained too, and the key may go.
+func (s gcraStore) newGeneration(ctx context.Context, c redis.Cmdable, ks keys.Space) *redis.StatusCmd {
+	var span int64
+	for _, b := range s.buckets {
+		span = max(span, b.Span())
+	}
+	return c.Set(ctx, ks.Generation(), strconv.FormatUint(rand.Uint64(), 36), time.Duration(span+1000)*time.Millisecond)
 }
