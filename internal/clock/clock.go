@@ -107,15 +107,11 @@ func (c *Clock) Now() (int64, bool) { return c.estimate(0) }
 // Fine is Now to the microsecond, in ms: to order events within one
 // millisecond, where Now would tie them.
 func (c *Clock) Fine() (float64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	switch {
-	case !c.valid:
+	t, ok := c.when(0)
+	if !ok {
 		return 0, false
-	case c.stopped:
-		return float64(c.last.UnixMicro()) / 1000, true
 	}
-	return float64(c.server.Add(time.Since(c.at)).UnixMicro()) / 1000, true
+	return float64(t.UnixMicro()) / 1000, true
 }
 
 // Set holds one Clock per server address (a cluster's masters may
@@ -189,16 +185,25 @@ func (c *Clock) Expected() (int64, bool) {
 // estimate is the estimate in ms, moved by halves half round trips of its
 // sample (-1: less its error), and false until a sample was observed.
 func (c *Clock) estimate(halves int) (int64, bool) {
+	t, ok := c.when(halves)
+	if !ok {
+		return 0, false
+	}
+	return t.UnixMilli(), true
+}
+
+// when is estimate's, as a time.
+func (c *Clock) when(halves int) (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case !c.valid:
-		return 0, false
+		return time.Time{}, false
 	case c.stopped:
-		return c.last.UnixMilli(), true
+		return c.last, true
 	}
 	elapsed := time.Since(c.at) + time.Duration(halves)*c.rtt/2
-	return c.server.Add(elapsed).UnixMilli(), true
+	return c.server.Add(elapsed), true
 }
 
 // Sample records the TIME reply (server) of a transaction sent at sent,
