@@ -481,47 +481,53 @@ func (w *wakes) reckon(channel string, tk *ticket) (write, known bool) {
 
 // heard takes msg, heard on s's channel: while an attempt is under way,
 // the messages before its own are in its reply already, and those after
-// wait for it; else msg goes to the view. The wakes' mu is held.
-func (s *subscription) heard(msg, self string) {
+// wait for it; else msg goes to the view. It reports whether the first
+// waiter is to reckon again (see hear). The wakes' mu is held.
+func (s *subscription) heard(msg, self string) (news bool) {
 	p := s.next
 	switch {
 	case p == nil:
-		s.hear(msg, self)
+		return s.hear(msg, self)
 	case p.heard:
 		p.after = append(p.after, msg)
 	default:
 		if m, ok := parseAttempt(msg); ok && m.from == self && m.seq == p.seq {
 			p.heard = true
 			s.settle(self)
+			return true
 		}
 	}
+	return false
 }
 
 // hear applies msg, heard on s's channel, to s's view; self is this
 // process's id: its own writes are in the view already (see leave). A
-// take-back leaves no view: the first waiter looks. The wakes' mu is
-// held.
-func (s *subscription) hear(msg, self string) {
+// take-back leaves no view: the first waiter looks. It reports whether
+// the waiter may now fit where it did not: room came (a release), the
+// line moved, or the view is gone; a write or a look only takes room or
+// changes nothing, and wakes no one. The wakes' mu is held.
+func (s *subscription) hear(msg, self string) (news bool) {
 	if s.view == nil {
-		return
+		return true
 	}
 	if msg == takenBack {
 		s.view = nil
-		return
+		return true
 	}
 	if m, ok := parseMove(msg); ok {
 		s.view.moved(m) // its own too: a look since may have seen the ticket still in place
-		return
+		return true
 	}
 	if m, ok := parseAttempt(msg); ok {
 		if m.from != self || m.seq == 0 { // a newcomer's write here is no waiter's (see leave)
 			s.view.room -= m.n
 		}
-		return
+		return false
 	}
 	if n, err := strconv.Atoi(msg); err == nil {
 		s.view.room += n
 	}
+	return true
 }
 
 // latest is s's latest view: the pending one if its reply is in, else
@@ -570,8 +576,7 @@ func (w *wakes) drop(channel string, s *subscription, idle uint64) {
 func (w *wakes) dispatch(s *subscription) {
 	for msg := range s.ps.Channel() {
 		w.mu.Lock()
-		s.heard(msg.Payload, w.id)
-		if s.inLine {
+		if s.heard(msg.Payload, w.id) && s.inLine {
 			select {
 			case s.wake <- struct{}{}:
 			default:
