@@ -433,7 +433,7 @@ type pendingView struct {
 }
 
 // looked records that this process's ticket on channel is in Redis's
-// line, so that every message wakes its first waiter, and the view of
+// line, so that messages wake its first waiter (see hear), and the view of
 // the line its first waiter's attempt saw.
 func (w *wakes) looked(channel string, res attemptResult) {
 	w.mu.Lock()
